@@ -1,0 +1,1 @@
+"""Read models that follow the job event log (status, spend, approvals, outbox)."""

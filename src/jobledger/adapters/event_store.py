@@ -1,0 +1,147 @@
+"""The JobStore port on the eventsourcing library: partitions of append-only event tables."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+from uuid import UUID
+
+from eventsourcing.application import AggregateNotFoundError, Application
+from eventsourcing.persistence import (
+    ApplicationRecorder,
+    EventStore,
+    IntegrityError,
+    PersistenceError,
+)
+
+from jobledger.adapters.store_url import StoreLocation
+from jobledger.errors import DuplicateKeyError, StoreUnavailableError, VersionConflict
+from jobledger.job import Job
+from jobledger.keys import ConsumedKey
+
+log = logging.getLogger(__name__)
+
+
+class LedgerPartition(Application[UUID]):
+    """One partition: an eventsourcing application writing its own events table.
+
+    A job and every key that guards it live in the same partition, so one transaction
+    covers them: the uniqueness of (originator_id, originator_version) in that table is
+    what makes both the version compare-and-swap and the at-most-once keys hold.
+    """
+
+    def __init__(self, location: StoreLocation, index: int, cache_size: int) -> None:
+        self.table_prefix = f"jobledger_p{index}"
+        env = {
+            **location.env,
+            "AGGREGATE_CACHE_MAXSIZE": str(cache_size) if cache_size else "",
+            # Fast-forward: a cached job is brought up to date from the store on every load,
+            # so a write by another process is never missed.
+            "AGGREGATE_CACHE_FASTFORWARD": "y",
+            "IS_SNAPSHOTTING_ENABLED": "y",
+        }
+        super().__init__(env=env)
+
+    def construct_recorder(self) -> ApplicationRecorder:
+        factory: Any = self.factory
+        recorder: ApplicationRecorder = factory.application_recorder_class(
+            datastore=factory.datastore, events_table_name=f"{self.table_prefix}_events"
+        )
+        recorder.create_table()  # type: ignore[attr-defined]
+        return recorder
+
+    def construct_snapshot_store(self) -> EventStore[UUID]:
+        factory: Any = self.factory
+        recorder = factory.aggregate_recorder_class(
+            datastore=factory.datastore, events_table_name=f"{self.table_prefix}_snapshots"
+        )
+        recorder.create_table()
+        return EventStore(mapper=self.mapper, recorder=recorder)
+
+
+class EventSourcedJobStore:
+    """Routes each job to partition hash(job id) % N; N is fixed for the life of a store."""
+
+    def __init__(
+        self,
+        location: StoreLocation,
+        *,
+        partitions: int = 1,
+        cache_size: int = 10_000,
+        snapshot_interval: int = 100,
+    ) -> None:
+        self.location = location
+        self.snapshot_interval = snapshot_interval
+        try:
+            self.partitions = [
+                LedgerPartition(location, index, cache_size) for index in range(partitions)
+            ]
+        except PersistenceError as error:
+            raise StoreUnavailableError(f"cannot open the {location.kind} store: {error}") from None
+
+    def partition(self, job_uuid: UUID) -> LedgerPartition:
+        return self.partitions[job_uuid.int % len(self.partitions)]
+
+    # ---- the JobStore port -------------------------------------------------------------
+
+    def load(self, job_uuid: UUID) -> Job | None:
+        try:
+            job: object = self.partition(job_uuid).repository.get(job_uuid)
+        except AggregateNotFoundError:
+            return None
+        except PersistenceError as error:
+            raise StoreUnavailableError(f"store error while loading a job: {error}") from error
+        assert isinstance(job, Job)
+        return job
+
+    def append(self, job: Job, *keys: ConsumedKey) -> None:
+        partition = self.partition(job.id)
+        version_before = job.version - len(job.pending_events)
+        try:
+            partition.save(job, *keys)
+        except IntegrityError:
+            raise self.conflict(partition, keys) from None
+        except PersistenceError as error:
+            raise StoreUnavailableError(f"store error while appending: {error}") from error
+        self.snapshot_if_due(partition, job, version_before)
+
+    def find_key(self, job_uuid: UUID, key_id: UUID) -> ConsumedKey | None:
+        try:
+            key: object = self.partition(job_uuid).repository.get(key_id)
+        except AggregateNotFoundError:
+            return None
+        assert isinstance(key, ConsumedKey)
+        return key
+
+    def events(self, job_uuid: UUID, *, to_version: int | None = None) -> list[Job.Event]:
+        stored = self.partition(job_uuid).events.get(job_uuid, lte=to_version)
+        return [event for event in stored if isinstance(event, Job.Event)]
+
+    # ---- the steps of an append --------------------------------------------------------
+
+    def conflict(
+        self, partition: LedgerPartition, keys: tuple[ConsumedKey, ...]
+    ) -> DuplicateKeyError | VersionConflict:
+        """The append was refused as a whole; say whether a key or the version collided."""
+        for key in keys:
+            if partition.events.get(key.id, limit=1):
+                return DuplicateKeyError(key.kind, key.key)
+        return VersionConflict("the job was changed by another writer since it was loaded")
+
+    def snapshot_if_due(self, partition: LedgerPartition, job: Job, version_before: int) -> None:
+        """After the commit, so a failed snapshot can never lose an event: it only costs a
+        longer replay on the next cold load."""
+        interval = self.snapshot_interval
+        if not interval or job.version // interval == version_before // interval:
+            return
+        assert partition.snapshots is not None
+        try:
+            partition.snapshots.put([Job.Snapshot.take(job)])
+        except PersistenceError:
+            log.warning(
+                "snapshot of job %s at version %s failed", job.id, job.version, exc_info=True
+            )
+
+    def close(self) -> None:
+        for partition in self.partitions:
+            partition.close()

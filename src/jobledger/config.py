@@ -1,0 +1,49 @@
+"""Engine configuration: one pydantic settings model, read from ``JOBLEDGER_*`` variables."""
+
+from __future__ import annotations
+
+import os
+import socket
+from decimal import Decimal
+from typing import Literal
+
+from pydantic import Field, SecretStr
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+def _default_worker_id() -> str:
+    return f"{socket.gethostname()}-{os.getpid()}"
+
+
+class EngineConfig(BaseSettings):
+    """The seed's knobs plus what an event-sourced store needs."""
+
+    model_config = SettingsConfigDict(env_prefix="JOBLEDGER_", extra="forbid", frozen=True)
+
+    store_url: str = "sqlite:///jobledger.sqlite"
+    """``sqlite:///relative.db``, ``sqlite:////absolute.db`` or ``postgresql://u:p@host/db``."""
+    partitions: int = Field(default=1, ge=1, le=64)
+    """Event tables; a job lives in partition hash(job id) % partitions. Fixed per store."""
+    worker_id: str = Field(default_factory=_default_worker_id, min_length=1)
+
+    max_steps_per_tick: int = Field(default=10, ge=1)
+    inline_resume_max_delay_ms: int = Field(default=1_000, ge=0)
+    default_wait_ms: int = Field(default=60_000, ge=0)
+    cost_ceiling_usd: Decimal = Field(default=Decimal(0), ge=0)
+    """Per tenant per UTC day; 0 disables the ceiling."""
+    resume_mode: Literal["queue", "scan_only"] = "queue"
+    """``scan_only`` leaves every timer to the reconciler instead of enqueueing it."""
+    lease_ms: int = Field(default=300_000, ge=1)
+    """How long a claim protects a running step before another worker may take over."""
+    max_payload_bytes: int = Field(default=256 * 1024, ge=1)
+
+    cache_size: int = Field(default=10_000, ge=0)
+    snapshot_interval: int = Field(default=100, ge=0)
+    """Snapshot a job every N events so a cold load never replays a long history."""
+
+    token_secret: SecretStr | None = None
+    """HS256 key for resume tokens; required before a job may wait for an event."""
+    token_key_id: str = "k1"
+    token_ttl_seconds: int = Field(default=86_400, ge=1)
+    token_issuer: str = "jobledger"
+    token_audience: str = "jobledger.resume"

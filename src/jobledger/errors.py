@@ -1,0 +1,63 @@
+"""Every error a caller can see, each saying what was wrong."""
+
+from __future__ import annotations
+
+
+class JobLedgerError(Exception):
+    """Base class of every error jobledger raises on purpose."""
+
+
+class UnknownJobError(JobLedgerError):
+    def __init__(self, tenant_id: str, job_id: str) -> None:
+        super().__init__(f"no job {job_id!r} for tenant {tenant_id!r}")
+        self.tenant_id = tenant_id
+        self.job_id = job_id
+
+
+class UnknownWorkflowError(JobLedgerError):
+    pass
+
+
+class JobConflictError(JobLedgerError):
+    """A submit names an existing job but asks for something different."""
+
+
+class InvalidPayloadError(JobLedgerError):
+    """A payload is not JSON, is too large, or has the wrong shape."""
+
+
+class ConfigError(JobLedgerError):
+    pass
+
+
+class StoreUnavailableError(JobLedgerError):
+    """The store could not be reached; nothing was written."""
+
+
+class ConcurrencyError(JobLedgerError):
+    """An append lost a race: the job moved on since it was loaded."""
+
+
+class VersionConflict(ConcurrencyError):
+    pass
+
+
+class DuplicateKeyError(ConcurrencyError):
+    """An at-most-once key was already consumed by an earlier append."""
+
+    def __init__(self, kind: str, key: str) -> None:
+        super().__init__(f"{kind} key {key!r} was already used")
+        self.kind = kind
+        self.key = key
+
+
+class StepError(Exception):
+    """Raise from a step executor to say whether the failure is worth retrying.
+
+    Any other exception from an executor is a permanent step failure.
+    """
+
+    def __init__(self, message: str, *, retryable: bool = False, kind: str = "error") -> None:
+        super().__init__(message)
+        self.retryable = retryable
+        self.kind = kind

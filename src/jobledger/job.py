@@ -1,0 +1,369 @@
+"""The Job aggregate: its events are the job's state, its audit trail and its replay source."""
+
+from __future__ import annotations
+
+from copy import deepcopy
+from datetime import datetime
+from decimal import Decimal
+from typing import Any
+
+from eventsourcing.domain import Aggregate, Snapshot
+from eventsourcing.utils import get_topic
+
+from jobledger import chain
+from jobledger.identity import job_uuid
+from jobledger.status import TRANSITION_STATUSES, JobStatus
+
+JSON = dict[str, Any]
+
+
+class Job(Aggregate):
+    """A job is the fold of its events; commands only decide which event comes next."""
+
+    tenant_id: str
+    job_id: str
+    workflow_type: str
+    workflow_version: int
+    mission_id: str | None
+    employee_id: str | None
+    correlation_id: str | None
+    submit_key: str | None
+    budget: JSON
+    state: JSON
+    status: JobStatus
+    current_step: int
+    resume_at: datetime | None
+    wait_event: JSON | None
+    claim_id: str | None
+    worker_id: str | None
+    lease_until: datetime | None
+    attempt: int
+    total_steps_executed: int
+    total_cost_usd: Decimal
+    last_error: str | None
+    completed_at: datetime | None
+    chain_head: str
+
+    def __init__(self) -> None:
+        """State is set by ``Submitted.evolve``: the events, not the constructor, define a job."""
+
+    class Snapshot(Snapshot):
+        def mutate(self, _: None) -> Job:
+            job = super().mutate(None)
+            assert isinstance(job, Job)
+            # JSON has no enums: the snapshot stored the status as its string value.
+            job.status = JobStatus(job.status)
+            return job
+
+    class Event(Aggregate.Event):
+        chain_hash: str
+
+        def apply(self, aggregate: Any) -> None:
+            assert isinstance(aggregate, Job)
+            self.evolve(aggregate)
+            aggregate.chain_head = self.chain_hash
+
+        def evolve(self, job: Job) -> None:
+            """What this event changes; overridden by each event type."""
+
+    class Submitted(Event, Aggregate.Created):
+        tenant_id: str
+        job_id: str
+        workflow_type: str
+        workflow_version: int
+        state: JSON
+        budget: JSON
+        mission_id: str | None
+        employee_id: str | None
+        correlation_id: str | None
+        submit_key: str | None
+
+        def evolve(self, job: Job) -> None:
+            job.tenant_id = self.tenant_id
+            job.job_id = self.job_id
+            job.workflow_type = self.workflow_type
+            job.workflow_version = self.workflow_version
+            job.state = deepcopy(self.state)
+            job.budget = deepcopy(self.budget)
+            job.mission_id = self.mission_id
+            job.employee_id = self.employee_id
+            job.correlation_id = self.correlation_id
+            job.submit_key = self.submit_key
+            job.status = JobStatus.QUEUED
+            job.current_step = 0
+            job.resume_at = None
+            job.wait_event = None
+            job.claim_id = None
+            job.worker_id = None
+            job.lease_until = None
+            job.attempt = 0
+            job.total_steps_executed = 0
+            job.total_cost_usd = Decimal(0)
+            job.last_error = None
+            job.completed_at = None
+
+    class Claimed(Event):
+        """A worker took a lease on the job to execute its next step."""
+
+        worker_id: str
+        claim_id: str
+        lease_until: datetime
+        reason: str
+        previous_status: str
+        previous_worker_id: str | None
+
+        def evolve(self, job: Job) -> None:
+            job.status = JobStatus.RUNNING
+            job.claim_id = self.claim_id
+            job.worker_id = self.worker_id
+            job.lease_until = self.lease_until
+            job.resume_at = None
+
+    class StepRecorded(Event):
+        """A step ran (or a pure transition was taken) and the job moved to ``next_status``."""
+
+        step_number: int
+        step_type: str
+        triggered_by: str
+        idempotency_key: str
+        started_at: datetime
+        ended_at: datetime
+        duration_ms: int
+        output: JSON
+        state_patch: JSON
+        cost_usd: Decimal
+        transition_reason: str
+        next_status: str
+        resume_at: datetime | None
+        wait_event: JSON | None
+        worker_id: str | None
+
+        def evolve(self, job: Job) -> None:
+            job.current_step = self.step_number
+            job.status = JobStatus(self.next_status)
+            job.resume_at = self.resume_at
+            job.wait_event = deepcopy(self.wait_event)
+            job.state = {**job.state, **deepcopy(self.state_patch)}
+            job.total_steps_executed += 1
+            job.total_cost_usd += self.cost_usd
+            job.attempt = 0
+            job.release_lease()
+            if job.status.is_terminal:
+                job.completed_at = self.ended_at
+
+    class CostCeilingDeferred(Event):
+        """The tenant's spend for the UTC day reached its ceiling: no step ran."""
+
+        step_number: int
+        spend_usd: Decimal
+        ceiling_usd: Decimal
+        resume_at: datetime
+
+        def evolve(self, job: Job) -> None:
+            job.status = JobStatus.WAITING_TIME
+            job.resume_at = self.resume_at
+            job.release_lease()
+
+    class RetryScheduled(Event):
+        """A step failed with a retryable error; it runs again at ``resume_at``."""
+
+        step_number: int
+        attempt: int
+        error: str
+        error_kind: str
+        resume_at: datetime
+
+        def evolve(self, job: Job) -> None:
+            job.status = JobStatus.WAITING_TIME
+            job.resume_at = self.resume_at
+            job.attempt = self.attempt
+            job.last_error = self.error
+            job.release_lease()
+
+    class Failed(Event):
+        """The job failed for good: a step error, or a bug in its workflow definition."""
+
+        step_number: int
+        error: str
+        cause: str
+
+        def evolve(self, job: Job) -> None:
+            job.status = JobStatus.FAILED
+            job.last_error = self.error
+            job.completed_at = self.timestamp
+            job.resume_at = None
+            job.release_lease()
+
+    # ---- creation -------------------------------------------------------------------
+
+    @classmethod
+    def submit(
+        cls,
+        *,
+        tenant_id: str,
+        job_id: str,
+        workflow_type: str,
+        workflow_version: int,
+        state: JSON,
+        budget: JSON,
+        mission_id: str | None,
+        employee_id: str | None,
+        correlation_id: str | None,
+        submit_key: str | None,
+        timestamp: datetime,
+    ) -> Job:
+        fields: dict[str, Any] = {
+            "originator_topic": get_topic(cls),
+            "originator_id": job_uuid(tenant_id, job_id),
+            "originator_version": cls.INITIAL_VERSION,
+            "timestamp": timestamp,
+            "tenant_id": tenant_id,
+            "job_id": job_id,
+            "workflow_type": workflow_type,
+            "workflow_version": workflow_version,
+            "state": state,
+            "budget": budget,
+            "mission_id": mission_id,
+            "employee_id": employee_id,
+            "correlation_id": correlation_id,
+            "submit_key": submit_key,
+        }
+        fields["chain_hash"] = chain.link(chain.GENESIS, cls.Submitted.__qualname__, fields)
+        del fields["originator_topic"]
+        fields["id"] = fields.pop("originator_id")
+        del fields["originator_version"]
+        return cls._create(cls.Submitted, **fields)
+
+    # ---- commands: each checks its precondition, then appends one event ---------------
+
+    def claim(
+        self,
+        *,
+        worker_id: str,
+        claim_id: str,
+        lease_until: datetime,
+        reason: str,
+        now: datetime,
+    ) -> None:
+        if not self.is_claimable(now):
+            raise ValueError(f"job {self.job_id!r} is {self.status}, not claimable")
+        self._append(
+            Job.Claimed,
+            now,
+            worker_id=worker_id,
+            claim_id=claim_id,
+            lease_until=lease_until,
+            reason=reason,
+            previous_status=str(self.status),
+            previous_worker_id=self.worker_id if self.status is JobStatus.RUNNING else None,
+        )
+
+    def record_step(
+        self,
+        *,
+        step_number: int,
+        step_type: str,
+        triggered_by: str,
+        idempotency_key: str,
+        started_at: datetime,
+        ended_at: datetime,
+        output: JSON,
+        state_patch: JSON,
+        cost_usd: Decimal,
+        transition_reason: str,
+        next_status: JobStatus,
+        resume_at: datetime | None,
+        wait_event: JSON | None,
+        worker_id: str | None,
+    ) -> None:
+        if step_number != self.current_step + 1:
+            raise ValueError(f"step {step_number} does not follow step {self.current_step}")
+        if next_status not in TRANSITION_STATUSES:
+            raise ValueError(f"a step cannot move a job to {next_status}")
+        self._append(
+            Job.StepRecorded,
+            ended_at,
+            step_number=step_number,
+            step_type=step_type,
+            triggered_by=triggered_by,
+            idempotency_key=idempotency_key,
+            started_at=started_at,
+            ended_at=ended_at,
+            duration_ms=max(0, int((ended_at - started_at).total_seconds() * 1000)),
+            output=output,
+            state_patch=state_patch,
+            cost_usd=cost_usd,
+            transition_reason=transition_reason,
+            next_status=str(next_status),
+            resume_at=resume_at,
+            wait_event=wait_event,
+            worker_id=worker_id,
+        )
+
+    def defer_for_cost_ceiling(
+        self, *, spend_usd: Decimal, ceiling_usd: Decimal, resume_at: datetime, now: datetime
+    ) -> None:
+        self._append(
+            Job.CostCeilingDeferred,
+            now,
+            step_number=self.current_step + 1,
+            spend_usd=spend_usd,
+            ceiling_usd=ceiling_usd,
+            resume_at=resume_at,
+        )
+
+    def schedule_retry(
+        self, *, error: str, error_kind: str, resume_at: datetime, now: datetime
+    ) -> None:
+        self._append(
+            Job.RetryScheduled,
+            now,
+            step_number=self.current_step + 1,
+            attempt=self.attempt + 1,
+            error=error,
+            error_kind=error_kind,
+            resume_at=resume_at,
+        )
+
+    def fail(self, *, error: str, cause: str, now: datetime) -> None:
+        if self.status.is_terminal:
+            raise ValueError(f"job {self.job_id!r} is already {self.status}")
+        self._append(Job.Failed, now, step_number=self.current_step + 1, error=error, cause=cause)
+
+    # ---- queries ----------------------------------------------------------------------
+
+    def is_claimable(self, now: datetime) -> bool:
+        """Queued, a due timer, or a running claim whose holder let its lease lapse."""
+        if self.status is JobStatus.QUEUED:
+            return True
+        if self.status is JobStatus.WAITING_TIME:
+            return self.resume_at is None or self.resume_at <= now
+        if self.status is JobStatus.RUNNING:
+            return self.lease_until is not None and self.lease_until <= now
+        return False
+
+    def holds_claim(self, claim_id: str, now: datetime) -> bool:
+        return (
+            self.status is JobStatus.RUNNING
+            and self.claim_id == claim_id
+            and self.lease_until is not None
+            and self.lease_until > now
+        )
+
+    def release_lease(self) -> None:
+        self.claim_id = None
+        self.worker_id = None
+        self.lease_until = None
+
+    # ---- the chain --------------------------------------------------------------------
+
+    def _append(self, event_class: type[Job.Event], timestamp: datetime, **data: Any) -> None:
+        """Trigger an event whose chain hash covers its id, version, time and data."""
+        fields: dict[str, Any] = {
+            "originator_id": self.id,
+            "originator_version": self.version + 1,
+            "timestamp": timestamp,
+            **data,
+        }
+        chain_hash = chain.link(self.chain_head, event_class.__qualname__, fields)
+        self.trigger_event(event_class, timestamp=timestamp, chain_hash=chain_hash, **data)

@@ -1,0 +1,577 @@
+"""The orchestrator: one tick advances one job by as many steps as its budget allows.
+
+Each step is ONE atomic append: the step's record, its full transition and its idempotency
+key go to the store together, so there is no window in which a step is recorded but the job
+has not moved (the seed's insertStep/finalizeStep crash window does not exist here).
+
+Guarantee, stated honestly: each step is recorded exactly once and never re-run once
+recorded; a side effect may run again only if the worker died between running it and
+recording it, and then with the same idempotency key.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from decimal import Decimal, InvalidOperation
+from enum import StrEnum
+from typing import Any
+from uuid import uuid4
+
+from jobledger.config import EngineConfig
+from jobledger.errors import (
+    ConfigError,
+    DuplicateKeyError,
+    InvalidPayloadError,
+    StepError,
+    UnknownJobError,
+    VersionConflict,
+)
+from jobledger.identity import job_uuid, step_key
+from jobledger.job import Job
+from jobledger.keys import ConsumedKey, KeyKind
+from jobledger.payloads import json_object
+from jobledger.ports import (
+    Clock,
+    Cost,
+    IssuedToken,
+    JobStore,
+    Notifier,
+    Ops,
+    OpsEvent,
+    Queue,
+    Resolution,
+    ResolveRequest,
+    ResumeTokens,
+    RetryPolicy,
+    StepExecutor,
+    StepRequest,
+    StepResult,
+    Tick,
+    WorkflowRegistry,
+)
+from jobledger.status import JobStatus
+from jobledger.views import JobView
+
+
+class Outcome(StrEnum):
+    """How a tick ended, for callers, tests and queue adapters."""
+
+    ADVANCED = "advanced"
+    IDLE = "idle"
+    """Nothing to do now: parked, terminal, or a timer not yet due."""
+    CLAIM_LOST = "claim_lost"
+    """Another worker owns the job right now."""
+    DUPLICATE_SKIPPED = "duplicate_skipped"
+    DISCARDED = "discarded"
+    """The job changed while our step ran; the step's result was not recorded."""
+    DEFERRED = "deferred"
+    RETRY_SCHEDULED = "retry_scheduled"
+    FAILED = "failed"
+
+
+@dataclass
+class TickReport:
+    outcome: Outcome
+    status: JobStatus
+    steps_executed: int
+    version: int
+
+
+class _LostRace(Exception):
+    """An append was refused because another writer moved the job first."""
+
+    def __init__(self, outcome: Outcome) -> None:
+        super().__init__(outcome)
+        self.outcome = outcome
+
+
+@dataclass
+class _Run:
+    """Per-tick state: the claim this tick holds and how many steps it has run."""
+
+    tick: Tick
+    claim_id: str = field(default_factory=lambda: uuid4().hex)
+    steps: int = 0
+
+
+@dataclass(frozen=True)
+class _Executed:
+    result: StepResult
+    started_at: datetime
+    ended_at: datetime
+    output: dict[str, Any]
+    state_patch: dict[str, Any]
+    cost_usd: Decimal
+
+
+class Orchestrator:
+    def __init__(
+        self,
+        *,
+        store: JobStore,
+        queue: Queue,
+        clock: Clock,
+        ops: Ops,
+        registry: WorkflowRegistry,
+        executor: StepExecutor,
+        config: EngineConfig,
+        cost: Cost | None = None,
+        tokens: ResumeTokens | None = None,
+        notifier: Notifier | None = None,
+    ) -> None:
+        self.store = store
+        self.queue = queue
+        self.clock = clock
+        self.ops = ops
+        self.registry = registry
+        self.executor = executor
+        self.config = config
+        self.cost = cost
+        self.tokens = tokens
+        self.notifier = notifier
+
+    # ---- the tick, as a list of steps ------------------------------------------------
+
+    def tick(self, tick: Tick) -> TickReport:
+        """Advance the job until it parks, finishes, or spends this tick's step budget."""
+        job = self.load(tick)
+        run = _Run(tick)
+        try:
+            while (outcome := self.advance(job, run)) is None:
+                pass
+        except _LostRace as lost:
+            # The in-memory job holds the refused events: report what the store holds.
+            outcome = lost.outcome
+            job = self.load(tick)
+        return TickReport(outcome, job.status, run.steps, job.version)
+
+    def advance(self, job: Job, run: _Run) -> Outcome | None:
+        """One step. Returns an outcome to stop the tick, or None to take another step."""
+        now = self.clock.now()
+        if not job.holds_claim(run.claim_id, now) and not job.is_claimable(now):
+            return self.stand_aside(job, run, now)
+        resolution = self.resolve(job, run, now)
+        if resolution is None:
+            return Outcome.FAILED
+        if resolution.is_costly and self.defer_for_ceiling(job, now):
+            return Outcome.DEFERRED
+        self.check_can_wait(resolution)
+        if resolution.has_side_effect and not job.holds_claim(run.claim_id, now):
+            self.claim(job, run, now)
+        executed = self.execute(job, run, resolution)
+        if isinstance(executed, Outcome):
+            return executed
+        token = self.issue_token(job, resolution)
+        self.record(job, run, resolution, executed, token)
+        return self.follow_up(job, run, resolution, token)
+
+    # ---- loading and standing aside --------------------------------------------------
+
+    def load(self, tick: Tick) -> Job:
+        job = self.store.load(job_uuid(tick.tenant_id, tick.job_id))
+        if job is None:
+            raise UnknownJobError(tick.tenant_id, tick.job_id)
+        return job
+
+    def stand_aside(self, job: Job, run: _Run, now: datetime) -> Outcome:
+        """Not ours to run now. A timer that is not yet due is re-armed: if the tick that
+        was meant to wake it was lost in a crash, this re-delivery restores it."""
+        if job.status is JobStatus.WAITING_TIME and job.resume_at is not None:
+            self.schedule(job, job.resume_at, f"resume:{job.version}", now)
+            return Outcome.IDLE
+        if job.status is JobStatus.RUNNING:
+            return Outcome.CLAIM_LOST
+        return Outcome.IDLE
+
+    # ---- resolution and the cost ceiling ---------------------------------------------
+
+    def resolve(self, job: Job, run: _Run, now: datetime) -> Resolution | None:
+        """Pure resolution from the definition; a throw is a definition bug: fail the job."""
+        request = ResolveRequest(
+            workflow_type=job.workflow_type,
+            workflow_version=job.workflow_version,
+            budget=job.budget,
+            state=job.state,
+            current_step=job.current_step,
+            status=job.status,
+            reason=run.tick.reason,
+            now=now,
+        )
+        try:
+            return self.registry.resolve(request)
+        except Exception as error:
+            self.fail(job, f"workflow resolution failed: {error}", "definition")
+            return None
+
+    def defer_for_ceiling(self, job: Job, now: datetime) -> bool:
+        ceiling = self.config.cost_ceiling_usd
+        if ceiling <= 0 or self.cost is None:
+            return False
+        day_start = now.astimezone(UTC).replace(hour=0, minute=0, second=0, microsecond=0)
+        spend = self.cost.tenant_day_spend_usd(job.tenant_id, day_start)
+        if spend < ceiling:
+            return False
+        resume_at = day_start + timedelta(days=1)
+        job.defer_for_cost_ceiling(
+            spend_usd=spend, ceiling_usd=ceiling, resume_at=resume_at, now=now
+        )
+        self.append(job)
+        self.report(
+            job,
+            "job.cost_ceiling_deferred",
+            spendUsd=str(spend),
+            ceilingUsd=str(ceiling),
+            resumeAt=resume_at.isoformat(),
+        )
+        self.schedule(job, resume_at, f"ceiling:{_epoch_ms(resume_at)}", now)
+        return True
+
+    def check_can_wait(self, resolution: Resolution) -> None:
+        """Refuse before the side effect, not after: a job that would wait for an event
+        with no way to mint its resume token is a deployment error, not a step failure."""
+        if resolution.next_status is JobStatus.WAITING_EVENT and self.tokens is None:
+            raise ConfigError("a step waits for an event but no token secret is configured")
+
+    # ---- the claim -------------------------------------------------------------------
+
+    def claim(self, job: Job, run: _Run, now: datetime) -> None:
+        """Append Claimed at the loaded version; losing the race means another worker
+        owns this tick, so the tick ends quietly."""
+        expired_holder = job.worker_id if job.status is JobStatus.RUNNING else None
+        job.claim(
+            worker_id=self.config.worker_id,
+            claim_id=run.claim_id,
+            lease_until=now + timedelta(milliseconds=self.config.lease_ms),
+            reason=run.tick.reason,
+            now=now,
+        )
+        self.append(job)
+        if expired_holder is not None:
+            # The previous holder died mid-step: the step re-runs with the same key.
+            self.report(
+                job,
+                "job.step.recovered",
+                stepNumber=job.current_step + 1,
+                idempotencyKey=step_key(job.job_id, job.current_step + 1),
+                previousWorkerId=expired_holder,
+            )
+
+    # ---- the side effect -------------------------------------------------------------
+
+    def execute(self, job: Job, run: _Run, resolution: Resolution) -> _Executed | Outcome:
+        step_number = job.current_step + 1
+        key = step_key(job.job_id, step_number)
+        started_at = self.clock.now()
+        self.report(
+            job,
+            "job.step.started",
+            stepNumber=step_number,
+            reason=run.tick.reason,
+            idempotencyKey=key,
+        )
+        result = StepResult()
+        if resolution.has_side_effect:
+            request = StepRequest(
+                job=JobView.of(job),
+                step_number=step_number,
+                step_type=resolution.step_type,
+                triggered_by=resolution.triggered_by,
+                idempotency_key=key,
+                resolution=resolution,
+            )
+            try:
+                result = self.executor.execute(request)
+            except Exception as error:
+                return self.step_failed(job, resolution, error)
+        try:
+            return self.merge(resolution, result, started_at)
+        except InvalidPayloadError as error:
+            return self.step_failed(job, resolution, error)
+
+    def merge(self, resolution: Resolution, result: StepResult, started_at: datetime) -> _Executed:
+        limit = self.config.max_payload_bytes
+        output = json_object(
+            {**resolution.output, **result.output}, what="step output", max_bytes=limit
+        )
+        patch = json_object(
+            {**resolution.state_patch, **result.state_patch},
+            what="step state patch",
+            max_bytes=limit,
+        )
+        return _Executed(
+            result, started_at, self.clock.now(), output, patch, _cost(result.cost_usd)
+        )
+
+    def step_failed(self, job: Job, resolution: Resolution, error: Exception) -> Outcome:
+        """A retryable error within its policy schedules a retry; anything else fails."""
+        kind = error.kind if isinstance(error, StepError) else type(error).__name__
+        policy = resolution.retry_policy or RetryPolicy()
+        attempt = job.attempt + 1
+        if isinstance(error, StepError) and error.retryable and policy.allows(attempt, kind):
+            now = self.clock.now()
+            resume_at = now + timedelta(milliseconds=policy.backoff_ms(attempt))
+            job.schedule_retry(error=str(error), error_kind=kind, resume_at=resume_at, now=now)
+            self.append(job)
+            self.report(
+                job,
+                "job.step.retry_scheduled",
+                stepNumber=job.current_step + 1,
+                attempt=attempt,
+                error=str(error),
+                resumeAt=resume_at.isoformat(),
+            )
+            self.schedule(job, resume_at, f"retry:{job.current_step + 1}:{attempt}", now)
+            return Outcome.RETRY_SCHEDULED
+        self.fail(job, f"step {job.current_step + 1} failed: {error}", "step")
+        return Outcome.FAILED
+
+    def fail(self, job: Job, error: str, cause: str) -> None:
+        job.fail(error=error, cause=cause, now=self.clock.now())
+        self.append(job)
+        self.report(job, "job.failed", error=error, cause=cause)
+
+    # ---- recording: one atomic append ----------------------------------------------
+
+    def issue_token(self, job: Job, resolution: Resolution) -> IssuedToken | None:
+        if resolution.next_status is not JobStatus.WAITING_EVENT:
+            return None
+        assert self.tokens is not None  # checked before the side effect
+        return self.tokens.issue(
+            JobView.of(job),
+            step_number=job.current_step + 1,
+            event_name=_event_name(resolution),
+            now=self.clock.now(),
+        )
+
+    def record(
+        self,
+        job: Job,
+        run: _Run,
+        resolution: Resolution,
+        executed: _Executed,
+        token: IssuedToken | None,
+    ) -> None:
+        """The step, its transition, its key and (when the tick goes on) the next claim,
+        in one append. A duplicate key or a lost race is reported and skipped; any other
+        store error propagates so the tick is retried and the job is not failed."""
+        step_number = job.current_step + 1
+        key = step_key(job.job_id, step_number)
+        job.record_step(
+            step_number=step_number,
+            step_type=resolution.step_type,
+            triggered_by=resolution.triggered_by,
+            idempotency_key=key,
+            started_at=executed.started_at,
+            ended_at=executed.ended_at,
+            output=executed.output,
+            state_patch=executed.state_patch,
+            cost_usd=executed.cost_usd,
+            transition_reason=resolution.transition_reason,
+            next_status=resolution.next_status,
+            resume_at=self.resume_at(resolution, executed.ended_at),
+            wait_event=_wait_event(resolution, token),
+            worker_id=self.config.worker_id if resolution.has_side_effect else None,
+        )
+        run.steps += 1
+        if job.status is JobStatus.QUEUED and run.steps < self.config.max_steps_per_tick:
+            # Carry the next step's claim in this same commit: one durable write per step.
+            job.claim(
+                worker_id=self.config.worker_id,
+                claim_id=run.claim_id,
+                lease_until=executed.ended_at + timedelta(milliseconds=self.config.lease_ms),
+                reason="continuation",
+                now=executed.ended_at,
+            )
+        marker = ConsumedKey.consume(
+            kind=KeyKind.STEP,
+            key=key,
+            tenant_id=job.tenant_id,
+            job_id=job.job_id,
+            job_uuid=job.id,
+            timestamp=executed.ended_at,
+        )
+        try:
+            self.store.append(job, marker)
+        except DuplicateKeyError:
+            self.report(self.load(run.tick), "job.step.duplicate_skipped", idempotencyKey=key)
+            raise _LostRace(Outcome.DUPLICATE_SKIPPED) from None
+        except VersionConflict:
+            self.report(
+                self.load(run.tick),
+                "job.step.discarded",
+                idempotencyKey=key,
+                reason="the job changed while the step ran",
+            )
+            raise _LostRace(Outcome.DISCARDED) from None
+        self.report(
+            job,
+            "job.step.completed",
+            stepNumber=step_number,
+            stepType=resolution.step_type,
+            transitionReason=resolution.transition_reason,
+            durationMs=int((executed.ended_at - executed.started_at).total_seconds() * 1000),
+            idempotencyKey=key,
+            costUsd=str(executed.cost_usd),
+            stepsExecutedThisTick=run.steps,
+            maxStepsPerTick=self.config.max_steps_per_tick,
+        )
+
+    def resume_at(self, resolution: Resolution, now: datetime) -> datetime | None:
+        if resolution.next_status is not JobStatus.WAITING_TIME:
+            return None
+        delay = resolution.resume_delay_ms
+        return now + timedelta(milliseconds=self.config.default_wait_ms if delay is None else delay)
+
+    # ---- acting on the new status ----------------------------------------------------
+
+    def follow_up(
+        self, job: Job, run: _Run, resolution: Resolution, token: IssuedToken | None
+    ) -> Outcome | None:
+        status = job.status
+        if status is JobStatus.COMPLETED:
+            self.report(job, "job.completed")
+        elif status is JobStatus.FAILED:
+            self.report(job, "job.failed", error=resolution.transition_reason, cause="workflow")
+        elif status is JobStatus.WAITING_EVENT:
+            self.await_event(job, resolution, token)
+        elif status is JobStatus.AWAITING_APPROVAL:
+            self.await_approval(job, resolution)
+        elif status is JobStatus.WAITING_TIME:
+            return self.wait(job, run, resolution)
+        elif job.holds_claim(run.claim_id, self.clock.now()):
+            return None
+        elif status is JobStatus.QUEUED:
+            self.continue_later(job)
+        return Outcome.ADVANCED
+
+    def await_event(self, job: Job, resolution: Resolution, token: IssuedToken | None) -> None:
+        assert token is not None
+        self.report(
+            job,
+            "job.waiting_event",
+            stepNumber=job.current_step,
+            waitEventName=_event_name(resolution),
+            resumeTokenExpiresAt=token.expires_at.isoformat(),
+        )
+        if self.notifier is not None:
+            self.notifier.waiting_for_event(JobView.of(job), _event_name(resolution), token)
+
+    def await_approval(self, job: Job, resolution: Resolution) -> None:
+        self.report(
+            job,
+            "job.awaiting_approval",
+            stepNumber=job.current_step,
+            transitionReason=resolution.transition_reason,
+        )
+        if self.notifier is not None:
+            self.notifier.approval_requested(JobView.of(job), job.current_step, resolution)
+
+    def wait(self, job: Job, run: _Run, resolution: Resolution) -> Outcome | None:
+        """Short waits continue inline (the timer is honoured by sleeping) while the tick
+        has step budget; longer ones are handed to the queue or, in scan_only mode, left
+        to the reconciler."""
+        assert job.resume_at is not None
+        now = self.clock.now()
+        self.report(
+            job,
+            "job.waiting_time",
+            stepNumber=job.current_step,
+            transitionReason=resolution.transition_reason,
+            resumeAt=job.resume_at.isoformat(),
+            resumeMode=self.config.resume_mode,
+        )
+        delay_ms = max(0, _millis(job.resume_at - now))
+        limit = self.config.inline_resume_max_delay_ms
+        if run.steps < self.config.max_steps_per_tick and delay_ms <= limit:
+            self.clock.sleep(delay_ms / 1000)
+            self.report(
+                job,
+                "job.waiting_time.inline_continued",
+                stepNumber=job.current_step,
+                resumeDelayMs=delay_ms,
+                inlineResumeMaxDelayMs=limit,
+            )
+            return None
+        key = step_key(job.job_id, job.current_step)
+        self.schedule(job, job.resume_at, f"{job.current_step}:{key}", now)
+        return Outcome.ADVANCED
+
+    def continue_later(self, job: Job) -> None:
+        """Burst continuation: this tick spent its step budget; hand the rest back."""
+        self.report(
+            job,
+            "job.burst_continued",
+            stepNumber=job.current_step,
+            maxStepsPerTick=self.config.max_steps_per_tick,
+        )
+        self.queue.enqueue(
+            Tick(job.tenant_id, job.job_id, "burst_continuation"),
+            dedupe_key=f"burst:{job.current_step}",
+        )
+
+    # ---- helpers ---------------------------------------------------------------------
+
+    def schedule(self, job: Job, at: datetime, dedupe_key: str, now: datetime) -> None:
+        if self.config.resume_mode == "scan_only":
+            return
+        self.queue.enqueue(
+            Tick(job.tenant_id, job.job_id, "waiting_time_resume"),
+            delay_ms=max(1, _millis(at - now)),
+            dedupe_key=dedupe_key,
+        )
+
+    def append(self, job: Job) -> None:
+        """Append a transition that guards no key; a lost race ends the tick quietly."""
+        try:
+            self.store.append(job)
+        except VersionConflict:
+            raise _LostRace(Outcome.CLAIM_LOST) from None
+
+    def report(self, job: Job, event_type: str, **metadata: Any) -> None:
+        self.ops.record(
+            OpsEvent(
+                jobId=job.job_id,
+                tenantId=job.tenant_id,
+                eventType=event_type,
+                status=str(job.status),
+                missionId=job.mission_id,
+                employeeId=job.employee_id,
+                correlationId=job.correlation_id,
+                metadata=metadata,
+            )
+        )
+
+
+def _event_name(resolution: Resolution) -> str:
+    return resolution.wait_event_name or "job.resume"
+
+
+def _wait_event(resolution: Resolution, token: IssuedToken | None) -> dict[str, Any] | None:
+    """Only the nonce and a hash of the token are stored, never the token itself."""
+    if token is None:
+        return None
+    return {
+        "name": _event_name(resolution),
+        "nonce": token.nonce,
+        "token_sha256": token.token_sha256,
+        "expires_at": token.expires_at.isoformat(),
+    }
+
+
+def _cost(value: Decimal | float | int | str) -> Decimal:
+    try:
+        cost = Decimal(str(value))
+    except InvalidOperation:
+        raise InvalidPayloadError(f"step cost {value!r} is not a number") from None
+    if not cost.is_finite() or cost < 0:
+        raise InvalidPayloadError(f"step cost {value!r} must be a finite amount >= 0")
+    return cost
+
+
+def _millis(delta: timedelta) -> int:
+    return int(delta.total_seconds() * 1000)
+
+
+def _epoch_ms(moment: datetime) -> int:
+    return int(moment.timestamp() * 1000)

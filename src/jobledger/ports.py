@@ -1,0 +1,210 @@
+"""The ports: everything the core needs from the outside world, as typing.Protocols.
+
+The core (job, orchestrator, engine) imports no adapter. Adapters live in
+``jobledger.adapters`` and are chosen by configuration.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from decimal import Decimal
+from typing import Any, Protocol
+from uuid import UUID
+
+from jobledger.job import Job
+from jobledger.keys import ConsumedKey
+from jobledger.status import JobStatus
+from jobledger.views import JobView
+
+SIDE_EFFECT_STEP_TYPES = frozenset({"run_interaction_task"})
+COSTLY_STEP_TYPES = frozenset({"run_interaction_task"})
+
+
+# ---- values crossing the ports -----------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Tick:
+    """A request to advance one job. Re-deliveries are expected and harmless."""
+
+    tenant_id: str
+    job_id: str
+    reason: str = "queue"
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    max_attempts: int = 3
+    initial_backoff_ms: int = 1_000
+    multiplier: float = 2.0
+    max_backoff_ms: int = 300_000
+    retry_on: frozenset[str] = frozenset()
+    """Error kinds that retry; empty means every error marked retryable."""
+
+    def backoff_ms(self, attempt: int) -> int:
+        """Delay before retry number ``attempt`` (1-based)."""
+        delay = self.initial_backoff_ms * self.multiplier ** (attempt - 1)
+        return int(min(delay, self.max_backoff_ms))
+
+    def allows(self, attempt: int, kind: str) -> bool:
+        return attempt <= self.max_attempts and (not self.retry_on or kind in self.retry_on)
+
+
+@dataclass(frozen=True)
+class ResolveRequest:
+    workflow_type: str
+    workflow_version: int
+    budget: Mapping[str, Any]
+    state: Mapping[str, Any]
+    current_step: int
+    status: JobStatus
+    reason: str
+    now: datetime
+
+
+@dataclass(frozen=True)
+class Resolution:
+    """What the workflow decides for the next step: the seed's Resolution fields."""
+
+    step_type: str
+    next_status: JobStatus
+    triggered_by: str = "workflow"
+    transition_reason: str = ""
+    resume_delay_ms: int | None = None
+    wait_event_name: str | None = None
+    state_patch: dict[str, Any] = field(default_factory=dict)
+    output: dict[str, Any] = field(default_factory=dict)
+    retry_policy: RetryPolicy | None = None
+    params: dict[str, Any] = field(default_factory=dict)
+    """Inputs for the executor (a prompt, a tool name, ...)."""
+
+    @property
+    def has_side_effect(self) -> bool:
+        return self.step_type in SIDE_EFFECT_STEP_TYPES
+
+    @property
+    def is_costly(self) -> bool:
+        return self.step_type in COSTLY_STEP_TYPES
+
+
+@dataclass(frozen=True)
+class StepRequest:
+    job: JobView
+    step_number: int
+    step_type: str
+    triggered_by: str
+    idempotency_key: str
+    """Stable for this step across every re-delivery: pass it to external systems."""
+    resolution: Resolution
+
+
+@dataclass(frozen=True)
+class StepResult:
+    output: dict[str, Any] = field(default_factory=dict)
+    state_patch: dict[str, Any] = field(default_factory=dict)
+    cost_usd: Decimal | float | int | str = 0
+
+
+@dataclass(frozen=True)
+class OpsEvent:
+    """A structured operational event, with the seed's names and fields."""
+
+    jobId: str
+    tenantId: str
+    eventType: str
+    status: str
+    source: str = "job_orchestrator"
+    queueName: str = "jobledger.ticks"
+    missionId: str | None = None
+    employeeId: str | None = None
+    correlationId: str | None = None
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class IssuedToken:
+    token: str
+    nonce: str
+    token_sha256: str
+    expires_at: datetime
+
+
+# ---- the ports ---------------------------------------------------------------------------
+
+
+class JobStore(Protocol):
+    """An append-only store of job events; every append is atomic and version-checked."""
+
+    def load(self, job_uuid: UUID) -> Job | None:
+        """The job at its newest version, or None."""
+
+    def append(self, job: Job, *keys: ConsumedKey) -> None:
+        """Write the job's pending events and the keys they consume in ONE transaction.
+
+        Raises DuplicateKeyError if a key was used before, VersionConflict if the job moved
+        on since it was loaded. Any other exception is infrastructure: nothing was written
+        unless the store says otherwise, and the caller retries.
+        """
+
+    def find_key(self, job_uuid: UUID, key_id: UUID) -> ConsumedKey | None:
+        """The record of a consumed key, kept in the partition of the job it guards."""
+
+    def events(self, job_uuid: UUID, *, to_version: int | None = None) -> list[Job.Event]:
+        """The job's events in order (optionally only up to a version)."""
+
+
+class Queue(Protocol):
+    def enqueue(self, tick: Tick, *, delay_ms: int = 0, dedupe_key: str | None = None) -> None:
+        """Deliver ``tick`` after ``delay_ms``; a pending tick with the same job and
+        dedupe key makes this a no-op."""
+
+
+class Clock(Protocol):
+    def now(self) -> datetime:
+        """Timezone-aware UTC now."""
+
+    def sleep(self, seconds: float) -> None: ...
+
+
+class Ops(Protocol):
+    def record(self, event: OpsEvent) -> None: ...
+
+
+class StepExecutor(Protocol):
+    def execute(self, request: StepRequest) -> StepResult:
+        """Run the side effect. Raise StepError(retryable=True) for a transient failure;
+        any other exception fails the step for good."""
+
+
+class WorkflowRegistry(Protocol):
+    def latest_version(self, workflow_type: str) -> int:
+        """Raise UnknownWorkflowError if the type is unknown."""
+
+    def has(self, workflow_type: str, workflow_version: int) -> bool: ...
+
+    def resolve(self, request: ResolveRequest) -> Resolution:
+        """Pure: the same request always gives the same resolution. A throw is a bug in
+        the definition and fails the job."""
+
+
+class Cost(Protocol):
+    def tenant_day_spend_usd(self, tenant_id: str, day_start: datetime) -> Decimal:
+        """What the tenant has spent in the UTC day starting at ``day_start``."""
+
+
+class ResumeTokens(Protocol):
+    def issue(
+        self, job: JobView, *, step_number: int, event_name: str, now: datetime
+    ) -> IssuedToken: ...
+
+
+class Notifier(Protocol):
+    """Tells the outside world that a job now waits for it."""
+
+    def waiting_for_event(self, job: JobView, event_name: str, token: IssuedToken) -> None: ...
+
+    def approval_requested(
+        self, job: JobView, step_number: int, resolution: Resolution
+    ) -> None: ...

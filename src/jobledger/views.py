@@ -1,0 +1,92 @@
+"""Read-only views of a job and its history, safe to hand to callers and adapters."""
+
+from __future__ import annotations
+
+from copy import deepcopy
+from dataclasses import dataclass
+from datetime import datetime
+from decimal import Decimal
+from typing import Any
+
+from jobledger import chain
+from jobledger.job import Job
+from jobledger.status import JobStatus
+
+
+@dataclass(frozen=True)
+class JobView:
+    tenant_id: str
+    job_id: str
+    workflow_type: str
+    workflow_version: int
+    status: JobStatus
+    current_step: int
+    state: dict[str, Any]
+    budget: dict[str, Any]
+    version: int
+    attempt: int
+    total_steps_executed: int
+    total_cost_usd: Decimal
+    resume_at: datetime | None
+    wait_event_name: str | None
+    worker_id: str | None
+    lease_until: datetime | None
+    last_error: str | None
+    mission_id: str | None
+    employee_id: str | None
+    correlation_id: str | None
+    created_at: datetime
+    updated_at: datetime
+    completed_at: datetime | None
+
+    @classmethod
+    def of(cls, job: Job) -> JobView:
+        return cls(
+            tenant_id=job.tenant_id,
+            job_id=job.job_id,
+            workflow_type=job.workflow_type,
+            workflow_version=job.workflow_version,
+            status=job.status,
+            current_step=job.current_step,
+            state=deepcopy(job.state),
+            budget=deepcopy(job.budget),
+            version=job.version,
+            attempt=job.attempt,
+            total_steps_executed=job.total_steps_executed,
+            total_cost_usd=job.total_cost_usd,
+            resume_at=job.resume_at,
+            wait_event_name=(job.wait_event or {}).get("name"),
+            worker_id=job.worker_id,
+            lease_until=job.lease_until,
+            last_error=job.last_error,
+            mission_id=job.mission_id,
+            employee_id=job.employee_id,
+            correlation_id=job.correlation_id,
+            created_at=job.created_on,
+            updated_at=job.modified_on,
+            completed_at=job.completed_at,
+        )
+
+
+@dataclass(frozen=True)
+class HistoryEntry:
+    """One event of a job as an audit trail reads it."""
+
+    version: int
+    event_type: str
+    timestamp: datetime
+    data: dict[str, Any]
+    chain_hash: str
+
+    @classmethod
+    def of(cls, event: Job.Event) -> HistoryEntry:
+        fields = chain.event_fields(event)
+        for name in ("originator_id", "originator_version", "timestamp", "originator_topic"):
+            fields.pop(name, None)
+        return cls(
+            version=event.originator_version,
+            event_type=type(event).__name__,
+            timestamp=event.timestamp,
+            data=fields,
+            chain_hash=fields.pop(chain.CHAIN_FIELD),
+        )
