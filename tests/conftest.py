@@ -26,6 +26,7 @@ from jobledger.adapters.ops import MemoryOps
 
 POSTGRES_URL = os.environ.get("JOBLEDGER_TEST_POSTGRES_URL")
 REQUIRE_SERVICES = os.environ.get("JOBLEDGER_REQUIRE_SERVICES") == "1"
+TOKEN_SECRET = "test-secret-test-secret-test-secret-0123"
 
 
 def postgres_schema_url() -> Iterator[str]:
@@ -123,7 +124,9 @@ def make_engine(
     def make(**overrides: Any) -> Engine:
         config_fields = overrides.pop("config", {})
         config = EngineConfig(
-            store_url=store_url, worker_id=f"w{len(opened)}", token_secret="test-secret",
+            store_url=store_url,
+            worker_id=f"w{len(opened)}",
+            token_secret=TOKEN_SECRET,
             **config_fields,
         )
         kwargs: dict[str, Any] = {

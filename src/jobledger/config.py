@@ -41,8 +41,8 @@ class EngineConfig(BaseSettings):
     snapshot_interval: int = Field(default=100, ge=0)
     """Snapshot a job every N events so a cold load never replays a long history."""
 
-    token_secret: SecretStr | None = None
-    """HS256 key for resume tokens; required before a job may wait for an event."""
+    token_secret: SecretStr | None = Field(default=None, min_length=32)
+    """HS256 key for resume tokens (>= 32 bytes, RFC 7518 3.2); needed to wait for events."""
     token_key_id: str = "k1"
     token_ttl_seconds: int = Field(default=86_400, ge=1)
     token_issuer: str = "jobledger"

@@ -53,6 +53,12 @@ class LocalQueue:
         with self._lock:
             return self._heap[0].due if self._heap else None
 
+    def pending(self) -> list[tuple[datetime, Tick, str | None]]:
+        """What is waiting, soonest first: (due, tick, dedupe key)."""
+        with self._lock:
+            entries = sorted(self._heap)
+        return [(e.due, e.tick, e.dedupe[2] if e.dedupe else None) for e in entries]
+
     def __len__(self) -> int:
         with self._lock:
             return len(self._heap)
