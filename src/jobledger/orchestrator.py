@@ -484,7 +484,8 @@ class Orchestrator:
         delay_ms = max(0, _millis(job.resume_at - now))
         limit = self.config.inline_resume_max_delay_ms
         if run.steps < self.config.max_steps_per_tick and delay_ms <= limit:
-            self.clock.sleep(delay_ms / 1000)
+            # Sleep the exact remainder: a truncated delay could wake just before resume_at.
+            self.clock.sleep((job.resume_at - now).total_seconds())
             self.report(
                 job,
                 "job.waiting_time.inline_continued",
