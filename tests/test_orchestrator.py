@@ -26,7 +26,7 @@ from jobledger.adapters.clock import FakeClock
 from jobledger.adapters.local_queue import LocalQueue
 from jobledger.adapters.ops import MemoryOps
 from jobledger.identity import job_uuid
-from jobledger.ports import IssuedToken
+from jobledger.ports import ApprovalRequest, IssuedToken
 from jobledger.views import JobView
 
 
@@ -315,8 +315,8 @@ class RecordingNotifier:
     def waiting_for_event(self, job: JobView, event_name: str, token: IssuedToken) -> None:
         self.tokens.append((event_name, token))
 
-    def approval_requested(self, job: JobView, step_number: int, resolution: Resolution) -> None:
-        self.approvals.append((job.job_id, step_number))
+    def approval_requested(self, job: JobView, request: ApprovalRequest) -> None:
+        self.approvals.append((job.job_id, request.step_number))
 
 
 def test_waiting_for_an_event_issues_a_signed_token_and_stores_only_its_hash(

@@ -31,6 +31,8 @@ class EngineConfig(BaseSettings):
     default_wait_ms: int = Field(default=60_000, ge=0)
     cost_ceiling_usd: Decimal = Field(default=Decimal(0), ge=0)
     """Per tenant per UTC day; 0 disables the ceiling."""
+    tenant_cost_ceilings_usd: dict[str, Decimal] = Field(default_factory=dict)
+    """Overrides of the ceiling by tenant id (JSON in the environment variable)."""
     resume_mode: Literal["queue", "scan_only"] = "queue"
     """``scan_only`` leaves every timer to the reconciler instead of enqueueing it."""
     lease_ms: int = Field(default=300_000, ge=1)
@@ -44,6 +46,8 @@ class EngineConfig(BaseSettings):
     token_secret: SecretStr | None = Field(default=None, min_length=32)
     """HS256 key for resume tokens (>= 32 bytes, RFC 7518 3.2); needed to wait for events."""
     token_key_id: str = "k1"
+    token_previous_keys: dict[str, SecretStr] = Field(default_factory=dict)
+    """Retired keys by key id, still accepted when verifying tokens issued under them."""
     token_ttl_seconds: int = Field(default=86_400, ge=1)
     token_issuer: str = "jobledger"
     token_audience: str = "jobledger.resume"

@@ -6,8 +6,12 @@ configuration picks the adapters and plugs them in.
 
 from __future__ import annotations
 
+import hashlib
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from datetime import datetime
+from decimal import Decimal
+from enum import StrEnum
 from typing import Any
 from uuid import uuid4
 
@@ -19,14 +23,23 @@ from jobledger.adapters.local_queue import LocalQueue
 from jobledger.adapters.log_spend import LogSpend
 from jobledger.adapters.ops import LoggingOps
 from jobledger.adapters.store_url import parse_store_url
+from jobledger.budget import parse_budget
 from jobledger.config import EngineConfig
 from jobledger.errors import (
+    ApprovalAlreadyDecidedError,
+    ConcurrencyError,
     ConfigError,
     DuplicateKeyError,
     InvalidPayloadError,
     JobConflictError,
+    JobFinishedError,
     JobLedgerError,
+    JobNotWaitingError,
+    StaleApprovalError,
     StoreUnavailableError,
+    TokenMismatchError,
+    TokenReplayedError,
+    UnauthorisedDeciderError,
     UnknownJobError,
     UnknownWorkflowError,
     VersionConflict,
@@ -49,13 +62,28 @@ from jobledger.ports import (
     StepRequest,
     StepResult,
     Tick,
+    TokenClaims,
     WorkflowRegistry,
 )
+from jobledger.status import JobStatus
 from jobledger.views import HistoryEntry, JobView
 
 log = logging.getLogger(__name__)
 
 MAX_ID_LENGTH = 200
+COMMAND_ATTEMPTS = 5
+_DECISIONS = {
+    "approve": "approved",
+    "approved": "approved",
+    "reject": "rejected",
+    "rejected": "rejected",
+}
+
+
+class SignalOutcome(StrEnum):
+    RESUMED = "resumed"
+    BUFFERED = "buffered"
+    DUPLICATE = "duplicate"
 
 
 class NoExecutor:
@@ -86,6 +114,7 @@ class Engine:
         self.ops = ops
         self.registry = registry
         self.config = config
+        self.tokens = tokens
         self.orchestrator = Orchestrator(
             store=store,
             queue=queue,
@@ -134,6 +163,9 @@ class Engine:
                 ttl_seconds=config.token_ttl_seconds,
                 issuer=config.token_issuer,
                 audience=config.token_audience,
+                previous_keys={
+                    kid: key.get_secret_value() for kid, key in config.token_previous_keys.items()
+                },
             )
         return cls(
             store=store,
@@ -182,7 +214,13 @@ class Engine:
             workflow_type=workflow_type,
             workflow_version=version,
             state=json_object(input, what="job input", max_bytes=limit),
-            budget=json_object(budget, what="job budget", max_bytes=limit),
+            budget=parse_budget(
+                {
+                    **self.registry.budget_defaults(workflow_type, version),
+                    **json_object(budget, what="job budget", max_bytes=limit),
+                },
+                now=self.clock.now(),
+            ),
             mission_id=mission_id,
             employee_id=employee_id,
             correlation_id=correlation_id,
@@ -238,6 +276,223 @@ class Engine:
         assert isinstance(submitted, Job.Submitted)
         _check_same_request(submitted, job)
         return existing
+
+    # ---- outside events: tokens, signals, approvals, budgets, cancellation ----------
+
+    def resume(
+        self,
+        token: str,
+        payload: Mapping[str, Any] | None = None,
+        *,
+        tenant_id: str | None = None,
+    ) -> JobView:
+        """Resume the job a token was issued for. The token's nonce is consumed in the
+        same append as the resume: a replayed token is refused and changes nothing."""
+        if self.tokens is None:
+            raise ConfigError("resume tokens need JOBLEDGER_TOKEN_SECRET")
+        claims = self.tokens.verify(token, now=self.clock.now())
+        if tenant_id is not None and tenant_id != claims.tenant_id:
+            raise TokenMismatchError("the resume token belongs to another tenant")
+        data = json_object(payload, what="resume payload", max_bytes=self.config.max_payload_bytes)
+        token_sha256 = hashlib.sha256(token.encode()).hexdigest()
+
+        def resume(job: Job) -> list[ConsumedKey]:
+            _check_token_fits(job, claims, token_sha256)
+            job.resume(source="token", payload=data, now=self.clock.now(), nonce=claims.nonce)
+            return [self._key(job, KeyKind.TOKEN, claims.nonce)]
+
+        if self._key_used(claims.tenant_id, claims.job_id, KeyKind.TOKEN, claims.nonce):
+            raise TokenReplayedError("the resume token was already used")
+        try:
+            job = self._apply(claims.tenant_id, claims.job_id, resume, missing=TokenMismatchError)
+        except DuplicateKeyError:
+            raise TokenReplayedError("the resume token was already used") from None
+        self._wake(job, "resumed")
+        self._report(
+            job, "job.resumed", source="token", nonce=claims.nonce, stepNumber=claims.step_number
+        )
+        return JobView.of(job)
+
+    def signal(
+        self,
+        tenant_id: str,
+        job_id: str,
+        event_name: str,
+        payload: Mapping[str, Any] | None = None,
+        *,
+        signal_id: str,
+    ) -> SignalOutcome:
+        """Deliver an outside event by name (trusted callers). A job waiting for it
+        resumes; otherwise the signal is kept and consumed when the wait opens. The
+        signal id makes delivery idempotent."""
+        _check_id("event_name", event_name)
+        _check_id("signal_id", signal_id)
+        data = json_object(payload, what="signal payload", max_bytes=self.config.max_payload_bytes)
+        outcome = SignalOutcome.BUFFERED
+
+        def deliver(job: Job) -> list[ConsumedKey]:
+            nonlocal outcome
+            if job.status.is_terminal:
+                raise JobFinishedError(f"job {job_id!r} is {job.status}; signal not delivered")
+            now = self.clock.now()
+            waiting = job.status is JobStatus.WAITING_EVENT and job.wait_event is not None
+            if waiting and job.wait_event and job.wait_event["name"] == event_name:
+                job.resume(source="signal", payload=data, now=now, signal_id=signal_id)
+                outcome = SignalOutcome.RESUMED
+            else:
+                job.buffer_signal(signal_id=signal_id, event_name=event_name, payload=data, now=now)
+                outcome = SignalOutcome.BUFFERED
+            return [self._key(job, KeyKind.SIGNAL, signal_id)]
+
+        if self._key_used(tenant_id, job_id, KeyKind.SIGNAL, signal_id):
+            return SignalOutcome.DUPLICATE
+        try:
+            job = self._apply(tenant_id, job_id, deliver)
+        except DuplicateKeyError:
+            return SignalOutcome.DUPLICATE
+        if outcome is SignalOutcome.RESUMED:
+            self._wake(job, "signal")
+        self._report(job, f"job.signal.{outcome}", signalId=signal_id, eventName=event_name)
+        return outcome
+
+    def decide(
+        self,
+        tenant_id: str,
+        job_id: str,
+        approval_id: str,
+        decision: str,
+        decided_by: str,
+        comment: str | None = None,
+        *,
+        action_sha256: str | None = None,
+    ) -> JobView:
+        """Approve or reject the job's open approval request, once, by someone allowed."""
+        verdict = _DECISIONS.get(decision)
+        if verdict is None:
+            raise InvalidPayloadError(f"decision must be approve or reject, got {decision!r}")
+        _check_id("decided_by", decided_by)
+
+        def decide(job: Job) -> list[ConsumedKey]:
+            _check_decision(job, approval_id, decided_by, action_sha256, self.clock.now())
+            job.decide_approval(
+                decision=verdict, decided_by=decided_by, comment=comment, now=self.clock.now()
+            )
+            return [self._key(job, KeyKind.APPROVAL, approval_id)]
+
+        if self._key_used(tenant_id, job_id, KeyKind.APPROVAL, approval_id):
+            raise ApprovalAlreadyDecidedError(f"approval {approval_id!r} was already decided")
+        try:
+            job = self._apply(tenant_id, job_id, decide)
+        except DuplicateKeyError:
+            raise ApprovalAlreadyDecidedError(
+                f"approval {approval_id!r} was already decided"
+            ) from None
+        self._wake(job, "approval_decided")
+        self._report(
+            job,
+            "job.approval.decided",
+            approvalId=approval_id,
+            decision=verdict,
+            decidedBy=decided_by,
+        )
+        return JobView.of(job)
+
+    def raise_budget(
+        self,
+        tenant_id: str,
+        job_id: str,
+        *,
+        raised_by: str,
+        reason: str,
+        max_steps: int | None = None,
+        max_cost_usd: Decimal | str | float | None = None,
+        deadline_at: datetime | None = None,
+    ) -> JobView:
+        """Lift a job's limits (recorded with who and why); a parked job goes on."""
+        _check_id("raised_by", raised_by)
+        changes = {
+            k: v
+            for k, v in {
+                "max_steps": max_steps,
+                "max_cost_usd": max_cost_usd,
+                "deadline_at": deadline_at,
+            }.items()
+            if v is not None
+        }
+
+        def raise_(job: Job) -> list[ConsumedKey]:
+            budget = parse_budget({**job.budget, **changes}, now=self.clock.now())
+            try:
+                job.raise_budget(
+                    raised_by=raised_by, reason=reason, budget=budget, now=self.clock.now()
+                )
+            except ValueError as error:
+                raise JobFinishedError(str(error)) from None
+            return []
+
+        job = self._apply(tenant_id, job_id, raise_)
+        self._wake(job, "budget_raised")
+        self._report(job, "job.budget_raised", raisedBy=raised_by, reason=reason)
+        return JobView.of(job)
+
+    def cancel(self, tenant_id: str, job_id: str, reason: str, by: str) -> JobView:
+        """Terminal. A step still running finishes, but its result is discarded and
+        recorded as such; open resume tokens and approvals stop working."""
+        _check_id("by", by)
+
+        def cancel(job: Job) -> list[ConsumedKey]:
+            try:
+                job.cancel(reason=reason, cancelled_by=by, now=self.clock.now())
+            except ValueError as error:
+                raise JobFinishedError(str(error)) from None
+            return []
+
+        job = self._apply(tenant_id, job_id, cancel)
+        self._report(job, "job.cancelled", reason=reason, cancelledBy=by)
+        return JobView.of(job)
+
+    def _apply(
+        self,
+        tenant_id: str,
+        job_id: str,
+        command: Callable[[Job], list[ConsumedKey]],
+        *,
+        missing: type[JobLedgerError] | None = None,
+    ) -> Job:
+        """Load, decide, append; on a lost race decide again on the fresh job."""
+        for _ in range(COMMAND_ATTEMPTS):
+            job = self.store.load(job_uuid(tenant_id, job_id))
+            if job is None:
+                if missing is not None:
+                    raise missing(f"no job {job_id!r} for tenant {tenant_id!r}")
+                raise UnknownJobError(tenant_id, job_id)
+            keys = command(job)
+            try:
+                self.store.append(job, *keys)
+            except VersionConflict:
+                continue
+            return job
+        raise ConcurrencyError(f"job {job_id!r} kept changing; try again")
+
+    def _key(self, job: Job, kind: str, key: str) -> ConsumedKey:
+        return ConsumedKey.consume(
+            kind=kind,
+            key=key,
+            tenant_id=job.tenant_id,
+            job_id=job.job_id,
+            job_uuid=job.id,
+            timestamp=self.clock.now(),
+        )
+
+    def _key_used(self, tenant_id: str, job_id: str, kind: str, key: str) -> bool:
+        found = self.store.find_key(job_uuid(tenant_id, job_id), key_uuid(tenant_id, kind, key))
+        return found is not None
+
+    def _wake(self, job: Job, reason: str) -> None:
+        if job.status is JobStatus.QUEUED:
+            self.queue.enqueue(
+                Tick(job.tenant_id, job.job_id, reason), dedupe_key=f"{reason}:{job.version}"
+            )
 
     # ---- running ---------------------------------------------------------------------
 
@@ -327,6 +582,50 @@ def _check_id(name: str, value: object) -> None:
         )
     if any(ord(c) < 32 for c in value):
         raise InvalidPayloadError(f"{name} must not contain control characters: {value!r}")
+
+
+def _check_token_fits(job: Job, claims: TokenClaims, token_sha256: str) -> None:
+    """The token must be the one issued for the wait the job is in right now."""
+    if job.status.is_terminal:
+        raise JobFinishedError(f"job {job.job_id!r} is {job.status}; its tokens are void")
+    wait = job.wait_event
+    if job.status is not JobStatus.WAITING_EVENT or wait is None:
+        raise JobNotWaitingError(f"job {job.job_id!r} is {job.status}, not waiting for an event")
+    if claims.step_number != job.current_step:
+        raise TokenMismatchError(
+            f"the token is for step {claims.step_number}; the job waits at step {job.current_step}"
+        )
+    if claims.event_name != wait["name"]:
+        raise TokenMismatchError(
+            f"the token is for event {claims.event_name!r}; the job waits for {wait['name']!r}"
+        )
+    if claims.nonce != wait["nonce"] or token_sha256 != wait["token_sha256"]:
+        raise TokenMismatchError("the token is not the one issued for this wait")
+
+
+def _check_decision(
+    job: Job, approval_id: str, decided_by: str, action_sha256: str | None, now: datetime
+) -> None:
+    if job.status.is_terminal:
+        raise JobFinishedError(f"job {job.job_id!r} is {job.status}; approvals are void")
+    pending = job.pending_approval
+    if job.status is not JobStatus.AWAITING_APPROVAL or pending is None:
+        raise StaleApprovalError(f"job {job.job_id!r} is {job.status}, not awaiting approval")
+    if pending["approval_id"] != approval_id:
+        raise StaleApprovalError(
+            f"approval {approval_id!r} is not the open request; the open one is "
+            f"{pending['approval_id']!r}"
+        )
+    if action_sha256 is not None and action_sha256 != pending["action_sha256"]:
+        raise StaleApprovalError("the action to approve changed since it was shown")
+    expires_at = pending["expires_at"]
+    if expires_at is not None and now >= expires_at:
+        raise StaleApprovalError(f"approval {approval_id!r} expired at {expires_at.isoformat()}")
+    if pending["approvers"] and decided_by not in pending["approvers"]:
+        raise UnauthorisedDeciderError(
+            f"{decided_by!r} may not decide approval {approval_id!r}; allowed: "
+            f"{', '.join(pending['approvers'])}"
+        )
 
 
 def _check_same_request(existing: Job.Submitted, requested: Job) -> None:

@@ -51,6 +51,51 @@ class DuplicateKeyError(ConcurrencyError):
         self.key = key
 
 
+class JobNotWaitingError(JobLedgerError):
+    """The job is not waiting for what this call delivers (finished, or on another wait)."""
+
+
+class JobFinishedError(JobLedgerError):
+    """The job is completed, failed or cancelled: nothing can change it any more."""
+
+
+class TokenError(JobLedgerError):
+    """A resume token was refused; nothing was written."""
+
+
+class InvalidTokenError(TokenError):
+    """Malformed, forged, signed with an unknown key, or for another issuer/audience."""
+
+
+class ExpiredTokenError(TokenError):
+    pass
+
+
+class TokenMismatchError(TokenError):
+    """The token is genuine but bound to another tenant, job, step or event."""
+
+
+class TokenReplayedError(TokenError):
+    """The token's nonce was already consumed: a token resumes a job once."""
+
+
+class ApprovalError(JobLedgerError):
+    """A decision was refused; nothing was written."""
+
+
+class StaleApprovalError(ApprovalError):
+    """The decision names a request that is not the open one (an earlier attempt, or a
+    changed action)."""
+
+
+class ApprovalAlreadyDecidedError(ApprovalError):
+    pass
+
+
+class UnauthorisedDeciderError(ApprovalError):
+    pass
+
+
 class StepError(Exception):
     """Raise from a step executor to say whether the failure is worth retrying.
 

@@ -42,6 +42,10 @@ class Job(Aggregate):
     total_cost_usd: Decimal
     last_error: str | None
     completed_at: datetime | None
+    cursor: str | None
+    visits: dict[str, int]
+    pending_approval: JSON | None
+    inbox: list[JSON]
     chain_head: str
 
     def __init__(self) -> None:
@@ -101,6 +105,10 @@ class Job(Aggregate):
             job.total_cost_usd = Decimal(0)
             job.last_error = None
             job.completed_at = None
+            job.cursor = None
+            job.visits = {}
+            job.pending_approval = None
+            job.inbox = []
 
     class Claimed(Event):
         """A worker took a lease on the job to execute its next step."""
@@ -137,9 +145,14 @@ class Job(Aggregate):
         resume_at: datetime | None
         wait_event: JSON | None
         worker_id: str | None
+        step_name: str | None
+        next_step: str | None
 
         def evolve(self, job: Job) -> None:
             job.current_step = self.step_number
+            job.cursor = self.next_step
+            if self.step_name is not None:
+                job.visits = {**job.visits, self.step_name: job.visits.get(self.step_name, 0) + 1}
             job.status = JobStatus(self.next_status)
             job.resume_at = self.resume_at
             job.wait_event = deepcopy(self.wait_event)
@@ -193,6 +206,145 @@ class Job(Aggregate):
             job.completed_at = self.timestamp
             job.resume_at = None
             job.release_lease()
+
+    class ApprovalRequested(Event):
+        """A person must decide before the job goes on; ``action_sha256`` pins what."""
+
+        approval_id: str
+        step_number: int
+        attempt: int
+        action_sha256: str
+        approvers: list[str]
+        expires_at: datetime | None
+        on_approve: str | None
+        on_reject: str | None
+        on_expire: str | None
+
+        def evolve(self, job: Job) -> None:
+            job.pending_approval = {
+                "approval_id": self.approval_id,
+                "step_number": self.step_number,
+                "attempt": self.attempt,
+                "action_sha256": self.action_sha256,
+                "approvers": list(self.approvers),
+                "expires_at": self.expires_at,
+                "on_approve": self.on_approve,
+                "on_reject": self.on_reject,
+                "on_expire": self.on_expire,
+            }
+
+    class ApprovalDecided(Event):
+        approval_id: str
+        decision: str
+        decided_by: str
+        comment: str | None
+        next_step: str | None
+
+        def evolve(self, job: Job) -> None:
+            job.pending_approval = None
+            job.resume_at = None
+            job.status = JobStatus.QUEUED
+            job.cursor = self.next_step
+
+    class ApprovalExpired(Event):
+        approval_id: str
+        next_step: str | None
+
+        def evolve(self, job: Job) -> None:
+            job.pending_approval = None
+            job.resume_at = None
+            job.status = JobStatus.QUEUED
+            job.cursor = self.next_step
+
+    class SignalBuffered(Event):
+        """A signal arrived before the job waited for it: kept until a wait opens."""
+
+        signal_id: str
+        event_name: str
+        payload: JSON
+
+        def evolve(self, job: Job) -> None:
+            job.inbox = [
+                *job.inbox,
+                {
+                    "signal_id": self.signal_id,
+                    "event_name": self.event_name,
+                    "payload": deepcopy(self.payload),
+                },
+            ]
+
+    class Resumed(Event):
+        """The outside event a job waited for arrived (by token or by signal)."""
+
+        event_name: str
+        source: str
+        nonce: str | None
+        signal_id: str | None
+        payload: JSON
+
+        def evolve(self, job: Job) -> None:
+            job.state = {**job.state, **deepcopy(self.payload)}
+            job.inbox = [m for m in job.inbox if m["signal_id"] != self.signal_id]
+            job.wait_event = None
+            job.resume_at = None
+            job.status = JobStatus.QUEUED
+
+    class WaitTimedOut(Event):
+        event_name: str
+        next_step: str | None
+
+        def evolve(self, job: Job) -> None:
+            job.wait_event = None
+            job.resume_at = None
+            job.status = JobStatus.QUEUED
+            job.cursor = self.next_step
+
+    class BudgetExceeded(Event):
+        """A budget limit was reached: the job is parked, not failed."""
+
+        limit: str
+        used: str
+        allowed: str
+        deadline_at: datetime | None
+
+        def evolve(self, job: Job) -> None:
+            job.status = JobStatus.BUDGET_EXCEEDED
+            job.last_error = f"budget {self.limit} reached: {self.used} of {self.allowed}"
+            job.resume_at = self.deadline_at
+            job.release_lease()
+
+    class BudgetRaised(Event):
+        raised_by: str
+        reason: str
+        budget: JSON
+
+        def evolve(self, job: Job) -> None:
+            job.budget = deepcopy(self.budget)
+            if job.status is JobStatus.BUDGET_EXCEEDED:
+                job.status = JobStatus.QUEUED
+                job.resume_at = None
+
+    class Cancelled(Event):
+        """Stopped on request: open tokens and approvals are void from here on."""
+
+        reason: str
+        cancelled_by: str
+
+        def evolve(self, job: Job) -> None:
+            job.status = JobStatus.CANCELLED
+            job.completed_at = self.timestamp
+            job.wait_event = None
+            job.pending_approval = None
+            job.resume_at = None
+            job.release_lease()
+
+    class LateResultDiscarded(Event):
+        """A step finished after the job was cancelled; its result was not applied."""
+
+        step_number: int
+        idempotency_key: str
+        worker_id: str | None
+        reason: str
 
     # ---- creation -------------------------------------------------------------------
 
@@ -275,6 +427,8 @@ class Job(Aggregate):
         resume_at: datetime | None,
         wait_event: JSON | None,
         worker_id: str | None,
+        step_name: str | None = None,
+        next_step: str | None = None,
     ) -> None:
         if step_number != self.current_step + 1:
             raise ValueError(f"step {step_number} does not follow step {self.current_step}")
@@ -298,6 +452,8 @@ class Job(Aggregate):
             resume_at=resume_at,
             wait_event=wait_event,
             worker_id=worker_id,
+            step_name=step_name,
+            next_step=next_step,
         )
 
     def defer_for_cost_ceiling(
@@ -330,6 +486,146 @@ class Job(Aggregate):
             raise ValueError(f"job {self.job_id!r} is already {self.status}")
         self._append(Job.Failed, now, step_number=self.current_step + 1, error=error, cause=cause)
 
+    def request_approval(
+        self,
+        *,
+        approval_id: str,
+        attempt: int,
+        action_sha256: str,
+        approvers: list[str],
+        expires_at: datetime | None,
+        on_approve: str | None,
+        on_reject: str | None,
+        on_expire: str | None,
+        now: datetime,
+    ) -> None:
+        if self.status is not JobStatus.AWAITING_APPROVAL:
+            raise ValueError("an approval is requested by a step that awaits approval")
+        self._append(
+            Job.ApprovalRequested,
+            now,
+            approval_id=approval_id,
+            step_number=self.current_step,
+            attempt=attempt,
+            action_sha256=action_sha256,
+            approvers=approvers,
+            expires_at=expires_at,
+            on_approve=on_approve,
+            on_reject=on_reject,
+            on_expire=on_expire,
+        )
+
+    def decide_approval(
+        self, *, decision: str, decided_by: str, comment: str | None, now: datetime
+    ) -> None:
+        assert self.pending_approval is not None
+        approval = self.pending_approval
+        next_step = approval["on_approve"] if decision == "approved" else approval["on_reject"]
+        self._append(
+            Job.ApprovalDecided,
+            now,
+            approval_id=approval["approval_id"],
+            decision=decision,
+            decided_by=decided_by,
+            comment=comment,
+            next_step=next_step,
+        )
+        if decision != "approved" and next_step is None:
+            self.fail(
+                error=f"rejected by {decided_by}: {comment or 'no comment'}",
+                cause="rejected",
+                now=now,
+            )
+
+    def expire_approval(self, *, now: datetime) -> None:
+        assert self.pending_approval is not None
+        approval = self.pending_approval
+        self._append(
+            Job.ApprovalExpired,
+            now,
+            approval_id=approval["approval_id"],
+            next_step=approval["on_expire"],
+        )
+        if approval["on_expire"] is None:
+            self.fail(
+                error=f"approval {approval['approval_id']} expired undecided",
+                cause="approval_expired",
+                now=now,
+            )
+
+    def buffer_signal(
+        self, *, signal_id: str, event_name: str, payload: JSON, now: datetime
+    ) -> None:
+        self._append(
+            Job.SignalBuffered, now, signal_id=signal_id, event_name=event_name, payload=payload
+        )
+
+    def resume(
+        self,
+        *,
+        source: str,
+        payload: JSON,
+        now: datetime,
+        nonce: str | None = None,
+        signal_id: str | None = None,
+    ) -> None:
+        assert self.wait_event is not None and self.status is JobStatus.WAITING_EVENT
+        self._append(
+            Job.Resumed,
+            now,
+            event_name=self.wait_event["name"],
+            source=source,
+            nonce=nonce,
+            signal_id=signal_id,
+            payload=payload,
+        )
+
+    def buffered_signal(self) -> JSON | None:
+        """The oldest kept signal for the event this job now waits for, if any."""
+        if self.wait_event is None:
+            return None
+        name = self.wait_event["name"]
+        return next((m for m in self.inbox if m["event_name"] == name), None)
+
+    def time_out_wait(self, *, now: datetime) -> None:
+        assert self.wait_event is not None
+        name, on_timeout = self.wait_event["name"], self.wait_event.get("on_timeout")
+        self._append(Job.WaitTimedOut, now, event_name=name, next_step=on_timeout)
+        if on_timeout is None:
+            self.fail(error=f"timed out waiting for {name!r}", cause="wait_timeout", now=now)
+
+    def exceed_budget(self, *, limit: str, used: str, allowed: str, now: datetime) -> None:
+        self._append(
+            Job.BudgetExceeded,
+            now,
+            limit=limit,
+            used=used,
+            allowed=allowed,
+            deadline_at=self.deadline_at,
+        )
+
+    def raise_budget(self, *, raised_by: str, reason: str, budget: JSON, now: datetime) -> None:
+        if self.status.is_terminal:
+            raise ValueError(f"job {self.job_id!r} is already {self.status}")
+        self._append(Job.BudgetRaised, now, raised_by=raised_by, reason=reason, budget=budget)
+
+    def cancel(self, *, reason: str, cancelled_by: str, now: datetime) -> None:
+        if self.status.is_terminal:
+            raise ValueError(f"job {self.job_id!r} is already {self.status}")
+        self._append(Job.Cancelled, now, reason=reason, cancelled_by=cancelled_by)
+
+    def discard_late_result(
+        self, *, step_number: int, idempotency_key: str, worker_id: str | None, now: datetime
+    ) -> None:
+        self._append(
+            Job.LateResultDiscarded,
+            now,
+            step_number=step_number,
+            idempotency_key=idempotency_key,
+            worker_id=worker_id,
+            reason=f"the job was {self.status} when the step finished",
+        )
+
     # ---- queries ----------------------------------------------------------------------
 
     def is_claimable(self, now: datetime) -> bool:
@@ -348,6 +644,19 @@ class Job(Aggregate):
             and self.claim_id == claim_id
             and self.lease_until is not None
             and self.lease_until > now
+        )
+
+    @property
+    def deadline_at(self) -> datetime | None:
+        deadline = self.budget.get("deadline_at")
+        return datetime.fromisoformat(deadline) if isinstance(deadline, str) else None
+
+    def is_overdue(self, now: datetime) -> bool:
+        """Timeouts of a wait or an approval request are due like timers."""
+        return (
+            self.status in (JobStatus.WAITING_EVENT, JobStatus.AWAITING_APPROVAL)
+            and self.resume_at is not None
+            and self.resume_at <= now
         )
 
     def release_lease(self) -> None:

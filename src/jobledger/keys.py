@@ -20,6 +20,7 @@ class KeyKind:
     SUBMIT = "submit"
     TOKEN = "token"
     SIGNAL = "signal"
+    APPROVAL = "approval"
 
 
 class ConsumedKey(Aggregate):

@@ -11,6 +11,9 @@ recording it, and then with the same idempotency key.
 
 from __future__ import annotations
 
+import hashlib
+import json
+from contextlib import suppress
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal, InvalidOperation
@@ -18,6 +21,7 @@ from enum import StrEnum
 from typing import Any
 from uuid import uuid4
 
+from jobledger.budget import exceeded_limit
 from jobledger.config import EngineConfig
 from jobledger.errors import (
     ConfigError,
@@ -32,6 +36,8 @@ from jobledger.job import Job
 from jobledger.keys import ConsumedKey, KeyKind
 from jobledger.payloads import json_object
 from jobledger.ports import (
+    ApprovalRequest,
+    ApprovalSpec,
     Clock,
     Cost,
     IssuedToken,
@@ -67,6 +73,8 @@ class Outcome(StrEnum):
     """The job changed while our step ran; the step's result was not recorded."""
     DEFERRED = "deferred"
     RETRY_SCHEDULED = "retry_scheduled"
+    PARKED = "parked"
+    """A budget limit was reached; the job waits for a raised budget."""
     FAILED = "failed"
 
 
@@ -149,8 +157,15 @@ class Orchestrator:
     def advance(self, job: Job, run: _Run) -> Outcome | None:
         """One step. Returns an outcome to stop the tick, or None to take another step."""
         now = self.clock.now()
+        if self.past_deadline(job, now):
+            return Outcome.FAILED
+        if job.is_overdue(now):
+            self.time_out(job, now)
+            return None
         if not job.holds_claim(run.claim_id, now) and not job.is_claimable(now):
             return self.stand_aside(job, run, now)
+        if self.park_over_budget(job, now):
+            return Outcome.PARKED
         resolution = self.resolve(job, run, now)
         if resolution is None:
             return Outcome.FAILED
@@ -175,14 +190,49 @@ class Orchestrator:
         return job
 
     def stand_aside(self, job: Job, run: _Run, now: datetime) -> Outcome:
-        """Not ours to run now. A timer that is not yet due is re-armed: if the tick that
-        was meant to wake it was lost in a crash, this re-delivery restores it."""
-        if job.status is JobStatus.WAITING_TIME and job.resume_at is not None:
+        """Not ours to run now. A timer (or a wait's timeout) that is not yet due is
+        re-armed: if the tick meant to wake it was lost in a crash, this restores it."""
+        if job.resume_at is not None and not job.status.is_terminal:
             self.schedule(job, job.resume_at, f"resume:{job.version}", now)
             return Outcome.IDLE
         if job.status is JobStatus.RUNNING:
             return Outcome.CLAIM_LOST
         return Outcome.IDLE
+
+    # ---- time limits and budgets ----------------------------------------------------
+
+    def past_deadline(self, job: Job, now: datetime) -> bool:
+        deadline = job.deadline_at
+        if deadline is None or now < deadline or job.status.is_terminal:
+            return False
+        self.fail(job, f"deadline {deadline.isoformat()} passed", "deadline")
+        return True
+
+    def time_out(self, job: Job, now: datetime) -> None:
+        """A wait's timeout or an approval's expiry came due: take the definition's
+        timeout path (or fail), as a pure transition guarded by the version."""
+        if job.status is JobStatus.WAITING_EVENT:
+            job.time_out_wait(now=now)
+            event_type = "job.waiting_event.timed_out"
+        else:
+            job.expire_approval(now=now)
+            event_type = "job.approval.expired"
+        self.append(job)
+        self.report(job, event_type, stepNumber=job.current_step, nextStep=job.cursor)
+
+    def park_over_budget(self, job: Job, now: datetime) -> bool:
+        """A job that reached a budget limit is parked with the reason, never failed
+        silently; raising its budget lets it go on."""
+        limit = exceeded_limit(job)
+        if limit is None:
+            return False
+        name, used, allowed = limit
+        job.exceed_budget(limit=name, used=used, allowed=allowed, now=now)
+        self.append(job)
+        self.report(job, "job.budget_exceeded", limit=name, used=used, allowed=allowed)
+        if job.resume_at is not None:
+            self.schedule(job, job.resume_at, "deadline", now)
+        return True
 
     # ---- resolution and the cost ceiling ---------------------------------------------
 
@@ -197,6 +247,8 @@ class Orchestrator:
             status=job.status,
             reason=run.tick.reason,
             now=now,
+            cursor=job.cursor,
+            visits=job.visits,
         )
         try:
             return self.registry.resolve(request)
@@ -205,7 +257,9 @@ class Orchestrator:
             return None
 
     def defer_for_ceiling(self, job: Job, now: datetime) -> bool:
-        ceiling = self.config.cost_ceiling_usd
+        ceiling = self.config.tenant_cost_ceilings_usd.get(
+            job.tenant_id, self.config.cost_ceiling_usd
+        )
         if ceiling <= 0 or self.cost is None:
             return False
         day_start = now.astimezone(UTC).replace(hour=0, minute=0, second=0, microsecond=0)
@@ -352,65 +406,42 @@ class Orchestrator:
         executed: _Executed,
         token: IssuedToken | None,
     ) -> None:
-        """The step, its transition, its key and (when the tick goes on) the next claim,
-        in one append. A duplicate key or a lost race is reported and skipped; any other
-        store error propagates so the tick is retried and the job is not failed."""
+        """The step, its transition, what it opens (an approval request, or the resume by
+        a signal that arrived early), its key and, when the tick goes on, the next claim:
+        all in one append."""
         step_number = job.current_step + 1
         key = step_key(job.job_id, step_number)
+        at = executed.ended_at
         job.record_step(
             step_number=step_number,
             step_type=resolution.step_type,
             triggered_by=resolution.triggered_by,
             idempotency_key=key,
             started_at=executed.started_at,
-            ended_at=executed.ended_at,
+            ended_at=at,
             output=executed.output,
             state_patch=executed.state_patch,
             cost_usd=executed.cost_usd,
             transition_reason=resolution.transition_reason,
             next_status=resolution.next_status,
-            resume_at=self.resume_at(resolution, executed.ended_at),
+            resume_at=self.resume_at(resolution, at),
             wait_event=_wait_event(resolution, token),
             worker_id=self.config.worker_id if resolution.has_side_effect else None,
+            step_name=resolution.step_name,
+            next_step=resolution.next_step,
         )
         run.steps += 1
-        if job.status is JobStatus.QUEUED and run.steps < self.config.max_steps_per_tick:
-            # Carry the next step's claim in this same commit: one durable write per step.
-            job.claim(
-                worker_id=self.config.worker_id,
-                claim_id=run.claim_id,
-                lease_until=executed.ended_at + timedelta(milliseconds=self.config.lease_ms),
-                reason="continuation",
-                now=executed.ended_at,
-            )
-        marker = ConsumedKey.consume(
-            kind=KeyKind.STEP,
-            key=key,
-            tenant_id=job.tenant_id,
-            job_id=job.job_id,
-            job_uuid=job.id,
-            timestamp=executed.ended_at,
-        )
-        try:
-            self.store.append(job, marker)
-        except DuplicateKeyError:
-            self.report(self.load(run.tick), "job.step.duplicate_skipped", idempotencyKey=key)
-            raise _LostRace(Outcome.DUPLICATE_SKIPPED) from None
-        except VersionConflict:
-            self.report(
-                self.load(run.tick),
-                "job.step.discarded",
-                idempotencyKey=key,
-                reason="the job changed while the step ran",
-            )
-            raise _LostRace(Outcome.DISCARDED) from None
+        self.open_approval(job, resolution, at)
+        self.take_early_signal(job, at)
+        self.claim_continuation(job, run, at)
+        self.commit_step(job, run, key, at)
         self.report(
             job,
             "job.step.completed",
             stepNumber=step_number,
             stepType=resolution.step_type,
             transitionReason=resolution.transition_reason,
-            durationMs=int((executed.ended_at - executed.started_at).total_seconds() * 1000),
+            durationMs=int((at - executed.started_at).total_seconds() * 1000),
             idempotencyKey=key,
             costUsd=str(executed.cost_usd),
             stepsExecutedThisTick=run.steps,
@@ -418,10 +449,99 @@ class Orchestrator:
         )
 
     def resume_at(self, resolution: Resolution, now: datetime) -> datetime | None:
-        if resolution.next_status is not JobStatus.WAITING_TIME:
-            return None
-        delay = resolution.resume_delay_ms
-        return now + timedelta(milliseconds=self.config.default_wait_ms if delay is None else delay)
+        """When a tick should next look at the job: its timer, or its wait's deadline."""
+        status = resolution.next_status
+        if status is JobStatus.WAITING_TIME:
+            if resolution.resume_at is not None:
+                return resolution.resume_at
+            delay = resolution.resume_delay_ms
+            return now + timedelta(
+                milliseconds=self.config.default_wait_ms if delay is None else delay
+            )
+        if status is JobStatus.WAITING_EVENT and resolution.wait_timeout_ms is not None:
+            return now + timedelta(milliseconds=resolution.wait_timeout_ms)
+        approval = resolution.approval
+        if status is JobStatus.AWAITING_APPROVAL and approval and approval.expires_ms is not None:
+            return now + timedelta(milliseconds=approval.expires_ms)
+        return None
+
+    def open_approval(self, job: Job, resolution: Resolution, at: datetime) -> None:
+        if job.status is not JobStatus.AWAITING_APPROVAL:
+            return
+        spec = resolution.approval or ApprovalSpec()
+        job.request_approval(
+            approval_id=f"{job.job_id}:step:{job.current_step}:approval",
+            attempt=job.visits.get(resolution.step_name or "", 1),
+            action_sha256=_action_hash(resolution, job),
+            approvers=list(spec.approvers),
+            expires_at=job.resume_at,
+            on_approve=spec.on_approve or resolution.next_step,
+            on_reject=spec.on_reject,
+            on_expire=spec.on_expire,
+            now=at,
+        )
+
+    def take_early_signal(self, job: Job, at: datetime) -> None:
+        """A signal that arrived before this wait opened resumes it at once."""
+        if job.status is not JobStatus.WAITING_EVENT:
+            return
+        signal = job.buffered_signal()
+        if signal is not None:
+            job.resume(
+                source="early_signal",
+                payload=signal["payload"],
+                now=at,
+                signal_id=signal["signal_id"],
+            )
+
+    def claim_continuation(self, job: Job, run: _Run, at: datetime) -> None:
+        if job.status is JobStatus.QUEUED and run.steps < self.config.max_steps_per_tick:
+            # Carry the next step's claim in this same commit: one durable write per step.
+            job.claim(
+                worker_id=self.config.worker_id,
+                claim_id=run.claim_id,
+                lease_until=at + timedelta(milliseconds=self.config.lease_ms),
+                reason="continuation",
+                now=at,
+            )
+
+    def commit_step(self, job: Job, run: _Run, key: str, at: datetime) -> None:
+        """A duplicate key or a lost race is reported and skipped; any other store error
+        propagates so the tick is retried and the job is not failed."""
+        marker = ConsumedKey.consume(
+            kind=KeyKind.STEP,
+            key=key,
+            tenant_id=job.tenant_id,
+            job_id=job.job_id,
+            job_uuid=job.id,
+            timestamp=at,
+        )
+        try:
+            self.store.append(job, marker)
+        except DuplicateKeyError:
+            self.report(self.load(run.tick), "job.step.duplicate_skipped", idempotencyKey=key)
+            raise _LostRace(Outcome.DUPLICATE_SKIPPED) from None
+        except VersionConflict:
+            self.discard_late_result(self.load(run.tick), key, job.current_step)
+            raise _LostRace(Outcome.DISCARDED) from None
+
+    def discard_late_result(self, job: Job, key: str, step_number: int) -> None:
+        """The job moved on while our step ran. If it was cancelled, say so in its history."""
+        if job.status is JobStatus.CANCELLED:
+            job.discard_late_result(
+                step_number=step_number,
+                idempotency_key=key,
+                worker_id=self.config.worker_id,
+                now=self.clock.now(),
+            )
+            with suppress(VersionConflict):
+                self.store.append(job)
+        self.report(
+            job,
+            "job.step.discarded",
+            idempotencyKey=key,
+            reason=f"the job changed while the step ran (now {job.status})",
+        )
 
     # ---- acting on the new status ----------------------------------------------------
 
@@ -436,7 +556,7 @@ class Orchestrator:
         elif status is JobStatus.WAITING_EVENT:
             self.await_event(job, resolution, token)
         elif status is JobStatus.AWAITING_APPROVAL:
-            self.await_approval(job, resolution)
+            self.await_approval(job)
         elif status is JobStatus.WAITING_TIME:
             return self.wait(job, run, resolution)
         elif job.holds_claim(run.claim_id, self.clock.now()):
@@ -447,25 +567,37 @@ class Orchestrator:
 
     def await_event(self, job: Job, resolution: Resolution, token: IssuedToken | None) -> None:
         assert token is not None
+        name = _event_name(resolution)
         self.report(
             job,
             "job.waiting_event",
             stepNumber=job.current_step,
-            waitEventName=_event_name(resolution),
+            waitEventName=name,
             resumeTokenExpiresAt=token.expires_at.isoformat(),
+            timeoutAt=job.resume_at.isoformat() if job.resume_at else None,
         )
+        self.schedule_deadline(job)
         if self.notifier is not None:
-            self.notifier.waiting_for_event(JobView.of(job), _event_name(resolution), token)
+            self.notifier.waiting_for_event(JobView.of(job), name, token)
 
-    def await_approval(self, job: Job, resolution: Resolution) -> None:
+    def await_approval(self, job: Job) -> None:
+        assert job.pending_approval is not None
+        request = ApprovalRequest.of(job.pending_approval)
         self.report(
             job,
             "job.awaiting_approval",
             stepNumber=job.current_step,
-            transitionReason=resolution.transition_reason,
+            approvalId=request.approval_id,
+            attempt=request.attempt,
+            approvers=list(request.approvers),
         )
+        self.schedule_deadline(job)
         if self.notifier is not None:
-            self.notifier.approval_requested(JobView.of(job), job.current_step, resolution)
+            self.notifier.approval_requested(JobView.of(job), request)
+
+    def schedule_deadline(self, job: Job) -> None:
+        if job.resume_at is not None:
+            self.schedule(job, job.resume_at, f"timeout:{job.current_step}", self.clock.now())
 
     def wait(self, job: Job, run: _Run, resolution: Resolution) -> Outcome | None:
         """Short waits continue inline (the timer is honoured by sleeping) while the tick
@@ -557,7 +689,15 @@ def _wait_event(resolution: Resolution, token: IssuedToken | None) -> dict[str, 
         "nonce": token.nonce,
         "token_sha256": token.token_sha256,
         "expires_at": token.expires_at.isoformat(),
+        "on_timeout": resolution.on_timeout,
     }
+
+
+def _action_hash(resolution: Resolution, job: Job) -> str:
+    """What a person approves: the step and the inputs it acts on."""
+    action = {"step": resolution.step_name, "params": resolution.params, "state": job.state}
+    encoded = json.dumps(action, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(encoded.encode()).hexdigest()
 
 
 def _cost(value: Decimal | float | int | str) -> Decimal:

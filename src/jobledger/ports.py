@@ -59,9 +59,28 @@ class ResolveRequest:
     budget: Mapping[str, Any]
     state: Mapping[str, Any]
     current_step: int
+    """How many steps the job has recorded; the next one is current_step + 1."""
     status: JobStatus
     reason: str
     now: datetime
+    cursor: str | None = None
+    """The name of the definition step to run next; None before the first step."""
+    visits: Mapping[str, int] = field(default_factory=dict)
+    """How many times each named step has been recorded (bounds cycles)."""
+
+
+@dataclass(frozen=True)
+class ApprovalSpec:
+    """A human gate: who may decide, for how long, and where each decision leads."""
+
+    approvers: tuple[str, ...] = ()
+    """Who may decide; empty means any caller the deployment trusts."""
+    expires_ms: int | None = None
+    on_approve: str | None = None
+    on_reject: str | None = None
+    """None fails the job on rejection."""
+    on_expire: str | None = None
+    """None fails the job when the request expires."""
 
 
 @dataclass(frozen=True)
@@ -79,6 +98,17 @@ class Resolution:
     retry_policy: RetryPolicy | None = None
     params: dict[str, Any] = field(default_factory=dict)
     """Inputs for the executor (a prompt, a tool name, ...)."""
+    step_name: str | None = None
+    """The definition step this resolution runs (None for unnamed workflows)."""
+    next_step: str | None = None
+    """Where the job goes after this step (after its wait, if it opens one)."""
+    resume_at: datetime | None = None
+    """An absolute time for a waiting_time step; wins over resume_delay_ms."""
+    wait_timeout_ms: int | None = None
+    """How long a waiting_event step waits before ``on_timeout``."""
+    on_timeout: str | None = None
+    """The step after a wait timeout; None fails the job."""
+    approval: ApprovalSpec | None = None
 
     @property
     def has_side_effect(self) -> bool:
@@ -121,6 +151,42 @@ class OpsEvent:
     employeeId: str | None = None
     correlationId: str | None = None
     metadata: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ApprovalRequest:
+    """What the approval notifier tells a person: decide this, by then."""
+
+    approval_id: str
+    step_number: int
+    attempt: int
+    action_sha256: str
+    approvers: tuple[str, ...]
+    expires_at: datetime | None
+
+    @classmethod
+    def of(cls, pending: Mapping[str, Any]) -> ApprovalRequest:
+        return cls(
+            approval_id=pending["approval_id"],
+            step_number=pending["step_number"],
+            attempt=pending["attempt"],
+            action_sha256=pending["action_sha256"],
+            approvers=tuple(pending["approvers"]),
+            expires_at=pending["expires_at"],
+        )
+
+
+@dataclass(frozen=True)
+class TokenClaims:
+    """What a verified resume token binds it to."""
+
+    tenant_id: str
+    job_id: str
+    step_number: int
+    event_name: str
+    workflow_version: int
+    nonce: str
+    expires_at: datetime
 
 
 @dataclass(frozen=True)
@@ -184,6 +250,10 @@ class WorkflowRegistry(Protocol):
 
     def has(self, workflow_type: str, workflow_version: int) -> bool: ...
 
+    def budget_defaults(self, workflow_type: str, workflow_version: int) -> dict[str, Any]:
+        """The definition's budget (max_steps, max_cost_usd, deadline_seconds); a submit's
+        own budget overrides it key by key."""
+
     def resolve(self, request: ResolveRequest) -> Resolution:
         """Pure: the same request always gives the same resolution. A throw is a bug in
         the definition and fails the job."""
@@ -199,12 +269,14 @@ class ResumeTokens(Protocol):
         self, job: JobView, *, step_number: int, event_name: str, now: datetime
     ) -> IssuedToken: ...
 
+    def verify(self, token: str, *, now: datetime) -> TokenClaims:
+        """Check signature, key id, issuer, audience and expiry; raise a TokenError
+        subclass saying which failed."""
+
 
 class Notifier(Protocol):
     """Tells the outside world that a job now waits for it."""
 
     def waiting_for_event(self, job: JobView, event_name: str, token: IssuedToken) -> None: ...
 
-    def approval_requested(
-        self, job: JobView, step_number: int, resolution: Resolution
-    ) -> None: ...
+    def approval_requested(self, job: JobView, request: ApprovalRequest) -> None: ...

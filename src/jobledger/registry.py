@@ -4,6 +4,7 @@ version. (Declarative YAML/JSON definitions build on the same WorkflowRegistry p
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from jobledger.errors import UnknownWorkflowError
 from jobledger.ports import Resolution, ResolveRequest
@@ -28,6 +29,9 @@ class FunctionRegistry:
 
     def has(self, workflow_type: str, workflow_version: int) -> bool:
         return (workflow_type, workflow_version) in self._workflows
+
+    def budget_defaults(self, workflow_type: str, workflow_version: int) -> dict[str, Any]:
+        return {}
 
     def resolve(self, request: ResolveRequest) -> Resolution:
         key = (request.workflow_type, request.workflow_version)

@@ -18,6 +18,9 @@ class JobStatus(StrEnum):
     """Parked until an outside event (a resume token or a signal) arrives."""
     AWAITING_APPROVAL = "awaiting_approval"
     """Parked until a person approves or rejects the pending request."""
+    BUDGET_EXCEEDED = "budget_exceeded"
+    """Parked: a budget limit was reached; raising the budget lets it go on, otherwise it
+    fails at its deadline."""
     COMPLETED = "completed"
     """Terminal: the workflow finished."""
     FAILED = "failed"
@@ -37,4 +40,8 @@ class JobStatus(StrEnum):
 TERMINAL_STATUSES = frozenset({JobStatus.COMPLETED, JobStatus.FAILED, JobStatus.CANCELLED})
 
 # Statuses a step's resolution may move a job to (running is only ever set by a claim).
-TRANSITION_STATUSES = frozenset(JobStatus) - {JobStatus.RUNNING, JobStatus.CANCELLED}
+TRANSITION_STATUSES = frozenset(JobStatus) - {
+    JobStatus.RUNNING,
+    JobStatus.CANCELLED,
+    JobStatus.BUDGET_EXCEEDED,
+}

@@ -38,6 +38,9 @@ class JobView:
     created_at: datetime
     updated_at: datetime
     completed_at: datetime | None
+    next_step: str | None
+    pending_approval_id: str | None
+    buffered_signals: int
 
     @classmethod
     def of(cls, job: Job) -> JobView:
@@ -65,6 +68,9 @@ class JobView:
             created_at=job.created_on,
             updated_at=job.modified_on,
             completed_at=job.completed_at,
+            next_step=job.cursor,
+            pending_approval_id=(job.pending_approval or {}).get("approval_id"),
+            buffered_signals=len(job.inbox),
         )
 
 

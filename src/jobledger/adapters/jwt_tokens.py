@@ -4,15 +4,23 @@ from __future__ import annotations
 
 import hashlib
 import secrets
-from datetime import datetime, timedelta
+from collections.abc import Mapping
+from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import jwt
 
-from jobledger.ports import IssuedToken
+from jobledger.errors import ExpiredTokenError, InvalidTokenError
+from jobledger.ports import IssuedToken, TokenClaims
 from jobledger.views import JobView
+
+REQUIRED_CLAIMS = ["iss", "aud", "exp", "iat", "jti", "tid", "job", "step", "evt", "wfv"]
 
 
 class JwtResumeTokens:
+    """Signs with the current key; verifies with it or any retired key still listed, so
+    keys rotate without voiding the tokens already handed out."""
+
     def __init__(
         self,
         *,
@@ -21,10 +29,11 @@ class JwtResumeTokens:
         ttl_seconds: int,
         issuer: str,
         audience: str,
+        previous_keys: Mapping[str, str] | None = None,
         algorithm: str = "HS256",
     ) -> None:
-        self.secret = secret
         self.key_id = key_id
+        self.keys = {**(previous_keys or {}), key_id: secret}
         self.ttl = timedelta(seconds=ttl_seconds)
         self.issuer = issuer
         self.audience = audience
@@ -49,7 +58,10 @@ class JwtResumeTokens:
             "exp": int(expires_at.timestamp()),
         }
         token = jwt.encode(
-            claims, self.secret, algorithm=self.algorithm, headers={"kid": self.key_id}
+            claims,
+            self.keys[self.key_id],
+            algorithm=self.algorithm,
+            headers={"kid": self.key_id},
         )
         return IssuedToken(
             token=token,
@@ -57,3 +69,43 @@ class JwtResumeTokens:
             token_sha256=hashlib.sha256(token.encode()).hexdigest(),
             expires_at=expires_at,
         )
+
+    def verify(self, token: str, *, now: datetime) -> TokenClaims:
+        claims = self._decode(token)
+        expires_at = datetime.fromtimestamp(claims["exp"], UTC)
+        # Expiry is judged on the engine's clock, not the host's, so fake clocks and
+        # replays agree with production.
+        if expires_at <= now:
+            raise ExpiredTokenError(f"resume token expired at {expires_at.isoformat()}")
+        return TokenClaims(
+            tenant_id=str(claims["tid"]),
+            job_id=str(claims["job"]),
+            step_number=int(claims["step"]),
+            event_name=str(claims["evt"]),
+            workflow_version=int(claims["wfv"]),
+            nonce=str(claims["jti"]),
+            expires_at=expires_at,
+        )
+
+    def _decode(self, token: str) -> dict[str, Any]:
+        try:
+            header = jwt.get_unverified_header(token)
+        except jwt.PyJWTError as error:
+            raise InvalidTokenError(f"resume token is malformed: {error}") from None
+        key = self.keys.get(str(header.get("kid")))
+        if key is None:
+            raise InvalidTokenError(f"resume token names an unknown key id {header.get('kid')!r}")
+        try:
+            decoded: dict[str, Any] = jwt.decode(
+                token,
+                key,
+                algorithms=[self.algorithm],
+                audience=self.audience,
+                issuer=self.issuer,
+                options={"require": REQUIRED_CLAIMS, "verify_exp": False},
+            )
+        except jwt.InvalidSignatureError:
+            raise InvalidTokenError("resume token signature does not verify") from None
+        except jwt.PyJWTError as error:
+            raise InvalidTokenError(f"resume token rejected: {error}") from None
+        return decoded
