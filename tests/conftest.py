@@ -123,12 +123,8 @@ def make_engine(
 
     def make(**overrides: Any) -> Engine:
         config_fields = overrides.pop("config", {})
-        config = EngineConfig(
-            store_url=store_url,
-            worker_id=f"w{len(opened)}",
-            token_secret=TOKEN_SECRET,
-            **config_fields,
-        )
+        defaults = {"store_url": store_url, "worker_id": f"w{len(opened)}"}
+        config = EngineConfig(**{**defaults, "token_secret": TOKEN_SECRET, **config_fields})
         kwargs: dict[str, Any] = {
             "registry": default_registry(),
             "executor": executor,

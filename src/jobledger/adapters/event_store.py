@@ -124,7 +124,8 @@ class EventSourcedJobStore:
     ) -> DuplicateKeyError | VersionConflict:
         """The append was refused as a whole; say whether a key or the version collided."""
         for key in keys:
-            if partition.events.get(key.id, limit=1):
+            # get() returns a lazy iterator (always truthy): look for an actual event.
+            if next(partition.events.get(key.id, limit=1), None) is not None:
                 return DuplicateKeyError(key.kind, key.key)
         return VersionConflict("the job was changed by another writer since it was loaded")
 
