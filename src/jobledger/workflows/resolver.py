@@ -1,0 +1,217 @@
+"""Resolution: what a definition decides for a job's next step, as a pure function of the
+definition and the request (state, cursor, visits, now); and the registry that serves it."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from copy import deepcopy
+from datetime import UTC
+from pathlib import Path
+from typing import Any, assert_never
+
+from jobledger.errors import UnknownWorkflowError
+from jobledger.ports import ApprovalSpec, Resolution, ResolveRequest
+from jobledger.status import JobStatus
+from jobledger.workflows.definition import (
+    AnyStep,
+    AwaitApproval,
+    Branch,
+    Complete,
+    DefinitionError,
+    Fail,
+    RunInteractionTask,
+    WaitEvent,
+    WaitTime,
+    WorkflowDefinition,
+)
+from jobledger.workflows.loader import check_definition, load_definitions
+
+
+def resolve(definition: WorkflowDefinition, request: ResolveRequest) -> Resolution:
+    """The step at ``request.cursor`` (``start`` when None), or a failure if that step
+    has used up its ``max_visits``."""
+    name = definition.start if request.cursor is None else request.cursor
+    step = definition.steps.get(name)
+    if step is None:
+        raise DefinitionError([f"{definition.label}: unknown step {name!r} at the cursor"])
+    if step.max_visits is not None and request.visits.get(name, 0) >= step.max_visits:
+        return _exhausted(name, step.max_visits)
+    return resolve_step(name, step, request.state)
+
+
+def resolve_step(name: str, step: AnyStep, state: Mapping[str, Any]) -> Resolution:
+    match step:
+        case RunInteractionTask():
+            return _run(name, step)
+        case WaitTime():
+            return _wait_time(name, step)
+        case WaitEvent():
+            return _wait_event(name, step)
+        case AwaitApproval():
+            return _await_approval(name, step)
+        case Branch():
+            return _branch(name, step, state)
+        case Complete():
+            return Resolution(
+                step_type=step.kind,
+                next_status=JobStatus.COMPLETED,
+                step_name=name,
+                transition_reason=f"step {name!r}: workflow complete",
+            )
+        case Fail():
+            return Resolution(
+                step_type=step.kind,
+                next_status=JobStatus.FAILED,
+                step_name=name,
+                transition_reason=step.reason,
+            )
+        case _:
+            assert_never(step)
+
+
+def _exhausted(name: str, bound: int) -> Resolution:
+    return Resolution(
+        step_type="fail",
+        next_status=JobStatus.FAILED,
+        step_name=name,
+        transition_reason=f"step {name!r} reached its bound of max_visits={bound}",
+    )
+
+
+def _run(name: str, step: RunInteractionTask) -> Resolution:
+    return Resolution(
+        step_type=step.kind,
+        next_status=JobStatus.QUEUED,
+        step_name=name,
+        next_step=step.next,
+        transition_reason=f"step {name!r}: run interaction task -> {step.next!r}",
+        retry_policy=step.retry.policy() if step.retry is not None else None,
+        params=deepcopy(step.params),
+    )
+
+
+def _wait_time(name: str, step: WaitTime) -> Resolution:
+    if step.until is not None:
+        resume_at = step.until.astimezone(UTC)
+        until = f"until {resume_at.isoformat()}"
+        return _timer(name, step, until, resume_at=resume_at)
+    assert step.delay is not None  # the model requires one of the two
+    return _timer(name, step, step.delay.describe(), resume_delay_ms=step.delay.total_ms())
+
+
+def _timer(name: str, step: WaitTime, how_long: str, **when: Any) -> Resolution:
+    return Resolution(
+        step_type=step.kind,
+        next_status=JobStatus.WAITING_TIME,
+        step_name=name,
+        next_step=step.next,
+        transition_reason=f"step {name!r}: wait {how_long} -> {step.next!r}",
+        **when,
+    )
+
+
+def _wait_event(name: str, step: WaitEvent) -> Resolution:
+    reason = f"step {name!r}: wait for event {step.event!r} -> {step.next!r}"
+    if step.timeout is not None:
+        after = repr(step.on_timeout) if step.on_timeout is not None else "fail"
+        reason += f" (timeout {step.timeout.describe()} -> {after})"
+    return Resolution(
+        step_type=step.kind,
+        next_status=JobStatus.WAITING_EVENT,
+        step_name=name,
+        next_step=step.next,
+        transition_reason=reason,
+        wait_event_name=step.event,
+        wait_timeout_ms=step.timeout.total_ms() if step.timeout is not None else None,
+        on_timeout=step.on_timeout,
+    )
+
+
+def _await_approval(name: str, step: AwaitApproval) -> Resolution:
+    reason = f"step {name!r}: await approval"
+    if step.approvers:
+        reason += f" by {', '.join(step.approvers)}"
+    if step.expires is not None:
+        reason += f" (expires in {step.expires.describe()})"
+    approval = ApprovalSpec(
+        approvers=tuple(step.approvers),
+        expires_ms=step.expires.total_ms() if step.expires is not None else None,
+        on_approve=step.on_approve,
+        on_reject=step.on_reject,
+        on_expire=step.on_expire,
+    )
+    return Resolution(
+        step_type=step.kind,
+        next_status=JobStatus.AWAITING_APPROVAL,
+        step_name=name,
+        next_step=step.on_approve,
+        transition_reason=reason,
+        approval=approval,
+    )
+
+
+def _branch(name: str, step: Branch, state: Mapping[str, Any]) -> Resolution:
+    chosen, reason = step.default, f"branch {name!r}: no case matched -> default {step.default!r}"
+    for number, case in enumerate(step.cases, start=1):
+        if case.when.evaluate(state):
+            chosen = case.next
+            reason = f"branch {name!r}: case {number} ({case.when.describe()}) -> {chosen!r}"
+            break
+    return Resolution(
+        step_type=step.kind,
+        next_status=JobStatus.QUEUED,
+        step_name=name,
+        next_step=chosen,
+        transition_reason=reason,
+    )
+
+
+class DefinitionRegistry:
+    """The WorkflowRegistry port over declarative definitions. Every version is kept: a
+    job resolves against the version it was submitted with (``workflow_version``)."""
+
+    def __init__(self, definitions: Iterable[WorkflowDefinition] = ()) -> None:
+        self._definitions: dict[tuple[str, int], WorkflowDefinition] = {}
+        for definition in definitions:
+            self.add(definition)
+
+    @classmethod
+    def from_directory(cls, path: str | Path) -> DefinitionRegistry:
+        """Every definition in the *.yaml, *.yml and *.json files of ``path``."""
+        return cls(load_definitions(path))
+
+    def add(self, definition: WorkflowDefinition) -> None:
+        """Register a definition after checking its graph; a (type, version) is final."""
+        check_definition(definition, definition.label)
+        if definition.key in self._definitions:
+            raise DefinitionError([f"{definition.label} is already registered"])
+        self._definitions[definition.key] = definition
+
+    def get(self, workflow_type: str, workflow_version: int) -> WorkflowDefinition:
+        definition = self._definitions.get((workflow_type, workflow_version))
+        if definition is None:
+            known = ", ".join(f"v{v}" for v in self.versions(workflow_type)) or "none"
+            raise UnknownWorkflowError(
+                f"unknown workflow {workflow_type!r} v{workflow_version} (known: {known})"
+            )
+        return definition
+
+    def versions(self, workflow_type: str) -> list[int]:
+        return sorted(version for (kind, version) in self._definitions if kind == workflow_type)
+
+    def latest_version(self, workflow_type: str) -> int:
+        versions = self.versions(workflow_type)
+        if not versions:
+            raise UnknownWorkflowError(f"unknown workflow type {workflow_type!r}")
+        return versions[-1]
+
+    def has(self, workflow_type: str, workflow_version: int) -> bool:
+        return (workflow_type, workflow_version) in self._definitions
+
+    def budget_defaults(self, workflow_type: str, workflow_version: int) -> dict[str, Any]:
+        """The definition's budget (max_steps, max_cost_usd, deadline_seconds), each only
+        if it sets it; a submit's own budget overrides it key by key."""
+        return self.get(workflow_type, workflow_version).budget_defaults()
+
+    def resolve(self, request: ResolveRequest) -> Resolution:
+        return resolve(self.get(request.workflow_type, request.workflow_version), request)
