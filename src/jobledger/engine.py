@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import logging
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from datetime import datetime
 from decimal import Decimal
 from enum import StrEnum
@@ -146,10 +147,10 @@ class Engine:
         """Open (creating if needed) the store at ``store_url`` and wire the defaults:
         a local in-process queue, the system clock, JSON ops logs, spend folded from the
         log, and JWT resume tokens when a token secret is configured."""
-        config = config or EngineConfig()
+        config = config if config is not None else EngineConfig()
         if store_url is not None:
             config = config.model_copy(update={"store_url": store_url})
-        clock = clock or SystemClock()
+        clock = clock if clock is not None else SystemClock()
         store = EventSourcedJobStore(
             parse_store_url(config.store_url),
             partitions=config.partitions,
@@ -169,13 +170,13 @@ class Engine:
             )
         return cls(
             store=store,
-            queue=queue or LocalQueue(clock),
+            queue=queue if queue is not None else LocalQueue(clock),
             clock=clock,
-            ops=ops or LoggingOps(),
+            ops=ops if ops is not None else LoggingOps(),
             registry=registry,
-            executor=executor or NoExecutor(),
+            executor=executor if executor is not None else NoExecutor(),
             config=config,
-            cost=cost or LogSpend(store),
+            cost=cost if cost is not None else LogSpend(store),
             tokens=tokens,
             notifier=notifier,
         )
@@ -527,7 +528,10 @@ class Engine:
             log.warning(
                 "tick for %s/%s hit a store error, retrying: %s", tick.tenant_id, tick.job_id, error
             )
-            self.queue.enqueue(tick, delay_ms=1_000, dedupe_key="infra-retry")
+            # The retry inherits the interrupted tick's claim, so it can go on at once
+            # instead of waiting out its own lease.
+            retry = replace(tick, claim_id=error.claim_id or tick.claim_id)
+            self.queue.enqueue(retry, delay_ms=1_000, dedupe_key="infra-retry")
         except JobLedgerError as error:
             self.ops.record(
                 OpsEvent(

@@ -31,7 +31,11 @@ class ConfigError(JobLedgerError):
 
 
 class StoreUnavailableError(JobLedgerError):
-    """The store could not be reached; nothing was written."""
+    """The store failed mid-operation. The write may or may not have landed (a commit
+    whose acknowledgement was lost): retry, and the retry sees what the store holds."""
+
+    claim_id: str | None = None
+    """Set by the orchestrator: the claim the interrupted tick held, for its retry."""
 
 
 class ConcurrencyError(JobLedgerError):

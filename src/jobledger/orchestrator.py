@@ -14,7 +14,7 @@ from __future__ import annotations
 import hashlib
 import json
 from contextlib import suppress
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal, InvalidOperation
 from enum import StrEnum
@@ -28,6 +28,7 @@ from jobledger.errors import (
     DuplicateKeyError,
     InvalidPayloadError,
     StepError,
+    StoreUnavailableError,
     UnknownJobError,
     VersionConflict,
 )
@@ -99,7 +100,7 @@ class _Run:
     """Per-tick state: the claim this tick holds and how many steps it has run."""
 
     tick: Tick
-    claim_id: str = field(default_factory=lambda: uuid4().hex)
+    claim_id: str
     steps: int = 0
 
 
@@ -144,10 +145,13 @@ class Orchestrator:
     def tick(self, tick: Tick) -> TickReport:
         """Advance the job until it parks, finishes, or spends this tick's step budget."""
         job = self.load(tick)
-        run = _Run(tick)
+        run = _Run(tick, claim_id=tick.claim_id or uuid4().hex)
         try:
             while (outcome := self.advance(job, run)) is None:
                 pass
+        except StoreUnavailableError as error:
+            error.claim_id = run.claim_id
+            raise
         except _LostRace as lost:
             # The in-memory job holds the refused events: report what the store holds.
             outcome = lost.outcome
@@ -195,7 +199,9 @@ class Orchestrator:
         if job.resume_at is not None and not job.status.is_terminal:
             self.schedule(job, job.resume_at, f"resume:{job.version}", now)
             return Outcome.IDLE
-        if job.status is JobStatus.RUNNING:
+        if job.status is JobStatus.RUNNING and job.lease_until is not None:
+            # Someone else's live claim: look again when it lapses, in case they died.
+            self.schedule(job, job.lease_until, f"lease:{job.version}", now)
             return Outcome.CLAIM_LOST
         return Outcome.IDLE
 

@@ -32,6 +32,9 @@ class Tick:
     tenant_id: str
     job_id: str
     reason: str = "queue"
+    claim_id: str | None = None
+    """Only on the in-process retry of a tick interrupted by a store error: the claim it
+    held, so the retry goes on at once (a stranger's tick waits for the lease)."""
 
 
 @dataclass(frozen=True)
@@ -210,8 +213,8 @@ class JobStore(Protocol):
         """Write the job's pending events and the keys they consume in ONE transaction.
 
         Raises DuplicateKeyError if a key was used before, VersionConflict if the job moved
-        on since it was loaded. Any other exception is infrastructure: nothing was written
-        unless the store says otherwise, and the caller retries.
+        on since it was loaded, StoreUnavailableError for an infrastructure failure (an
+        adapter maps its driver's errors onto it): the caller retries.
         """
 
     def find_key(self, job_uuid: UUID, key_id: UUID) -> ConsumedKey | None:

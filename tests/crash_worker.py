@@ -1,0 +1,196 @@
+"""A worker process for tests/test_crash_safety.py: ``python tests/crash_worker.py --help``.
+
+It opens an engine on a store URL with the system clock and ticks the given jobs until all of
+them are terminal, as a scanning reconciler would. Every side effect appends its idempotency
+key to a counter file, so the count survives SIGKILL and adds up across processes. It can be
+told to hang (and say so through a marker file) inside a step, or right after a step's record
+landed, so the test can SIGKILL it at exactly that point.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+from uuid import UUID
+
+from jobledger import (
+    Engine,
+    EngineConfig,
+    FunctionRegistry,
+    JobStatus,
+    Outcome,
+    Resolution,
+    StepRequest,
+    StepResult,
+    StoreUnavailableError,
+    linear_workflow,
+)
+from jobledger.job import Job
+from jobledger.keys import ConsumedKey
+from jobledger.ports import JobStore
+
+TENANT = "crash-tenant"
+
+
+def registry() -> FunctionRegistry:
+    """``agentN``: N side-effecting steps, then a pure ``complete`` step (step N + 1)."""
+    registry = FunctionRegistry()
+    for n in (3, 5):
+        steps = [Resolution("run_interaction_task", JobStatus.QUEUED) for _ in range(n)]
+        registry.register(
+            f"agent{n}", 1, linear_workflow([*steps, Resolution("complete", JobStatus.COMPLETED)])
+        )
+    return registry
+
+
+def append_line(path: Path, line: str) -> None:
+    # One O_APPEND write per line: atomic between processes, and in the page cache (so it
+    # survives SIGKILL) as soon as write() returns.
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, f"{line}\n".encode())
+    finally:
+        os.close(fd)
+
+
+def read_counts(path: Path) -> Counter[str]:
+    if not path.exists():
+        return Counter()
+    return Counter(path.read_text().splitlines())
+
+
+def hang(marker: Path) -> None:
+    """Tell the test we reached the chosen point, then wait for SIGKILL."""
+    marker.touch()
+    while True:
+        time.sleep(60)
+
+
+class FileCountingExecutor:
+    """Counts each side effect by appending its idempotency key to ``counter``."""
+
+    def __init__(
+        self,
+        counter: Path,
+        *,
+        effect_ms: float = 0,
+        hang_in_step: int | None = None,
+        marker: Path | None = None,
+    ) -> None:
+        self.counter = counter
+        self.effect_ms = effect_ms
+        self.hang_in_step = hang_in_step
+        self.marker = marker
+
+    def execute(self, request: StepRequest) -> StepResult:
+        append_line(self.counter, request.idempotency_key)
+        time.sleep(self.effect_ms / 1000)
+        if request.step_number == self.hang_in_step:
+            assert self.marker is not None
+            hang(self.marker)
+        return StepResult(
+            output={"step": request.step_number}, state_patch={f"s{request.step_number}": True}
+        )
+
+
+class HangAfterRecord:
+    """A JobStore that hangs right after the append recording ``step`` has committed."""
+
+    def __init__(self, inner: JobStore, step: int, marker: Path) -> None:
+        self.inner = inner
+        self.step = step
+        self.marker = marker
+
+    def append(self, job: Job, *keys: ConsumedKey) -> None:
+        records_step = any(
+            isinstance(event, Job.StepRecorded) and event.step_number == self.step
+            for event in job.pending_events
+        )
+        self.inner.append(job, *keys)
+        if records_step:
+            hang(self.marker)
+
+    def load(self, job_uuid: UUID) -> Job | None:
+        return self.inner.load(job_uuid)
+
+    def find_key(self, job_uuid: UUID, key_id: UUID) -> ConsumedKey | None:
+        return self.inner.find_key(job_uuid, key_id)
+
+    def events(self, job_uuid: UUID, *, to_version: int | None = None) -> list[Job.Event]:
+        return self.inner.events(job_uuid, to_version=to_version)
+
+
+def run(engine: Engine, jobs: list[str], deadline: float) -> Counter[str]:
+    """Tick every unfinished job in turn until all are terminal; count the outcomes."""
+    outcomes: Counter[str] = Counter()
+    pending = list(jobs)
+    while pending:
+        if time.monotonic() > deadline:
+            raise SystemExit(f"deadline passed with jobs still unfinished: {pending}")
+        advanced = False
+        for job_id in list(pending):
+            try:
+                report = engine.tick(TENANT, job_id, "reconcile")
+            except StoreUnavailableError:
+                # What Engine.handle does with an infrastructure error: try again later.
+                outcomes["store_unavailable"] += 1
+                continue
+            outcomes[str(report.outcome)] += 1
+            advanced |= report.outcome is Outcome.ADVANCED
+            if report.status.is_terminal:
+                pending.remove(job_id)
+        if not advanced:
+            time.sleep(0.002)
+    return outcomes
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--store", required=True, help="store URL")
+    parser.add_argument("--jobs", required=True, help="comma-separated job ids")
+    parser.add_argument("--counter", required=True, type=Path, help="side-effect counter file")
+    parser.add_argument("--worker-id", required=True)
+    parser.add_argument("--lease-ms", type=int, default=60_000)
+    parser.add_argument("--max-steps-per-tick", type=int, default=10)
+    parser.add_argument("--effect-ms", type=float, default=0, help="how long a side effect takes")
+    parser.add_argument("--hang-in-step", type=int, help="hang inside this step's side effect")
+    parser.add_argument("--hang-after-record", type=int, help="hang once this step is recorded")
+    parser.add_argument("--marker", type=Path, help="touched when the worker hangs")
+    parser.add_argument("--ready", type=Path, help="touched once the engine is open")
+    parser.add_argument("--go", type=Path, help="wait for this file before ticking")
+    parser.add_argument("--timeout", type=float, default=45.0)
+    args = parser.parse_args(argv)
+    deadline = time.monotonic() + args.timeout
+
+    config = EngineConfig(
+        store_url=args.store,
+        worker_id=args.worker_id,
+        lease_ms=args.lease_ms,
+        max_steps_per_tick=args.max_steps_per_tick,
+    )
+    executor = FileCountingExecutor(
+        args.counter, effect_ms=args.effect_ms, hang_in_step=args.hang_in_step, marker=args.marker
+    )
+    with Engine.open(registry=registry(), executor=executor, config=config) as engine:
+        if args.hang_after_record is not None:
+            engine.orchestrator.store = HangAfterRecord(
+                engine.store, args.hang_after_record, args.marker
+            )
+        if args.ready is not None:
+            args.ready.touch()
+        while args.go is not None and not args.go.exists():
+            if time.monotonic() > deadline:
+                raise SystemExit("never told to go")
+            time.sleep(0.005)
+        outcomes = run(engine, args.jobs.split(","), deadline)
+    json.dump(dict(outcomes), sys.stdout)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
