@@ -7,7 +7,8 @@ from datetime import datetime
 from decimal import Decimal
 from typing import Any
 
-from eventsourcing.domain import Aggregate, Snapshot
+from eventsourcing.domain import Aggregate
+from eventsourcing.domain import Snapshot as AggregateSnapshot
 from eventsourcing.utils import get_topic
 
 from jobledger import chain
@@ -51,7 +52,7 @@ class Job(Aggregate):
     def __init__(self) -> None:
         """State is set by ``Submitted.evolve``: the events, not the constructor, define a job."""
 
-    class Snapshot(Snapshot):
+    class Snapshot(AggregateSnapshot):
         def mutate(self, _: None) -> Job:
             job = super().mutate(None)
             assert isinstance(job, Job)

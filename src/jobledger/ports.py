@@ -6,7 +6,7 @@ The core (job, orchestrator, engine) imports no adapter. Adapters live in
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from decimal import Decimal
@@ -275,6 +275,37 @@ class ResumeTokens(Protocol):
     def verify(self, token: str, *, now: datetime) -> TokenClaims:
         """Check signature, key id, issuer, audience and expiry; raise a TokenError
         subclass saying which failed."""
+
+
+class DueJob(Protocol):
+    """A row of the status view, as much of it as the reconciler reads."""
+
+    @property
+    def tenant_id(self) -> str: ...
+    @property
+    def job_id(self) -> str: ...
+    @property
+    def job_uuid(self) -> str: ...
+    @property
+    def status(self) -> str: ...
+    @property
+    def version(self) -> int: ...
+
+
+class DueJobs(Protocol):
+    def due(self, job_status: JobStatus, before: datetime, limit: int) -> Sequence[DueJob]:
+        """Jobs in ``job_status`` whose due moment (timer, wait timeout, lease expiry,
+        last change for queued jobs) is at or before ``before``."""
+
+
+class Lock(Protocol):
+    """Mutual exclusion across processes, released by the OS or database if the holder
+    dies, so a waiting instance takes over."""
+
+    def try_acquire(self) -> bool:
+        """True if this instance holds the lock now (re-entrant, never blocks)."""
+
+    def release(self) -> None: ...
 
 
 class Notifier(Protocol):

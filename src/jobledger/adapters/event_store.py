@@ -32,6 +32,9 @@ class LedgerPartition(Application[UUID]):
 
     def __init__(self, location: StoreLocation, index: int, cache_size: int) -> None:
         self.table_prefix = f"jobledger_p{index}"
+        # The partition's name is its identity in tracking records (one log each).
+        self.name = self.table_prefix
+        self.store_kind = location.kind
         env = {
             **location.env,
             "AGGREGATE_CACHE_MAXSIZE": str(cache_size) if cache_size else "",

@@ -1,0 +1,188 @@
+"""The job views (status, spend, approvals) kept in the store's own database.
+
+Each batch of events updates the views AND advances the partition's eventsourcing
+tracking record in one transaction: a crash can never leave a view ahead of or behind
+its tracking, so every event is applied exactly once, and a re-delivered one is skipped.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from decimal import Decimal
+from typing import Any
+
+from eventsourcing.persistence import Notification, Tracking
+
+from jobledger.adapters.event_store import EventSourcedJobStore, LedgerPartition
+from jobledger.job import Job
+from jobledger.status import JobStatus
+from projections import approvals, spend, status
+from projections.dialect import Cursor, Dialect, PostgresDialect, SQLiteDialect, fetch
+from projections.status import StatusRow
+
+BATCH = 200
+VIEW_TABLES = ("jobledger_job_status", "jobledger_tenant_spend", "jobledger_pending_approvals")
+Progress = Callable[[int, int], None]
+
+
+@dataclass(frozen=True)
+class Lag:
+    partition: str
+    last_event: int
+    last_tracked: int
+
+    @property
+    def behind(self) -> int:
+        return self.last_event - self.last_tracked
+
+
+class JobViews:
+    def __init__(self, store: EventSourcedJobStore) -> None:
+        self.store = store
+        self.dialect = _dialect(store.partitions[0])
+        self.create_tables()
+
+    # ---- schema ----------------------------------------------------------------------
+
+    def create_tables(self) -> None:
+        d = self.dialect
+        d.tracking.create_table()  # type: ignore[attr-defined]
+        with d.transaction() as curs:
+            for module in (status, spend, approvals):
+                for statement in module.create_statements(d):
+                    curs.execute(d.sql(statement))
+
+    # ---- following the log -----------------------------------------------------------
+
+    def position(self, partition: LedgerPartition) -> int:
+        return self.dialect.tracking.max_tracking_id(partition.name) or 0
+
+    def pending(self, partition: LedgerPartition, limit: int = BATCH) -> Sequence[Notification]:
+        notifications: Sequence[Notification] = partition.recorder.select_notifications(
+            self.position(partition), limit, inclusive_of_start=False
+        )
+        return notifications
+
+    def process(self, partition: LedgerPartition, notifications: Sequence[Notification]) -> None:
+        """Apply a batch and record its last position, all in one transaction. Events at
+        or before the tracked position were applied already: a re-delivery skips them."""
+        position = self.position(partition)
+        notifications = [n for n in notifications if n.id > position]
+        if not notifications:
+            return
+        d = self.dialect
+        with d.transaction() as curs:
+            for notification in notifications:
+                event = partition.mapper.to_domain_event(notification)
+                if isinstance(event, Job.Event):
+                    self.apply(curs, event)
+            d.tracking._insert_tracking(  # type: ignore[attr-defined]
+                curs, Tracking(partition.name, notifications[-1].id)
+            )
+
+    def apply(self, curs: Cursor, event: Job.Event) -> None:
+        d = self.dialect
+        row = status.load(d, curs, str(event.originator_id))
+        if row is not None and row.version >= event.originator_version:
+            return  # already folded: a replayed batch changes nothing
+        row = status.fold(row, event)
+        status.save(d, curs, row)
+        spend.apply(d, curs, row.tenant_id, event)
+        approvals.apply(d, curs, row.tenant_id, row.job_id, event)
+
+    def catch_up(self, progress: Progress | None = None) -> int:
+        """Apply everything appended so far; returns how many notifications were read."""
+        done = 0
+        total = self.lag_total() if progress else 0
+        for partition in self.store.partitions:
+            while batch := self.pending(partition):
+                self.process(partition, batch)
+                done += len(batch)
+                if progress:
+                    progress(done, total)
+        return done
+
+    def rebuild(self, progress: Progress | None = None) -> int:
+        """Drop every view row and the tracking, then fold the whole log again."""
+        d = self.dialect
+        with d.transaction() as curs:
+            for table in VIEW_TABLES:
+                curs.execute(d.sql(f"DELETE FROM {d.table(table)}"))
+            for partition in self.store.partitions:
+                curs.execute(
+                    d.sql(
+                        f"DELETE FROM {d.table(_tracking_table(d))} WHERE application_name = :name"
+                    ),
+                    {"name": partition.name},
+                )
+        return self.catch_up(progress)
+
+    def lag(self) -> list[Lag]:
+        return [
+            Lag(p.name, p.recorder.max_notification_id() or 0, self.position(p))
+            for p in self.store.partitions
+        ]
+
+    def lag_total(self) -> int:
+        return sum(entry.behind for entry in self.lag())
+
+    # ---- reading ---------------------------------------------------------------------
+
+    def jobs(
+        self,
+        *,
+        tenant_id: str | None = None,
+        status_in: Sequence[str] = (),
+        workflow_type: str | None = None,
+        limit: int = 100,
+    ) -> list[StatusRow]:
+        where = ["1 = 1"]
+        params: dict[str, Any] = {"limit": limit}
+        if tenant_id is not None:
+            where.append("tenant_id = :tenant_id")
+            params["tenant_id"] = tenant_id
+        if workflow_type is not None:
+            where.append("workflow_type = :workflow_type")
+            params["workflow_type"] = workflow_type
+        if status_in:
+            names = [f"s{n}" for n in range(len(status_in))]
+            where.append(f"status IN ({', '.join(':' + n for n in names)})")
+            params.update(dict(zip(names, status_in, strict=True)))
+        statement = (
+            f"SELECT * FROM {self.dialect.table('jobledger_job_status')} "
+            f"WHERE {' AND '.join(where)} ORDER BY updated_at DESC LIMIT :limit"
+        )
+        return [status.row_from(r) for r in fetch(self.dialect, statement, params)]
+
+    def due(self, job_status: JobStatus, before: datetime, limit: int) -> list[StatusRow]:
+        """Jobs in ``job_status`` whose due moment is at or before ``before``: an index
+        range scan, so the cost follows the number of due jobs, not of all jobs."""
+        statement = (
+            f"SELECT * FROM {self.dialect.table('jobledger_job_status')} "
+            "WHERE status = :status AND due_at <= :before ORDER BY due_at LIMIT :limit"
+        )
+        params = {"status": str(job_status), "before": self.dialect.ts(before), "limit": limit}
+        return [status.row_from(r) for r in fetch(self.dialect, statement, params)]
+
+    def pending_approvals(self, tenant_id: str | None = None) -> list[dict[str, Any]]:
+        t = self.dialect.table("jobledger_pending_approvals")
+        where = "WHERE tenant_id = :tenant_id" if tenant_id is not None else ""
+        statement = f"SELECT * FROM {t} {where} ORDER BY requested_at"
+        return list(fetch(self.dialect, statement, {"tenant_id": tenant_id}))
+
+    def tenant_day_spend_usd(self, tenant_id: str, day_start: datetime) -> Decimal:
+        """The Cost port, read from the spend view (as fresh as the projection)."""
+        return spend.day_spend(self.dialect, tenant_id, day_start)
+
+
+def _dialect(partition: LedgerPartition) -> Dialect:
+    datastore: Any = getattr(partition.factory, "datastore")  # noqa: B009 - untyped on the base
+    if partition.store_kind == "sqlite":
+        return SQLiteDialect(datastore)
+    return PostgresDialect(datastore)
+
+
+def _tracking_table(d: Dialect) -> str:
+    return "tracking" if isinstance(d, SQLiteDialect) else "jobledger_view_tracking"

@@ -1,0 +1,46 @@
+"""Tenant spend per UTC day, in integer micro-dollars (exact on both stores)."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from decimal import Decimal
+
+from jobledger.job import Job
+from projections.dialect import Cursor, Dialect, fetch
+from projections.status import MICROS
+
+
+def create_statements(d: Dialect) -> list[str]:
+    return [
+        f"CREATE TABLE IF NOT EXISTS {d.table('jobledger_tenant_spend')} ("
+        f"tenant_id TEXT NOT NULL, day TEXT NOT NULL, spend_micros {d.big_int} NOT NULL, "
+        "PRIMARY KEY (tenant_id, day))"
+    ]
+
+
+def apply(d: Dialect, curs: Cursor, tenant_id: str, event: Job.Event) -> None:
+    if not isinstance(event, Job.StepRecorded) or not event.cost_usd:
+        return
+    curs.execute(
+        d.sql(
+            f"INSERT INTO {d.table('jobledger_tenant_spend')} (tenant_id, day, spend_micros) "
+            "VALUES (:tenant_id, :day, :micros) ON CONFLICT (tenant_id, day) "
+            f"DO UPDATE SET spend_micros = {d.table('jobledger_tenant_spend')}.spend_micros "
+            "+ excluded.spend_micros"
+        ),
+        {
+            "tenant_id": tenant_id,
+            "day": event.ended_at.astimezone(UTC).date().isoformat(),
+            "micros": int(event.cost_usd * MICROS),
+        },
+    )
+
+
+def day_spend(d: Dialect, tenant_id: str, day_start: datetime) -> Decimal:
+    rows = fetch(
+        d,
+        f"SELECT spend_micros FROM {d.table('jobledger_tenant_spend')} "
+        "WHERE tenant_id = :tenant_id AND day = :day",
+        {"tenant_id": tenant_id, "day": day_start.astimezone(UTC).date().isoformat()},
+    )
+    return sum((Decimal(r["spend_micros"]) / MICROS for r in rows), Decimal(0))

@@ -1,0 +1,114 @@
+"""The reconciler: the durability backstop that re-enqueues whatever is due.
+
+Ticks can be lost (an in-process queue dies with its process; a delayed tick is never
+published). The status projection knows what should happen next, so the reconciler
+asks it, by index, for jobs that are due: timers and wait deadlines that have passed,
+leases that have lapsed, queued jobs that have sat too long. Only one reconciler acts at
+a time; another waits on the lock and takes over if the first dies.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from jobledger.ports import Clock, DueJob, DueJobs, Lock, Ops, OpsEvent, Queue, Tick
+from jobledger.status import JobStatus
+
+TIMED_STATUSES = (
+    JobStatus.WAITING_TIME,
+    JobStatus.WAITING_EVENT,
+    JobStatus.AWAITING_APPROVAL,
+    JobStatus.BUDGET_EXCEEDED,
+    JobStatus.RUNNING,
+)
+
+
+@dataclass(frozen=True)
+class ReconcileResult:
+    """The seed's reconcileWaitingTimeJobs result, plus whether this instance acted."""
+
+    scanned: int
+    enqueued: int
+    skipped: int
+    acted: bool = True
+
+
+class Reconciler:
+    def __init__(
+        self,
+        *,
+        views: DueJobs,
+        queue: Queue,
+        clock: Clock,
+        lock: Lock,
+        ops: Ops,
+        lost_tick_after: timedelta = timedelta(seconds=30),
+        resend_after: timedelta = timedelta(minutes=1),
+        batch: int = 1_000,
+    ) -> None:
+        self.views = views
+        self.queue = queue
+        self.clock = clock
+        self.lock = lock
+        self.ops = ops
+        self.lost_tick_after = lost_tick_after
+        self.resend_after = resend_after
+        self.batch = batch
+        self.sent: dict[tuple[str, int], datetime] = {}
+        self.stopping = threading.Event()
+
+    def reconcile(
+        self, as_of: datetime | None = None, *, lost_tick_after: timedelta | None = None
+    ) -> ReconcileResult:
+        """One pass. Each due moment of a job (its version) is enqueued once; it is sent
+        again only if the job has not moved for ``resend_after``."""
+        if not self.lock.try_acquire():
+            return ReconcileResult(0, 0, 0, acted=False)
+        now = as_of or self.clock.now()
+        lost_after = self.lost_tick_after if lost_tick_after is None else lost_tick_after
+        due = self.due_jobs(now, lost_after)
+        enqueued = sum(self.enqueue(job, now) for job in due)
+        self.forget_before(now - self.resend_after)
+        return ReconcileResult(scanned=len(due), enqueued=enqueued, skipped=len(due) - enqueued)
+
+    def due_jobs(self, now: datetime, lost_after: timedelta) -> list[DueJob]:
+        due = [job for status in TIMED_STATUSES for job in self.views.due(status, now, self.batch)]
+        return due + list(self.views.due(JobStatus.QUEUED, now - lost_after, self.batch))
+
+    def enqueue(self, job: DueJob, now: datetime) -> bool:
+        moment = (job.job_uuid, job.version)
+        last = self.sent.get(moment)
+        if last is not None and now - last < self.resend_after:
+            return False
+        self.queue.enqueue(
+            Tick(job.tenant_id, job.job_id, f"reconcile_{job.status}"),
+            dedupe_key=f"reconcile:{job.version}",
+        )
+        self.sent[moment] = now
+        self.ops.record(
+            OpsEvent(
+                jobId=job.job_id,
+                tenantId=job.tenant_id,
+                eventType="job.reconciled",
+                status=job.status,
+                source="job_reconciler",
+                metadata={"version": job.version},
+            )
+        )
+        return True
+
+    def forget_before(self, cutoff: datetime) -> None:
+        self.sent = {k: v for k, v in self.sent.items() if v >= cutoff}
+
+    def run_forever(self, interval: float = 5.0) -> None:
+        while not self.stopping.is_set():
+            started = time.monotonic()
+            self.reconcile()
+            self.stopping.wait(max(0.0, interval - (time.monotonic() - started)))
+
+    def stop(self) -> None:
+        self.stopping.set()
+        self.lock.release()
