@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import unicodedata
 from collections.abc import Callable, Mapping
 from dataclasses import replace
 from datetime import datetime
@@ -204,9 +205,13 @@ class Engine:
         _check_id("job_id", job_id)
         if idempotency_key is not None:
             _check_id("idempotency_key", idempotency_key)
-            existing = self._job_for_submit_key(tenant_id, job_id, idempotency_key)
-            if existing is not None:
-                return JobView.of(existing)
+            marker = self._submit_key(tenant_id, idempotency_key)
+            if marker is not None:
+                existing = self.store.load(marker.job_uuid)
+                if existing is not None:
+                    return JobView.of(existing)
+                # The key was reserved by a submit that died before creating its job.
+                job_id = marker.job_id
         version = self._workflow_version(workflow_type, workflow_version)
         limit = self.config.max_payload_bytes
         job = Job.submit(
@@ -241,35 +246,19 @@ class Engine:
             raise UnknownWorkflowError(f"unknown workflow {workflow_type!r} v{version}")
         return version
 
-    def _job_for_submit_key(self, tenant_id: str, job_id: str, key: str) -> Job | None:
-        marker = self.store.find_key(
-            job_uuid(tenant_id, job_id), key_uuid(tenant_id, KeyKind.SUBMIT, key)
-        )
-        if marker is None:
-            return None
-        return self.store.load(marker.job_uuid)
+    def _submit_key(self, tenant_id: str, key: str) -> ConsumedKey | None:
+        key_id = key_uuid(tenant_id, KeyKind.SUBMIT, key)
+        return self.store.find_key(key_id, key_id)
 
     def _create(self, job: Job, idempotency_key: str | None) -> Job:
         """Append Submitted (and its key); a job or key that already exists is returned
         when it is the same request, refused when it is a different one."""
-        keys = []
-        if idempotency_key is not None:
-            keys.append(
-                ConsumedKey.consume(
-                    kind=KeyKind.SUBMIT,
-                    key=idempotency_key,
-                    tenant_id=job.tenant_id,
-                    job_id=job.job_id,
-                    job_uuid=job.id,
-                    timestamp=job.created_on,
-                )
-            )
         try:
-            self.store.append(job, *keys)
+            if idempotency_key is None:
+                self.store.append(job)
+            else:
+                self._append_with_submit_key(job, idempotency_key)
             return job
-        except DuplicateKeyError:
-            assert idempotency_key is not None
-            existing = self._job_for_submit_key(job.tenant_id, job.job_id, idempotency_key)
         except VersionConflict:
             existing = self.store.load(job.id)
         assert existing is not None
@@ -277,6 +266,31 @@ class Engine:
         assert isinstance(submitted, Job.Submitted)
         _check_same_request(submitted, job)
         return existing
+
+    def _append_with_submit_key(self, job: Job, idempotency_key: str) -> None:
+        """A submit key lives in the partition its own id hashes to, so it is unique per
+        tenant whatever the job id. When that is the job's partition, key and job are one
+        append; otherwise the key is reserved first and a retry finishes the job."""
+        marker = self._key(job, KeyKind.SUBMIT, idempotency_key)
+        if self.store.colocated(marker.id, job.id):
+            try:
+                self.store.append(job, marker)
+            except DuplicateKeyError:
+                raise ConcurrencyError(
+                    f"another submit with idempotency key {idempotency_key!r} won the race; "
+                    "submit again to get its job"
+                ) from None
+            return
+        try:
+            self.store.reserve_key(marker)
+        except DuplicateKeyError:
+            reserved = self.store.find_key(marker.id, marker.id)
+            if reserved is None or reserved.job_uuid != job.id:
+                raise ConcurrencyError(
+                    f"another submit with idempotency key {idempotency_key!r} is in flight; "
+                    "submit again to get its job"
+                ) from None
+        self.store.append(job)
 
     # ---- outside events: tokens, signals, approvals, budgets, cancellation ----------
 
@@ -555,7 +569,7 @@ class Engine:
 
     def verify(self, tenant_id: str, job_id: str) -> chain.BrokenLink | None:
         """Recompute the job's chain hashes; the first broken link, or None if intact."""
-        return chain.verify(self.store.events(job_uuid(tenant_id, job_id)))
+        return chain.verify(self.store.events(self._load(tenant_id, job_id).id))
 
     def _load(self, tenant_id: str, job_id: str) -> Job:
         job = self.store.load(job_uuid(tenant_id, job_id))
@@ -584,7 +598,7 @@ def _check_id(name: str, value: object) -> None:
             f"{name} must be a non-empty string of at most "
             f"{MAX_ID_LENGTH} characters, got {value!r}"
         )
-    if any(ord(c) < 32 for c in value):
+    if any(unicodedata.category(c) in ("Cc", "Cf", "Zl", "Zp") for c in value):
         raise InvalidPayloadError(f"{name} must not contain control characters: {value!r}")
 
 
@@ -634,11 +648,25 @@ def _check_decision(
 
 def _check_same_request(existing: Job.Submitted, requested: Job) -> None:
     """A repeated submit must ask for what the job was submitted with, not what it is now."""
-    wanted = (requested.workflow_type, requested.workflow_version, requested.state)
-    found = (existing.workflow_type, existing.workflow_version, existing.state)
+    wanted = (
+        requested.workflow_type,
+        requested.workflow_version,
+        requested.state,
+        requested.mission_id,
+        requested.employee_id,
+        requested.correlation_id,
+    )
+    found = (
+        existing.workflow_type,
+        existing.workflow_version,
+        existing.state,
+        existing.mission_id,
+        existing.employee_id,
+        existing.correlation_id,
+    )
     if wanted != found:
         raise JobConflictError(
             f"job {existing.job_id!r} of tenant {existing.tenant_id!r} already exists as "
-            f"{existing.workflow_type!r} v{existing.workflow_version} with other input; "
+            f"{existing.workflow_type!r} v{existing.workflow_version} with other input or ids; "
             f"this submit asks for {requested.workflow_type!r} v{requested.workflow_version}"
         )

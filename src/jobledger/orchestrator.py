@@ -106,7 +106,6 @@ class _Run:
 
 @dataclass(frozen=True)
 class _Executed:
-    result: StepResult
     started_at: datetime
     ended_at: datetime
     output: dict[str, Any]
@@ -349,19 +348,23 @@ class Orchestrator:
         except InvalidPayloadError as error:
             return self.step_failed(job, resolution, error)
 
-    def merge(self, resolution: Resolution, result: StepResult, started_at: datetime) -> _Executed:
+    def merge(self, resolution: Resolution, result: object, started_at: datetime) -> _Executed:
+        """Check what the executor returned before anything is built from it: a wrong
+        shape is a step failure, never a crashed tick that would re-run the side effect."""
+        if not isinstance(result, StepResult):
+            raise InvalidPayloadError(
+                f"the executor returned {type(result).__name__}, not a StepResult"
+            )
         limit = self.config.max_payload_bytes
+        own_output = json_object(result.output, what="step output", max_bytes=limit)
+        own_patch = json_object(result.state_patch, what="step state patch", max_bytes=limit)
         output = json_object(
-            {**resolution.output, **result.output}, what="step output", max_bytes=limit
+            {**resolution.output, **own_output}, what="step output", max_bytes=limit
         )
         patch = json_object(
-            {**resolution.state_patch, **result.state_patch},
-            what="step state patch",
-            max_bytes=limit,
+            {**resolution.state_patch, **own_patch}, what="step state patch", max_bytes=limit
         )
-        return _Executed(
-            result, started_at, self.clock.now(), output, patch, _cost(result.cost_usd)
-        )
+        return _Executed(started_at, self.clock.now(), output, patch, _cost(result.cost_usd))
 
     def step_failed(self, job: Job, resolution: Resolution, error: Exception) -> Outcome:
         """A retryable error within its policy schedules a retry; anything else fails."""

@@ -217,8 +217,16 @@ class JobStore(Protocol):
         adapter maps its driver's errors onto it): the caller retries.
         """
 
-    def find_key(self, job_uuid: UUID, key_id: UUID) -> ConsumedKey | None:
-        """The record of a consumed key, kept in the partition of the job it guards."""
+    def reserve_key(self, key: ConsumedKey) -> None:
+        """Append a key on its own, in the partition its id hashes to (for keys that must
+        be unique beyond one job). Raises DuplicateKeyError if it was used before."""
+
+    def colocated(self, first: UUID, second: UUID) -> bool:
+        """Whether two ids live in the same partition (one append can cover both)."""
+
+    def find_key(self, route: UUID, key_id: UUID) -> ConsumedKey | None:
+        """The record of a consumed key, looked up in the partition of ``route``: the job
+        it guards, or the key itself for a reserved key."""
 
     def events(self, job_uuid: UUID, *, to_version: int | None = None) -> list[Job.Event]:
         """The job's events in order (optionally only up to a version)."""

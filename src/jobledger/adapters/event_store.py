@@ -108,9 +108,21 @@ class EventSourcedJobStore:
             raise StoreUnavailableError(f"store error while appending: {error}") from error
         self.snapshot_if_due(partition, job, version_before)
 
-    def find_key(self, job_uuid: UUID, key_id: UUID) -> ConsumedKey | None:
+    def reserve_key(self, key: ConsumedKey) -> None:
+        partition = self.partition(key.id)
         try:
-            key: object = self.partition(job_uuid).repository.get(key_id)
+            partition.save(key)
+        except IntegrityError:
+            raise DuplicateKeyError(key.kind, key.key) from None
+        except PersistenceError as error:
+            raise StoreUnavailableError(f"store error while reserving a key: {error}") from error
+
+    def colocated(self, first: UUID, second: UUID) -> bool:
+        return self.partition(first) is self.partition(second)
+
+    def find_key(self, route: UUID, key_id: UUID) -> ConsumedKey | None:
+        try:
+            key: object = self.partition(route).repository.get(key_id)
         except AggregateNotFoundError:
             return None
         assert isinstance(key, ConsumedKey)

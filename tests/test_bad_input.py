@@ -1,0 +1,496 @@
+"""Bad input at every door: each is refused with a clear error, and nothing is written.
+
+"Nothing is written" is checked from the store itself: the job's own events, and the
+highest notification id of every partition (which moves on any append, of a job or a key).
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Callable
+from decimal import Decimal
+from typing import Any
+
+import pytest
+
+from conftest import CountingExecutor, EngineFactory, agent_steps, default_registry
+from jobledger import (
+    ConfigError,
+    Engine,
+    InvalidPayloadError,
+    JobConflictError,
+    JobStatus,
+    Outcome,
+    StepRequest,
+    StepResult,
+    StoreUnavailableError,
+    Tick,
+    UnknownJobError,
+    UnknownWorkflowError,
+    linear_workflow,
+)
+from jobledger.adapters.event_store import EventSourcedJobStore
+from jobledger.adapters.local_queue import LocalQueue
+from jobledger.adapters.ops import MemoryOps
+from jobledger.identity import job_uuid
+
+# ---- helpers -----------------------------------------------------------------------------
+
+
+def store_of(engine: Engine) -> EventSourcedJobStore:
+    assert isinstance(engine.store, EventSourcedJobStore)
+    return engine.store
+
+
+def writes(engine: Engine) -> list[int]:
+    """Per partition, the id of the newest stored event: any append moves one of them."""
+    return [
+        partition.recorder.max_notification_id() or 0 for partition in store_of(engine).partitions
+    ]
+
+
+def events_of(engine: Engine, tenant_id: str, job_id: str) -> list[tuple[int, str, str]]:
+    """The job's events straight from the store: (version, type, chain hash)."""
+    return [
+        (event.originator_version, type(event).__name__, event.chain_hash)
+        for event in store_of(engine).events(job_uuid(tenant_id, job_id))
+    ]
+
+
+def queued(engine: Engine) -> int:
+    assert isinstance(engine.queue, LocalQueue)
+    return len(engine.queue)
+
+
+def assert_absent(engine: Engine, tenant_id: str, job_id: str) -> None:
+    assert events_of(engine, tenant_id, job_id) == []
+    with pytest.raises(UnknownJobError):
+        engine.job(tenant_id, job_id)
+
+
+# ---- unknown jobs and other tenants' jobs -----------------------------------------------
+
+
+def test_a_tick_for_an_unknown_job_is_refused_and_writes_nothing(
+    make_engine: EngineFactory, executor: CountingExecutor
+) -> None:
+    engine = make_engine()
+    engine.submit("t", "real", "agent3")
+    before = writes(engine)
+
+    with pytest.raises(UnknownJobError, match=r"no job 'ghost' for tenant 't'") as raised:
+        engine.tick("t", "ghost")
+
+    assert (raised.value.tenant_id, raised.value.job_id) == ("t", "ghost")
+    assert writes(engine) == before
+    assert_absent(engine, "t", "ghost")
+    assert executor.calls == {}
+
+
+def test_handling_a_tick_for_an_unknown_job_reports_and_drops_it(
+    make_engine: EngineFactory, executor: CountingExecutor, ops: MemoryOps
+) -> None:
+    engine = make_engine()
+    before = writes(engine)
+
+    assert engine.handle(Tick("t", "ghost", "redelivery")) is None
+
+    rejected = [e for e in ops.events if e.eventType == "job.tick.rejected"]
+    assert len(rejected) == 1
+    assert (rejected[0].jobId, rejected[0].tenantId) == ("ghost", "t")
+    assert "no job 'ghost'" in rejected[0].metadata["error"]
+    assert rejected[0].metadata["reason"] == "redelivery"
+    assert writes(engine) == before
+    assert_absent(engine, "t", "ghost")
+    assert queued(engine) == 0  # dropped, not retried
+    assert executor.calls == {}
+
+
+def test_another_tenants_job_is_invisible_and_untouched(
+    make_engine: EngineFactory, executor: CountingExecutor, ops: MemoryOps
+) -> None:
+    engine = make_engine()
+    engine.submit("owner", "shared-id", "agent3", input={"secret": 1})
+    history = events_of(engine, "owner", "shared-id")
+    before = writes(engine)
+
+    with pytest.raises(UnknownJobError, match=r"no job 'shared-id' for tenant 'intruder'"):
+        engine.tick("intruder", "shared-id")
+    with pytest.raises(UnknownJobError, match="intruder"):
+        engine.job("intruder", "shared-id")
+    with pytest.raises(UnknownJobError, match="intruder"):
+        engine.history("intruder", "shared-id")
+    assert engine.handle(Tick("intruder", "shared-id")) is None
+    assert ops.types("shared-id") == ["job.submitted", "job.tick.rejected"]
+
+    assert writes(engine) == before
+    assert events_of(engine, "owner", "shared-id") == history
+    assert engine.job("owner", "shared-id").status is JobStatus.QUEUED
+    assert executor.calls == {}
+
+
+def test_verifying_an_unknown_or_other_tenants_job_is_refused_not_reported_intact(
+    make_engine: EngineFactory,
+) -> None:
+    engine = make_engine()
+    engine.submit("owner", "shared-id", "agent3")
+
+    assert engine.verify("owner", "shared-id") is None
+    # An audit of a job that does not exist must not come back "intact".
+    with pytest.raises(UnknownJobError, match="intruder"):
+        engine.verify("intruder", "shared-id")
+    with pytest.raises(UnknownJobError, match="ghost"):
+        engine.verify("owner", "ghost")
+
+
+# ---- repeated submits ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("change", "fragment"),
+    [
+        ({"workflow_type": "timer"}, "already exists as 'agent3' v1"),
+        ({"workflow_version": 2}, "this submit asks for 'agent3' v2"),
+        ({"input": {"goal": "other"}}, "with other input"),
+        ({"input": None}, "with other input"),
+    ],
+    ids=["type", "version", "input", "no-input"],
+)
+def test_a_conflicting_submit_of_an_existing_job_is_refused(
+    make_engine: EngineFactory, change: dict[str, Any], fragment: str
+) -> None:
+    registry = default_registry()
+    registry.register("agent3", 2, linear_workflow(agent_steps(3)))
+    engine = make_engine(registry=registry)
+    engine.submit("t", "j", "agent3", workflow_version=1, input={"goal": "x"})
+    engine.tick("t", "j")  # the job moves on; the conflict is judged against its submit
+    history = events_of(engine, "t", "j")
+    before = writes(engine)
+
+    request: dict[str, Any] = {"workflow_type": "agent3", "input": {"goal": "x"}}
+    request.update(change)
+    workflow_type = request.pop("workflow_type")
+    with pytest.raises(JobConflictError, match=fragment) as raised:
+        engine.submit("t", "j", workflow_type, **request)
+
+    assert "job 'j' of tenant 't'" in str(raised.value)
+    assert writes(engine) == before
+    assert events_of(engine, "t", "j") == history
+
+
+def test_the_identical_submit_again_returns_the_existing_job_and_writes_nothing(
+    make_engine: EngineFactory, ops: MemoryOps
+) -> None:
+    engine = make_engine()
+    first = engine.submit("t", "j", "agent3", input={"goal": "x"})
+    engine.tick("t", "j")
+    current = engine.job("t", "j")
+    history = events_of(engine, "t", "j")
+    before = writes(engine)
+    submitted = ops.types("j").count("job.submitted")
+
+    again = engine.submit("t", "j", "agent3", input={"goal": "x"})
+
+    assert again == current
+    assert (again.job_id, again.created_at) == (first.job_id, first.created_at)
+    assert again.status is JobStatus.COMPLETED
+    assert writes(engine) == before
+    assert events_of(engine, "t", "j") == history
+    assert ops.types("j").count("job.submitted") == submitted
+
+
+def _job_ids_in_different_partitions(partitions: int) -> tuple[str, str]:
+    first = "job-0"
+    for n in range(1, 1_000):
+        other = f"job-{n}"
+        if partitions == 1 or (
+            job_uuid("t", other).int % partitions != job_uuid("t", first).int % partitions
+        ):
+            return first, other
+    raise AssertionError("no job id in another partition")
+
+
+@pytest.mark.parametrize("partitions", [1, 8])
+def test_a_repeated_submit_key_returns_the_existing_job_even_under_another_job_id(
+    make_engine: EngineFactory, partitions: int
+) -> None:
+    engine = make_engine(config={"partitions": partitions})
+    first_id, other_id = _job_ids_in_different_partitions(partitions)
+    first = engine.submit("t", first_id, "agent3", input={"n": 1}, idempotency_key="order-42")
+    history = events_of(engine, "t", first_id)
+    before = writes(engine)
+
+    same_id = engine.submit("t", first_id, "agent3", input={"n": 1}, idempotency_key="order-42")
+    other = engine.submit("t", other_id, "agent3", input={"n": 2}, idempotency_key="order-42")
+
+    assert same_id == first
+    assert other.job_id == first_id
+    assert other == first
+    assert writes(engine) == before
+    assert events_of(engine, "t", first_id) == history
+    assert_absent(engine, "t", other_id)
+
+
+# ---- payloads -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "value",
+    [set(), object(), float("nan"), float("inf"), b"bytes", Decimal("1.5")],
+    ids=["set", "object", "nan", "inf", "bytes", "decimal"],
+)
+@pytest.mark.parametrize("field", ["input", "budget"])
+def test_a_payload_that_is_not_json_is_refused_and_no_job_is_created(
+    make_engine: EngineFactory, value: object, field: str
+) -> None:
+    engine = make_engine()
+    before = writes(engine)
+    what = "job input" if field == "input" else "job budget"
+
+    payload = {"nested": {"value": value}}
+    with pytest.raises(InvalidPayloadError, match=f"{what} is not serialisable as JSON"):
+        if field == "input":
+            engine.submit("t", "j", "agent3", input=payload)
+        else:
+            engine.submit("t", "j", "agent3", budget=payload)
+
+    assert writes(engine) == before
+    assert_absent(engine, "t", "j")
+    assert queued(engine) == 0
+
+
+@pytest.mark.parametrize("value", [["a", "list"], "text", 42], ids=["list", "str", "int"])
+def test_a_payload_that_is_not_a_json_object_is_refused(
+    make_engine: EngineFactory, value: object
+) -> None:
+    engine = make_engine()
+    before = writes(engine)
+
+    with pytest.raises(InvalidPayloadError, match="job input must be a JSON object"):
+        engine.submit("t", "j", "agent3", input=value)  # type: ignore[arg-type]
+
+    assert writes(engine) == before
+    assert_absent(engine, "t", "j")
+
+
+def test_an_oversized_payload_is_refused(make_engine: EngineFactory) -> None:
+    engine = make_engine(config={"max_payload_bytes": 64})
+    before = writes(engine)
+
+    with pytest.raises(InvalidPayloadError, match=r"job input is \d+ bytes, over the limit of 64"):
+        engine.submit("t", "j", "agent3", input={"text": "x" * 100})
+
+    assert writes(engine) == before
+    assert_absent(engine, "t", "j")
+    # Just under the limit is fine.
+    engine.submit("t", "j", "agent3", input={"text": "x" * 40})
+    assert engine.job("t", "j").state == {"text": "x" * 40}
+
+
+BAD_IDS: list[tuple[object, str]] = [
+    ("", "must be a non-empty string"),
+    ("a\x00b", "must not contain control characters"),
+    ("line\nbreak", "must not contain control characters"),
+    ("tab\there", "must not contain control characters"),
+    ("x" * 201, "must be a non-empty string of at most 200 characters"),
+    (42, "must be a non-empty string"),
+    (b"bytes", "must be a non-empty string"),
+]
+
+
+@pytest.mark.parametrize(
+    ("bad", "fragment"),
+    BAD_IDS,
+    ids=["empty", "nul", "newline", "tab", "too-long", "int", "bytes"],
+)
+@pytest.mark.parametrize("field", ["tenant_id", "job_id", "idempotency_key"])
+def test_a_bad_id_is_refused(
+    make_engine: EngineFactory, field: str, bad: object, fragment: str
+) -> None:
+    engine = make_engine()
+    before = writes(engine)
+    ids: dict[str, Any] = {"tenant_id": "t", "job_id": "j", "idempotency_key": "k"}
+    ids[field] = bad
+
+    with pytest.raises(InvalidPayloadError, match=f"{field} {fragment}"):
+        engine.submit(
+            ids["tenant_id"], ids["job_id"], "agent3", idempotency_key=ids["idempotency_key"]
+        )
+
+    assert writes(engine) == before
+    assert_absent(engine, "t", "j")
+
+
+def test_a_none_tenant_is_refused(make_engine: EngineFactory) -> None:
+    engine = make_engine()
+    before = writes(engine)
+
+    with pytest.raises(InvalidPayloadError, match="tenant_id must be a non-empty string"):
+        engine.submit(None, "j", "agent3")  # type: ignore[arg-type]
+
+    assert writes(engine) == before
+
+
+def test_an_id_of_exactly_the_maximum_length_is_accepted(make_engine: EngineFactory) -> None:
+    engine = make_engine()
+    longest = "x" * 200
+
+    engine.submit(longest, longest, "agent3", idempotency_key=longest)
+
+    assert engine.job(longest, longest).job_id == longest
+
+
+# ---- workflows ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("workflow_type", "version", "fragment"),
+    [
+        ("no-such-flow", None, "unknown workflow type 'no-such-flow'"),
+        ("no-such-flow", 1, "unknown workflow 'no-such-flow' v1"),
+        ("agent3", 99, "unknown workflow 'agent3' v99"),
+    ],
+    ids=["type", "type-and-version", "version"],
+)
+def test_an_unknown_workflow_is_refused(
+    make_engine: EngineFactory, workflow_type: str, version: int | None, fragment: str
+) -> None:
+    engine = make_engine()
+    before = writes(engine)
+
+    with pytest.raises(UnknownWorkflowError, match=fragment):
+        engine.submit("t", "j", workflow_type, workflow_version=version)
+
+    assert writes(engine) == before
+    assert_absent(engine, "t", "j")
+
+
+# ---- store URLs ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("url", "fragment"),
+    [
+        ("mysql://x", r"unsupported store URL 'mysql://x': use sqlite:///"),
+        ("sqlite://", r"SQLite URL 'sqlite://' needs a file path"),
+        ("sqlite:///", r"needs a file path"),
+        ("sqlite:///no/such/dir/x.db", r"directory 'no/such/dir' does not exist"),
+        ("postgresql:///db", r"PostgreSQL URL 'postgresql:///db' needs a host and a database"),
+        ("postgresql://localhost", r"needs a host and a database name"),
+        ("not a url", r"unsupported store URL"),
+    ],
+)
+def test_a_bad_store_url_is_a_config_error(url: str, fragment: str) -> None:
+    with pytest.raises(ConfigError, match=fragment):
+        Engine.open(url, registry=default_registry())
+
+
+def test_a_sqlite_url_in_a_missing_directory_creates_nothing() -> None:
+    with tempfile.TemporaryDirectory() as root:
+        missing = os.path.join(root, "missing")
+        with pytest.raises(ConfigError, match="does not exist"):
+            Engine.open(f"sqlite:///{missing}/jobs.db", registry=default_registry())
+        assert not os.path.exists(missing)
+
+
+def test_an_unreachable_postgres_is_store_unavailable() -> None:
+    url = "postgresql://u:p@127.0.0.1:1/db?connect_timeout=1"
+
+    with pytest.raises(StoreUnavailableError, match="cannot open the postgresql store"):
+        Engine.open(url, registry=default_registry())
+
+
+# ---- executors returning bad results ------------------------------------------------------
+
+
+def _returning(result: StepResult) -> Callable[[StepRequest], StepResult]:
+    return lambda _: result
+
+
+@pytest.mark.parametrize(
+    ("result", "fragment"),
+    [
+        (StepResult(output={"handle": object()}), "step output is not serialisable as JSON"),
+        (StepResult(output={"ratio": float("nan")}), "step output is not serialisable as JSON"),
+        (StepResult(state_patch={"tags": {1, 2}}), "step state patch is not serialisable"),
+        (StepResult(cost_usd=-1), "step cost -1 must be a finite amount >= 0"),
+        (StepResult(cost_usd="-0.01"), "step cost '-0.01' must be a finite amount >= 0"),
+        (StepResult(cost_usd=float("nan")), "step cost nan must be a finite amount >= 0"),
+        (StepResult(cost_usd=float("inf")), "step cost inf must be a finite amount >= 0"),
+        (StepResult(cost_usd="a lot"), "step cost 'a lot' is not a number"),
+    ],
+    ids=["object", "nan-output", "set-patch", "neg", "neg-str", "nan-cost", "inf-cost", "text"],
+)
+def test_an_executor_returning_a_bad_result_fails_the_job_not_the_tick(
+    make_engine: EngineFactory, ops: MemoryOps, result: StepResult, fragment: str
+) -> None:
+    class BadExecutor:
+        calls = 0
+
+        def execute(self, request: StepRequest) -> StepResult:
+            BadExecutor.calls += 1
+            return result
+
+    engine = make_engine(executor=BadExecutor())
+    engine.submit("t", "j", "agent3", input={"goal": "x"})
+
+    report = engine.tick("t", "j")
+
+    assert report.outcome is Outcome.FAILED
+    assert report.status is JobStatus.FAILED
+    assert BadExecutor.calls == 1  # never retried: a bad result is not transient
+    job = engine.job("t", "j")
+    assert job.status is JobStatus.FAILED
+    assert job.last_error is not None
+    assert job.last_error.startswith("step 1 failed: ")
+    assert fragment in job.last_error
+    assert job.current_step == 0
+    assert job.total_cost_usd == 0
+    assert job.state == {"goal": "x"}
+    history = engine.history("t", "j")
+    assert [h.event_type for h in history] == ["Submitted", "Claimed", "Failed"]
+    failed = history[-1].data
+    assert failed["step_number"] == 1
+    assert failed["cause"] == "step"
+    assert fragment in failed["error"]
+    assert engine.verify("t", "j") is None
+    reported = [e for e in ops.events if e.eventType == "job.failed"]
+    assert len(reported) == 1
+    assert fragment in reported[0].metadata["error"]
+    # The failed job stays failed: a re-delivered tick changes nothing.
+    assert engine.tick("t", "j", "redelivery").outcome is Outcome.IDLE
+    assert len(engine.history("t", "j")) == 3
+
+
+@pytest.mark.parametrize(
+    ("result", "fragment"),
+    [
+        (None, "StepResult"),
+        ({"output": {"text": "hi"}}, "StepResult"),
+        (StepResult(output=["not", "an", "object"]), "step output must be a JSON object"),  # type: ignore[arg-type]
+        (StepResult(state_patch="text"), "step state patch must be a JSON object"),  # type: ignore[arg-type]
+    ],
+    ids=["none", "dict", "list-output", "str-patch"],
+)
+def test_an_executor_returning_the_wrong_shape_fails_the_job_not_the_tick(
+    make_engine: EngineFactory, result: object, fragment: str
+) -> None:
+    class WrongShapeExecutor:
+        def execute(self, request: StepRequest) -> StepResult:
+            return result  # type: ignore[return-value]
+
+    engine = make_engine(executor=WrongShapeExecutor())
+    engine.submit("t", "j", "agent3")
+
+    report = engine.tick("t", "j")
+
+    # Otherwise the job stays claimed, and every worker that takes it over after the
+    # lease re-runs the side effect and crashes again, for ever.
+    assert report.outcome is Outcome.FAILED
+    job = engine.job("t", "j")
+    assert job.status is JobStatus.FAILED
+    assert job.last_error is not None
+    assert job.last_error.startswith("step 1 failed: ")
+    assert fragment in job.last_error
+    assert [h.event_type for h in engine.history("t", "j")] == ["Submitted", "Claimed", "Failed"]
