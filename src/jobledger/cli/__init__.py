@@ -1,0 +1,49 @@
+"""The ``jobledger`` command line: typer commands over :class:`jobledger.Engine`.
+
+Exit codes scripts can trust: 0 ok; 1 a refused operation or a validation problem;
+2 a usage error; 3 the store is unreachable, its URL is bad, or the configuration is
+unusable. Errors print ``error: <message>`` on stderr, without a traceback.
+"""
+
+from __future__ import annotations
+
+from eventsourcing.persistence import PersistenceError
+from typer import Typer
+
+from jobledger.cli import commands_decisions, commands_definitions, commands_demo, commands_jobs
+from jobledger.cli.session import Exit, report_error
+from jobledger.errors import JobLedgerError
+
+__all__ = ["Exit", "app", "main"]
+
+JOBS, EVENTS, OTHER = "Jobs", "Decisions and outside events", "Definitions and demo"
+
+app = Typer(
+    name="jobledger",
+    help="A durable, event-sourced job engine. Every command takes --store URL and "
+    "--config FILE; exit codes: 0 ok, 1 refused or invalid, 2 usage, 3 store or config.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    rich_markup_mode="markdown",
+)
+app.command(rich_help_panel=JOBS)(commands_jobs.submit)
+app.command(rich_help_panel=JOBS)(commands_jobs.show)
+app.command(rich_help_panel=JOBS)(commands_jobs.history)
+app.command(rich_help_panel=JOBS)(commands_jobs.tick)
+app.command(rich_help_panel=EVENTS)(commands_decisions.approve)
+app.command(rich_help_panel=EVENTS)(commands_decisions.reject)
+app.command(rich_help_panel=EVENTS)(commands_decisions.resume)
+app.command(rich_help_panel=EVENTS)(commands_decisions.signal)
+app.command(rich_help_panel=EVENTS)(commands_decisions.cancel)
+app.add_typer(commands_definitions.app, name="definitions", rich_help_panel=OTHER)
+app.command(rich_help_panel=OTHER)(commands_demo.demo)
+# Operations commands (list, run, worker, reconcile, projections) are registered here.
+
+
+def main() -> None:
+    """The console script: run the app, mapping jobledger's errors to exit codes."""
+    try:
+        app(prog_name="jobledger")
+    except (JobLedgerError, PersistenceError) as error:
+        raise SystemExit(report_error(error)) from None

@@ -1,0 +1,148 @@
+"""What people and outside systems send a job: approve, reject, resume, signal, cancel."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from jobledger.cli import output
+from jobledger.cli.params import JobId, PayloadOption, Tenant, read_value
+from jobledger.cli.session import ConfigOption, JsonFlag, StoreOption, open_engine
+from jobledger.engine import Engine
+from jobledger.errors import StaleApprovalError
+from jobledger.views import JobView
+
+ApprovalOption = Annotated[
+    str | None,
+    typer.Option(
+        "--approval", metavar="ID", help="The approval request (default: the job's open one)."
+    ),
+]
+ByOption = Annotated[str, typer.Option("--by", metavar="USER", help="Who decides.")]
+CommentOption = Annotated[str | None, typer.Option("--comment", metavar="TEXT")]
+
+
+def approve(
+    tenant: Tenant,
+    job: JobId,
+    by: ByOption,
+    approval: ApprovalOption = None,
+    comment: CommentOption = None,
+    store: StoreOption = None,
+    config: ConfigOption = None,
+    json: JsonFlag = False,
+) -> None:
+    """Approve the job's open approval request."""
+    _decide("approve", tenant, job, approval, by, comment, store, config, json)
+
+
+def reject(
+    tenant: Tenant,
+    job: JobId,
+    by: ByOption,
+    approval: ApprovalOption = None,
+    comment: CommentOption = None,
+    store: StoreOption = None,
+    config: ConfigOption = None,
+    json: JsonFlag = False,
+) -> None:
+    """Reject the job's open approval request."""
+    _decide("reject", tenant, job, approval, by, comment, store, config, json)
+
+
+def _decide(
+    decision: str,
+    tenant: str,
+    job: str,
+    approval: str | None,
+    by: str,
+    comment: str | None,
+    store: str | None,
+    config: Path | None,
+    as_json: bool,
+) -> None:
+    with open_engine(store, config, purpose=decision) as engine:
+        approval_id = approval if approval is not None else _open_approval(engine, tenant, job)
+        view = engine.decide(tenant, job, approval_id, decision, by, comment)
+        verb = "approved" if decision == "approve" else "rejected"
+        _done(f"{verb} {approval_id} as {by}", engine, view, as_json)
+
+
+def _open_approval(engine: Engine, tenant: str, job: str) -> str:
+    view = engine.job(tenant, job)
+    if view.pending_approval_id is None:
+        raise StaleApprovalError(f"job {job!r} is {view.status}, not awaiting approval")
+    return view.pending_approval_id
+
+
+def resume(
+    token: Annotated[
+        str, typer.Option("--token", metavar="TOKEN", help="The resume token, or @file.")
+    ],
+    payload: PayloadOption = None,
+    tenant: Annotated[
+        str | None,
+        typer.Option("--tenant", metavar="TENANT", help="Refuse a token of another tenant."),
+    ] = None,
+    store: StoreOption = None,
+    config: ConfigOption = None,
+    json: JsonFlag = False,
+) -> None:
+    """Resume the job a signed resume token was issued for (once)."""
+    with open_engine(store, config, purpose="resume") as engine:
+        view = engine.resume(read_value(token).strip(), payload, tenant_id=tenant)
+        _done(f"resumed {view.tenant_id}/{view.job_id}", engine, view, json)
+
+
+def signal(
+    tenant: Tenant,
+    job: JobId,
+    event: Annotated[str, typer.Argument(metavar="EVENT", help="The event's name.")],
+    signal_id: Annotated[
+        str, typer.Option("--id", metavar="SIGNAL_ID", help="Makes delivery idempotent.")
+    ],
+    payload: PayloadOption = None,
+    store: StoreOption = None,
+    config: ConfigOption = None,
+    json: JsonFlag = False,
+) -> None:
+    """Deliver an outside event by name (trusted callers).
+
+    A job waiting for EVENT resumes; otherwise the signal is kept until the wait opens.
+    The same --id twice is delivered once.
+    """
+    with open_engine(store, config, purpose="signal") as engine:
+        outcome = engine.signal(tenant, job, event, payload, signal_id=signal_id)
+        _done(f"signal {signal_id}: {outcome}", engine, engine.job(tenant, job), json, outcome)
+
+
+def cancel(
+    tenant: Tenant,
+    job: JobId,
+    reason: Annotated[str, typer.Option("--reason", metavar="TEXT")],
+    by: Annotated[str, typer.Option("--by", metavar="USER", help="Who cancels.")],
+    store: StoreOption = None,
+    config: ConfigOption = None,
+    json: JsonFlag = False,
+) -> None:
+    """Cancel a job (terminal; open tokens and approvals become void)."""
+    with open_engine(store, config, purpose="cancel") as engine:
+        view = engine.cancel(tenant, job, reason=reason, by=by)
+        _done(f"cancelled by {by}", engine, view, json)
+
+
+def _done(
+    what: str, engine: Engine, view: JobView, as_json: bool, outcome: str | None = None
+) -> None:
+    """One line for people; for machines ``{"job": ..., "outcome": ...}`` where the job
+    is what ``show --json`` prints."""
+    if as_json:
+        document = output.job_document(view, engine.history(view.tenant_id, view.job_id))
+        output.print_json({"job": document, **({"outcome": outcome} if outcome else {})})
+        return
+    out = output.console()
+    out.print(f"{what}: {view.tenant_id}/{view.job_id} is now {view.status}")
+    if view.status == "queued":
+        out.print("the job runs on when a worker (or `jobledger tick`) picks it up")

@@ -1,0 +1,143 @@
+"""Submitting, reading and ticking jobs: submit, show, history, tick."""
+
+from __future__ import annotations
+
+import sys
+from typing import Annotated, Any
+
+import typer
+
+from jobledger.cli import output
+from jobledger.cli.params import BudgetOption, InputOption, JobId, Tenant
+from jobledger.cli.session import ConfigOption, Exit, JsonFlag, Outside, StoreOption, open_engine
+from jobledger.views import HistoryEntry, JobView
+
+
+def submit(
+    tenant: Tenant,
+    job: JobId,
+    workflow: Annotated[str, typer.Argument(metavar="WORKFLOW", help="Workflow type.")],
+    version: Annotated[
+        int | None,
+        typer.Option("--version", min=1, help="Definition version (default: the newest)."),
+    ] = None,
+    input: InputOption = None,
+    budget: BudgetOption = None,
+    idempotency_key: Annotated[
+        str | None,
+        typer.Option("--idempotency-key", metavar="K", help="Same key, same job: no duplicate."),
+    ] = None,
+    store: StoreOption = None,
+    config: ConfigOption = None,
+    json: JsonFlag = False,
+) -> None:
+    """Submit a job; a worker (or `jobledger tick`) runs it.
+
+    Submitting the same job again, or with a used idempotency key, returns the existing
+    job unchanged (a different request for the same job is refused).
+    """
+    with open_engine(store, config, purpose="submit", definitions=True) as engine:
+        view = engine.submit(
+            tenant,
+            job,
+            workflow,
+            workflow_version=version,
+            input=input,
+            budget=budget,
+            idempotency_key=idempotency_key,
+        )
+        _print_job(engine.history(tenant, view.job_id), view, json)
+
+
+def show(
+    tenant: Tenant,
+    job: JobId,
+    store: StoreOption = None,
+    config: ConfigOption = None,
+    json: JsonFlag = False,
+) -> None:
+    """Show a job: status, step, next step, state, counters, lease, waits, approval."""
+    with open_engine(store, config, purpose="show") as engine:
+        view = engine.job(tenant, job)
+        _print_job(engine.history(tenant, job), view, json)
+
+
+def history(
+    tenant: Tenant,
+    job: JobId,
+    store: StoreOption = None,
+    config: ConfigOption = None,
+    json: JsonFlag = False,
+) -> None:
+    """Every event of a job in order, as an audit reads it, and whether its chain holds.
+
+    Each row says who or what caused the event: the worker, the decider, the resume
+    token's nonce, the signal id, the cost ceiling or a timeout. Exits 1 if the hash
+    chain is broken.
+    """
+    with open_engine(store, config, purpose="history") as engine:
+        entries = engine.history(tenant, job)
+        broken = engine.verify(tenant, job)
+    if json:
+        chain = {"intact": broken is None, "broken_at": broken}
+        output.print_json({"events": output.history_document(entries), "chain": chain})
+    else:
+        out = output.console()
+        out.print(output.history_table(entries, title=f"history of {tenant}/{job}"))
+        out.print("hash chain: intact" if broken is None else "hash chain: BROKEN")
+    if broken is not None:
+        sys.stderr.write(
+            f"error: the hash chain is broken at v{broken.version} "
+            f"({broken.event_type}): {broken.reason}\n"
+        )
+        raise typer.Exit(Exit.REFUSED)
+
+
+def tick(
+    tenant: Tenant,
+    job: JobId,
+    store: StoreOption = None,
+    config: ConfigOption = None,
+    json: JsonFlag = False,
+) -> None:
+    """Advance one job by one tick, as a worker would (for operators).
+
+    Prints the tick's outcome and any resume token or approval request it handed out.
+    Needs the definitions and an executor (--config or JOBLEDGER_DEFINITIONS and
+    JOBLEDGER_EXECUTOR).
+    """
+    outside = Outside()
+    with open_engine(
+        store, config, purpose="tick", definitions=True, executor=True, notifier=outside
+    ) as engine:
+        report = engine.tick(tenant, job, reason="operator")
+        view = engine.job(tenant, job)
+        entries = engine.history(tenant, job)
+    tokens = [
+        {"event": event, "token": t.token, "nonce": t.nonce, "expires_at": t.expires_at}
+        for event, t in outside.tokens
+    ]
+    document: dict[str, Any] = {
+        "outcome": report.outcome,
+        "steps_executed": report.steps_executed,
+        "resume_tokens": tokens,
+        "approval_requests": outside.approvals,
+        "job": output.job_document(view, entries),
+    }
+    if json:
+        output.print_json(document)
+        return
+    out = output.console()
+    out.print(f"tick: {report.outcome}, {report.steps_executed} step(s) executed")
+    for token in tokens:
+        out.print(f"resume token for event {token['event']!r}: {token['token']}", soft_wrap=True)
+    for request in outside.approvals:
+        out.print(f"approval requested: {request.approval_id}")
+    out.print(output.job_table(view, entries))
+
+
+def _print_job(entries: list[HistoryEntry], view: JobView, as_json: bool) -> None:
+    if as_json:
+        output.print_json(output.job_document(view, entries))
+    else:
+        output.console().print(output.job_table(view, entries))

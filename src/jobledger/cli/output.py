@@ -1,0 +1,390 @@
+"""What the CLI prints: rich tables for people, JSON for machines (stdout only)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import sys
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from decimal import Decimal
+from enum import Enum
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+from uuid import UUID
+
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from jobledger.views import HistoryEntry, JobView
+
+_PIPE_WIDTH = 160
+"""Rich wraps at 80 columns when stdout is not a terminal; logs and pipes want wider."""
+
+
+def console() -> Console:
+    """A console on stdout; colours only on a terminal. Markup is off: ids, states and
+    reasons are printed as they are (style with Text or ``style=`` instead)."""
+    width = None
+    if not sys.stdout.isatty():
+        width = int(os.environ.get("COLUMNS", "0") or 0) or _PIPE_WIDTH
+    return Console(highlight=False, markup=False, width=width)
+
+
+# ---- JSON ------------------------------------------------------------------------------
+
+
+def jsonable(value: Any) -> Any:
+    """Plain JSON data: Decimals and datetimes as strings, enums as their values."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return jsonable({f.name: getattr(value, f.name) for f in dataclasses.fields(value)})
+    if isinstance(value, Mapping):
+        return {str(key): jsonable(item) for key, item in value.items()}
+    if isinstance(value, list | tuple | set | frozenset):
+        return [jsonable(item) for item in value]
+    if isinstance(value, Enum):
+        return jsonable(value.value)
+    if isinstance(value, datetime):
+        return value.isoformat()
+    if isinstance(value, Decimal | UUID | Path):
+        return str(value)
+    return value
+
+
+def print_json(value: Any) -> None:
+    """One JSON document on stdout, and nothing else there."""
+    sys.stdout.write(json.dumps(jsonable(value), indent=2, allow_nan=False) + "\n")
+    sys.stdout.flush()
+
+
+def compact(value: Any) -> str:
+    return json.dumps(jsonable(value), separators=(", ", ": "))
+
+
+def when(moment: datetime | None) -> str:
+    """UTC, to the millisecond (whole seconds said without them)."""
+    if moment is None:
+        return "-"
+    text = moment.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]
+    return (text[:-4] if text.endswith(".000") else text) + " UTC"
+
+
+def redact(url: str) -> str:
+    """A store URL safe to print: its password replaced by ``***``."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    userinfo, _, host = parts.netloc.rpartition("@")
+    user = userinfo.partition(":")[0]
+    return urlunsplit(parts._replace(netloc=f"{user}:***@{host}"))
+
+
+def money(amount: Decimal | str | int | float) -> str:
+    return f"${Decimal(str(amount))}"
+
+
+# ---- a job -----------------------------------------------------------------------------
+
+
+def pending_approval(view: JobView, history: Iterable[HistoryEntry]) -> dict[str, Any] | None:
+    """The open approval request in full (the view has only its id)."""
+    if view.pending_approval_id is None:
+        return None
+    for entry in reversed(list(history)):
+        if (
+            entry.event_type == "ApprovalRequested"
+            and entry.data.get("approval_id") == view.pending_approval_id
+        ):
+            keep = ("approval_id", "step_number", "attempt", "approvers", "expires_at")
+            return {
+                **{key: entry.data.get(key) for key in keep},
+                "action_sha256": entry.data.get("action_sha256"),
+                "on_approve": entry.data.get("on_approve"),
+                "on_reject": entry.data.get("on_reject"),
+                "on_expire": entry.data.get("on_expire"),
+            }
+    return {"approval_id": view.pending_approval_id}
+
+
+def open_wait(view: JobView, history: Iterable[HistoryEntry]) -> dict[str, Any] | None:
+    """The event wait the job is in: its name, timeout and token expiry (never the token)."""
+    if view.wait_event_name is None:
+        return None
+    for entry in reversed(list(history)):
+        wait = entry.data.get("wait_event") if entry.event_type == "StepRecorded" else None
+        if isinstance(wait, Mapping) and wait.get("name") == view.wait_event_name:
+            return {
+                "event": wait.get("name"),
+                "step_number": entry.data.get("step_number"),
+                "timeout_at": view.resume_at,
+                "on_timeout": wait.get("on_timeout"),
+                "token_expires_at": wait.get("expires_at"),
+                "token_nonce": wait.get("nonce"),
+            }
+    return {"event": view.wait_event_name, "timeout_at": view.resume_at}
+
+
+def job_document(view: JobView, history: list[HistoryEntry]) -> dict[str, Any]:
+    document: dict[str, Any] = jsonable(view)
+    document["pending_approval"] = jsonable(pending_approval(view, history))
+    document["wait"] = jsonable(open_wait(view, history))
+    return document
+
+
+def job_table(view: JobView, history: list[HistoryEntry] | None = None) -> Table:
+    history = history or []
+    table = Table(title=f"job {view.tenant_id}/{view.job_id}", show_header=False, box=None)
+    table.add_column(style="bold")
+    table.add_column()
+    table.add_row("workflow", f"{view.workflow_type} v{view.workflow_version}")
+    table.add_row("status", Text(str(view.status), style=_STATUS_STYLE.get(view.status, "")))
+    upcoming = view.next_step or ("the start step" if view.current_step == 0 else "-")
+    table.add_row("step", f"{view.current_step} recorded; next: {upcoming}")
+    table.add_row("state", compact(view.state))
+    table.add_row(
+        "counters",
+        f"steps {view.total_steps_executed}, cost {money(view.total_cost_usd)}, "
+        f"attempt {view.attempt}, version {view.version}, "
+        f"buffered signals {view.buffered_signals}",
+    )
+    table.add_row("budget", compact(view.budget) if view.budget else "-")
+    lease = "-"
+    if view.lease_until is not None:
+        lease = f"{view.worker_id} until {when(view.lease_until)}"
+    table.add_row("lease", lease)
+    table.add_row("waits", _waits(view, history))
+    approval = pending_approval(view, history)
+    table.add_row("pending approval", _approval(approval) if approval else "-")
+    if view.last_error:
+        table.add_row("last error", view.last_error)
+    table.add_row("created", when(view.created_at))
+    table.add_row("updated", when(view.updated_at))
+    if view.completed_at is not None:
+        table.add_row("finished", when(view.completed_at))
+    return table
+
+
+def _waits(view: JobView, history: list[HistoryEntry]) -> str:
+    wait = open_wait(view, history)
+    if wait is not None:
+        timeout = (
+            f"times out {when(wait['timeout_at'])}" if wait.get("timeout_at") else "no timeout"
+        )
+        return f"event {wait['event']!r} ({timeout})"
+    if view.resume_at is not None:
+        return f"timer until {when(view.resume_at)}"
+    return "-"
+
+
+def _approval(approval: Mapping[str, Any]) -> str:
+    text = str(approval["approval_id"])
+    if approval.get("approvers"):
+        text += f" by {', '.join(approval['approvers'])}"
+    if approval.get("expires_at"):
+        text += f", expires {when(approval['expires_at'])}"
+    return text
+
+
+_STATUS_STYLE = {
+    "completed": "green",
+    "failed": "red",
+    "cancelled": "red",
+    "budget_exceeded": "yellow",
+    "awaiting_approval": "cyan",
+    "waiting_event": "cyan",
+    "waiting_time": "cyan",
+}
+
+
+# ---- a history, as an audit reads it ---------------------------------------------------
+
+
+@dataclass(frozen=True)
+class AuditLine:
+    """Who or what caused an event, the step it concerns, and what changed."""
+
+    by: str
+    step: str
+    transition: str
+
+
+def audit_line(entry: HistoryEntry) -> AuditLine:
+    describe = _DESCRIBERS.get(entry.event_type)
+    if describe is None:
+        return AuditLine("-", "", compact(entry.data))
+    return describe(entry.data)
+
+
+def history_document(entries: list[HistoryEntry]) -> list[dict[str, Any]]:
+    rows = []
+    for entry in entries:
+        line = audit_line(entry)
+        rows.append(
+            {
+                "version": entry.version,
+                "time": entry.timestamp,
+                "event_type": entry.event_type,
+                "by": line.by,
+                "step": line.step,
+                "transition": line.transition,
+                "data": entry.data,
+                "chain_hash": entry.chain_hash,
+            }
+        )
+    return jsonable(rows)  # type: ignore[no-any-return]
+
+
+def history_table(
+    entries: Iterable[HistoryEntry], title: str | None = None, *, seconds: bool = False
+) -> Table:
+    table = Table(title=title)
+    table.add_column("v", justify="right")
+    table.add_column("time (UTC)", no_wrap=True)
+    table.add_column("event", no_wrap=True)
+    table.add_column("by", overflow="fold")
+    table.add_column("step", overflow="fold")
+    table.add_column("transition", overflow="fold")
+    for entry in entries:
+        line = audit_line(entry)
+        time = entry.timestamp.strftime("%Y-%m-%d %H:%M:%S.%f")[: -7 if seconds else -3]
+        table.add_row(
+            str(entry.version), time, entry.event_type, line.by, line.step, line.transition
+        )
+    return table
+
+
+def _step(data: Mapping[str, Any]) -> str:
+    number = data.get("step_number")
+    name = data.get("step_name")
+    kind = data.get("step_type")
+    text = f"#{number}" if number is not None else ""
+    if name:
+        text += f" {name}"
+    if kind and kind != name:
+        text += f" ({kind})"
+    return text.strip()
+
+
+def _arrow(status: object, step: object = None) -> str:
+    return f"-> {status}" + (f" at {step!r}" if step else "")
+
+
+def _submitted(d: Mapping[str, Any]) -> AuditLine:
+    by = f"submit (key {d['submit_key']})" if d.get("submit_key") else "submit"
+    return AuditLine(by, "", f"{d['workflow_type']} v{d['workflow_version']} {_arrow('queued')}")
+
+
+def _claimed(d: Mapping[str, Any]) -> AuditLine:
+    text = f"{d['previous_status']} -> running, lease until {when(d['lease_until'])}"
+    if d.get("previous_worker_id"):
+        text += f"; took over from {d['previous_worker_id']} (lease expired)"
+    return AuditLine(f"worker {d['worker_id']}", "", f"{text} (tick: {d['reason']})")
+
+
+def _step_recorded(d: Mapping[str, Any]) -> AuditLine:
+    by = f"worker {d['worker_id']}" if d.get("worker_id") else "engine"
+    text = _arrow(d["next_status"], d.get("next_step"))
+    if d.get("resume_at") is not None:
+        text += f" until {when(d['resume_at'])}"
+    wait = d.get("wait_event")
+    if isinstance(wait, Mapping):
+        text += f", event {wait.get('name')!r} (token nonce {wait.get('nonce')})"
+    if d.get("cost_usd"):
+        text += f", cost {money(d['cost_usd'])}"
+    text += f", key {d['idempotency_key']}"
+    return AuditLine(by, _step(d), text)
+
+
+def _ceiling(d: Mapping[str, Any]) -> AuditLine:
+    text = (
+        f"-> waiting_time until {when(d['resume_at'])}: tenant spent "
+        f"{money(d['spend_usd'])} of its {money(d['ceiling_usd'])} daily ceiling"
+    )
+    return AuditLine("cost ceiling", f"#{d['step_number']} (not run)", text)
+
+
+def _retry(d: Mapping[str, Any]) -> AuditLine:
+    text = f"-> waiting_time until {when(d['resume_at'])}, attempt {d['attempt']}: {d['error']}"
+    return AuditLine(f"retry policy ({d['error_kind']})", f"#{d['step_number']}", text)
+
+
+def _failed(d: Mapping[str, Any]) -> AuditLine:
+    return AuditLine(d["cause"], f"#{d['step_number']}", f"-> failed: {d['error']}")
+
+
+def _approval_requested(d: Mapping[str, Any]) -> AuditLine:
+    who = ", ".join(d["approvers"]) or "any trusted caller"
+    text = f"approval {d['approval_id']} (attempt {d['attempt']}) for {who}"
+    if d.get("expires_at") is not None:
+        text += f", expires {when(d['expires_at'])}"
+    return AuditLine("engine", f"#{d['step_number']}", text)
+
+
+def _approval_decided(d: Mapping[str, Any]) -> AuditLine:
+    text = f"{d['decision']} {d['approval_id']} {_arrow('queued', d.get('next_step'))}"
+    if d.get("comment"):
+        text += f": {d['comment']!r}"
+    return AuditLine(f"decided_by {d['decided_by']}", "", text)
+
+
+def _approval_expired(d: Mapping[str, Any]) -> AuditLine:
+    text = f"{d['approval_id']} expired {_arrow('queued', d.get('next_step'))}"
+    return AuditLine("expiry", "", text)
+
+
+def _signal_buffered(d: Mapping[str, Any]) -> AuditLine:
+    text = f"event {d['event_name']!r} kept until its wait opens"
+    return AuditLine(f"signal {d['signal_id']}", "", text)
+
+
+def _resumed(d: Mapping[str, Any]) -> AuditLine:
+    by = f"token nonce {d['nonce']}" if d.get("nonce") else f"{d['source']} {d['signal_id']}"
+    return AuditLine(by, "", f"event {d['event_name']!r} arrived {_arrow('queued')}")
+
+
+def _timed_out(d: Mapping[str, Any]) -> AuditLine:
+    text = f"event {d['event_name']!r} did not arrive {_arrow('queued', d.get('next_step'))}"
+    return AuditLine("timeout", "", text)
+
+
+def _budget_exceeded(d: Mapping[str, Any]) -> AuditLine:
+    text = f"-> budget_exceeded: {d['limit']} {d['used']} of {d['allowed']}"
+    return AuditLine("budget", "", text)
+
+
+def _budget_raised(d: Mapping[str, Any]) -> AuditLine:
+    return AuditLine(f"raised_by {d['raised_by']}", "", f"{compact(d['budget'])}: {d['reason']}")
+
+
+def _cancelled(d: Mapping[str, Any]) -> AuditLine:
+    return AuditLine(f"cancelled_by {d['cancelled_by']}", "", f"-> cancelled: {d['reason']}")
+
+
+def _discarded(d: Mapping[str, Any]) -> AuditLine:
+    by = f"worker {d['worker_id']}" if d.get("worker_id") else "engine"
+    text = f"late result discarded ({d['reason']}), key {d['idempotency_key']}"
+    return AuditLine(by, f"#{d['step_number']}", text)
+
+
+_DESCRIBERS = {
+    "Submitted": _submitted,
+    "Claimed": _claimed,
+    "StepRecorded": _step_recorded,
+    "CostCeilingDeferred": _ceiling,
+    "RetryScheduled": _retry,
+    "Failed": _failed,
+    "ApprovalRequested": _approval_requested,
+    "ApprovalDecided": _approval_decided,
+    "ApprovalExpired": _approval_expired,
+    "SignalBuffered": _signal_buffered,
+    "Resumed": _resumed,
+    "WaitTimedOut": _timed_out,
+    "BudgetExceeded": _budget_exceeded,
+    "BudgetRaised": _budget_raised,
+    "Cancelled": _cancelled,
+    "LateResultDiscarded": _discarded,
+}

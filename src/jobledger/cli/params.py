@@ -1,0 +1,59 @@
+"""Argument types shared by the commands: JSON objects given inline or as ``@file``."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+
+class JsonObject(dict[str, Any]):
+    """A JSON object read from an option (``'{"a": 1}'``, ``@file.json`` or ``@-``)."""
+
+
+def read_value(value: str) -> str:
+    """``@path`` reads a file, ``@-`` reads stdin; anything else is the value itself."""
+    if not value.startswith("@"):
+        return value
+    source = value[1:]
+    if source == "-":
+        return sys.stdin.read()
+    try:
+        return Path(source).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as error:
+        raise typer.BadParameter(f"cannot read {source!r}: {error}") from None
+
+
+def parse_json_object(value: str) -> JsonObject:
+    text = read_value(value)
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as error:
+        where = f"line {error.lineno} column {error.colno}"
+        raise typer.BadParameter(f"not valid JSON: {error.msg} at {where}") from None
+    if not isinstance(data, dict):
+        raise typer.BadParameter(f"must be a JSON object, got {type(data).__name__}")
+    return JsonObject(data)
+
+
+def _json_option(name: str, help: str) -> Any:
+    return typer.Option(name, parser=parse_json_object, metavar="JSON|@FILE", help=help)
+
+
+InputOption = Annotated[
+    JsonObject | None, _json_option("--input", "The job's input: a JSON object, or @file.")
+]
+BudgetOption = Annotated[
+    JsonObject | None,
+    _json_option(
+        "--budget", "Budget overrides: max_steps, max_cost_usd, deadline_seconds, deadline_at."
+    ),
+]
+PayloadOption = Annotated[
+    JsonObject | None, _json_option("--payload", "Merged into the job's state: JSON or @file.")
+]
+Tenant = Annotated[str, typer.Argument(metavar="TENANT", help="Tenant id.", show_default=False)]
+JobId = Annotated[str, typer.Argument(metavar="JOB", help="Job id.", show_default=False)]

@@ -1,0 +1,136 @@
+"""Shared plumbing: the options every command takes, opening an engine from them, and the
+exit code each kind of error maps to."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from enum import IntEnum
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+from eventsourcing.persistence import PersistenceError
+
+from jobledger.cli.config_file import Settings, load_executor, load_settings
+from jobledger.engine import Engine
+from jobledger.errors import ConfigError, JobLedgerError, StoreUnavailableError
+from jobledger.ports import ApprovalRequest, IssuedToken, Notifier, StepExecutor
+from jobledger.registry import FunctionRegistry
+from jobledger.views import JobView
+
+if TYPE_CHECKING:
+    from jobledger.ports import WorkflowRegistry
+
+
+class Exit(IntEnum):
+    OK = 0
+    REFUSED = 1
+    """A refused operation or a validation problem (a JobLedgerError)."""
+    USAGE = 2
+    """Bad arguments or options (typer's own exit code)."""
+    UNAVAILABLE = 3
+    """The store is unreachable or its URL is bad, or the configuration is unusable."""
+
+
+def exit_code(error: JobLedgerError | PersistenceError) -> Exit:
+    if isinstance(error, ConfigError | StoreUnavailableError | PersistenceError):
+        return Exit.UNAVAILABLE
+    return Exit.REFUSED
+
+
+def report_error(error: JobLedgerError | PersistenceError) -> Exit:
+    """``error: <message>`` on stderr, no traceback; the exit code for it."""
+    code = exit_code(error)
+    message = str(error)
+    if isinstance(error, PersistenceError):
+        message = f"store error: {message}"
+    sys.stderr.write(f"error: {message}\n")
+    return code
+
+
+# ---- the options every command takes ---------------------------------------------------
+
+StoreOption = Annotated[
+    str | None,
+    typer.Option(
+        "--store",
+        metavar="URL",
+        help="Store URL (overrides JOBLEDGER_STORE_URL and the config file): "
+        "sqlite:///file.db or postgresql://user:pw@host:5432/db[?schema=s].",
+        show_default=False,
+    ),
+]
+ConfigOption = Annotated[
+    Path | None,
+    typer.Option(
+        "--config",
+        metavar="FILE",
+        help="TOML file: EngineConfig fields, plus definitions = DIR and executor = 'module:attr'.",
+        show_default=False,
+    ),
+]
+JsonFlag = Annotated[bool, typer.Option("--json", help="Print JSON on stdout instead of tables.")]
+
+
+@dataclass
+class Outside:
+    """The CLI's notifier: keeps what a tick hands to the outside world, for printing."""
+
+    tokens: list[tuple[str, IssuedToken]] = field(default_factory=list)
+    approvals: list[ApprovalRequest] = field(default_factory=list)
+
+    def waiting_for_event(self, job: JobView, event_name: str, token: IssuedToken) -> None:
+        self.tokens.append((event_name, token))
+
+    def approval_requested(self, job: JobView, request: ApprovalRequest) -> None:
+        self.approvals.append(request)
+
+
+@contextmanager
+def open_engine(
+    store: str | None,
+    config: Path | None,
+    *,
+    purpose: str,
+    definitions: bool = False,
+    executor: bool = False,
+    notifier: Notifier | None = None,
+) -> Iterator[Engine]:
+    """An engine on the configured store, closed afterwards. ``definitions`` and
+    ``executor`` say whether the command needs them (only then are they loaded)."""
+    settings = load_settings(config, store)
+    # Commands that run no step need no definitions (loading them costs start-up time).
+    registry = _registry(settings, purpose) if definitions else FunctionRegistry()
+    engine = Engine.open(
+        registry=registry,
+        executor=_executor(settings, purpose) if executor else None,
+        config=settings.engine,
+        notifier=notifier,
+    )
+    try:
+        yield engine
+    finally:
+        engine.close()
+
+
+def _registry(settings: Settings, purpose: str) -> WorkflowRegistry:
+    from jobledger.workflows import DefinitionRegistry
+
+    if settings.definitions is None:
+        raise ConfigError(
+            f"{purpose} needs workflow definitions: set definitions = DIR in the --config "
+            "file or JOBLEDGER_DEFINITIONS"
+        )
+    return DefinitionRegistry.from_directory(settings.definitions)
+
+
+def _executor(settings: Settings, purpose: str) -> StepExecutor:
+    if settings.executor is None:
+        raise ConfigError(
+            f"{purpose} needs a step executor: set executor = 'module:attr' in the --config "
+            "file or JOBLEDGER_EXECUTOR"
+        )
+    return load_executor(settings.executor)

@@ -1,0 +1,333 @@
+"""The ``jobledger`` console script, run for real as a subprocess, on both stores.
+
+The executor comes from tests/cli_support.py (on the script's PYTHONPATH); definitions and
+settings from a TOML file passed with --config, or from JOBLEDGER_* variables.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from conftest import TOKEN_SECRET
+
+JOBLEDGER = Path(sys.executable).parent / "jobledger"
+TESTS = Path(__file__).resolve().parent
+
+TICKET = """
+type: ticket
+version: 1
+start: triage
+steps:
+  triage: {kind: run_interaction_task, params: {task: triage}, next: payment}
+  payment: {kind: wait_event, event: invoice.paid, next: review}
+  review:
+    kind: await_approval
+    approvers: [lead]
+    on_approve: publish
+    on_reject: rejected
+  publish: {kind: run_interaction_task, params: {task: publish}, next: done}
+  done: {kind: complete}
+  rejected: {kind: fail, reason: rejected by the lead}
+"""
+
+
+@dataclass
+class Cli:
+    """Runs ``jobledger ARGS --config FILE`` in a clean environment."""
+
+    tmp: Path
+    config: Path | None
+    env: dict[str, str]
+
+    def __call__(self, *args: str, config: bool = True) -> subprocess.CompletedProcess[str]:
+        use_config = config and self.config is not None
+        command = [str(JOBLEDGER), *args, *(["--config", str(self.config)] if use_config else [])]
+        result = subprocess.run(
+            command, capture_output=True, text=True, env=self.env, cwd=self.tmp, timeout=60
+        )
+        assert "Traceback" not in result.stderr, result.stderr
+        return result
+
+    def ok(self, *args: str) -> str:
+        result = self(*args)
+        assert result.returncode == 0, f"{args}: {result.stderr}"
+        return result.stdout
+
+    def json(self, *args: str) -> Any:
+        return json.loads(self.ok(*args, "--json"))
+
+    def fails(self, code: int, *args: str, config: bool = True) -> str:
+        """The command exits with ``code``; returns its stderr, with rich's boxes undone."""
+        result = self(*args, config=config)
+        assert result.returncode == code, (args, result.returncode, result.stdout, result.stderr)
+        assert result.stdout == "" or code == 2
+        return " ".join(result.stderr.replace("│", " ").split())
+
+    def effects(self) -> Counter[str]:
+        path = self.tmp / "effects.log"
+        return Counter(path.read_text().splitlines()) if path.exists() else Counter()
+
+
+def make_cli(tmp_path: Path, store_url: str) -> Cli:
+    definitions = tmp_path / "definitions"
+    definitions.mkdir()
+    (definitions / "ticket.yaml").write_text(TICKET)
+    config = tmp_path / "jobledger.toml"
+    config.write_text(
+        f'store_url = "{store_url}"\n'
+        'definitions = "definitions"\n'
+        'executor = "cli_support:RecordingExecutor"\n'
+        f'token_secret = "{TOKEN_SECRET}"\n'
+        'worker_id = "cli-worker"\n'
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("JOBLEDGER_")}
+    env.update(
+        PYTHONPATH=str(TESTS),
+        COLUMNS="200",
+        CLI_SUPPORT_EFFECTS=str(tmp_path / "effects.log"),
+    )
+    return Cli(tmp_path, config, env)
+
+
+@pytest.fixture
+def cli(tmp_path: Path, store_url: str) -> Cli:
+    return make_cli(tmp_path, store_url)
+
+
+@pytest.fixture
+def sqlite_cli(tmp_path: Path) -> Cli:
+    return make_cli(tmp_path, f"sqlite:///{tmp_path}/jobs.db")
+
+
+# ---- on both stores -------------------------------------------------------------------
+
+
+def test_submit_show_tick_resume_approve_and_history(cli: Cli) -> None:
+    (cli.tmp / "input.json").write_text('{"customer": "c-9", "amount": "12.50"}')
+    submitted = cli.json(
+        "submit", "acme", "t1", "ticket", "--input", "@input.json",
+        "--budget", '{"max_steps": 9}', "--idempotency-key", "req-1",
+    )  # fmt: skip
+    assert (submitted["status"], submitted["workflow_version"]) == ("queued", 1)
+    assert submitted["state"] == {"customer": "c-9", "amount": "12.50"}
+    assert submitted["budget"] == {"max_steps": 9} and submitted["total_cost_usd"] == "0"
+    assert cli.json("show", "acme", "t1") == submitted
+
+    ticked = cli.json("tick", "acme", "t1")
+    assert (ticked["outcome"], ticked["steps_executed"]) == ("advanced", 2)
+    assert ticked["job"]["status"] == "waiting_event"
+    assert ticked["job"]["wait"]["event"] == "invoice.paid"
+    [issued] = ticked["resume_tokens"]
+    (cli.tmp / "token.txt").write_text(issued["token"] + "\n")
+    resumed = cli.json("resume", "--token", "@token.txt", "--payload", '{"paid": 120}')
+    assert resumed["job"]["status"] == "queued" and resumed["job"]["state"]["paid"] == 120
+    replay = cli.fails(1, "resume", "--token", issued["token"])
+    assert replay == "error: the resume token was already used"
+
+    shown = cli.ok("tick", "acme", "t1")  # the human output: what it handed out, the job
+    approval = "t1:step:3:approval"
+    assert f"approval requested: {approval}" in shown and "job acme/t1" in shown
+    assert f"pending approval  {approval} by lead" in shown and "awaiting_approval" in shown
+    refused = cli.fails(1, "approve", "acme", "t1", "--by", "mallory")
+    assert refused == f"error: 'mallory' may not decide approval '{approval}'; allowed: lead"
+    out = cli.ok("approve", "acme", "t1", "--by", "lead", "--comment", "paid in full")
+    assert out.startswith(f"approved {approval} as lead: acme/t1 is now queued")
+    assert cli.json("tick", "acme", "t1")["job"]["status"] == "completed"
+
+    history = cli.json("history", "acme", "t1")
+    assert history["chain"] == {"intact": True, "broken_at": None}
+    events = [(e["version"], e["event_type"], e["by"]) for e in history["events"]]
+    assert events[0] == (1, "Submitted", "submit (key req-1)")
+    assert ("ApprovalDecided", "decided_by lead") in [(kind, by) for _, kind, by in events]
+    assert all(len(e["chain_hash"]) == 64 for e in history["events"])
+    audit = cli.ok("history", "acme", "t1")
+    assert f"token nonce {issued['nonce']}" in audit and "worker cli-worker" in audit
+    assert "#4 publish (run_interaction_task)" in audit and "hash chain: intact" in audit
+    assert cli.effects() == {"t1:step:1": 1, "t1:step:4": 1}  # triage and publish, once each
+
+
+def test_signal_reject_and_cancel(cli: Cli) -> None:
+    cli.ok("submit", "acme", "t2", "ticket")
+    early = cli.json(
+        "signal", "acme", "t2", "invoice.paid", "--id", "evt-1", "--payload", '{"paid": 5}'
+    )
+    assert early["outcome"] == "buffered"  # it came before the wait opened: kept
+    ticked = cli.json("tick", "acme", "t2")  # the wait opens and takes the buffered signal
+    assert ticked["job"]["status"] == "awaiting_approval" and ticked["job"]["state"]["paid"] == 5
+    approval = ticked["job"]["pending_approval_id"]
+    out = cli.ok(
+        "reject", "acme", "t2", "--approval", approval, "--by", "lead", "--comment", "wrong amount"
+    )
+    assert f"rejected {approval} as lead" in out
+
+    cancelled = cli.json("cancel", "acme", "t2", "--reason", "customer withdrew", "--by", "ops")
+    assert cancelled["job"]["status"] == "cancelled"
+    again = cli.fails(1, "cancel", "acme", "t2", "--reason", "again", "--by", "ops")
+    assert again == "error: job 't2' is already cancelled"
+    late = cli.fails(1, "signal", "acme", "t2", "invoice.paid", "--id", "evt-2")
+    assert late == "error: job 't2' is cancelled; signal not delivered"
+
+
+# ---- errors and their exit codes (the store does not matter: SQLite) -----------------
+
+
+UNREACHABLE = "postgresql://jobledger:jobledger@127.0.0.1:1/jobledger?connect_timeout=1"
+LONG = "u" * 201
+
+ERRORS = [
+    # exit code, arguments (the test's --config is added unless they give one), stderr says
+    (1, ("show", "acme", "nope"), ["error: no job 'nope' for tenant 'acme'"]),
+    (1, ("approve", "acme", "nope", "--by", "lead"), ["error: no job 'nope' for tenant 'acme'"]),
+    (1, ("submit", "acme", "x", "nosuch"), ["error: unknown workflow type 'nosuch'"]),
+    (1, ("resume", "--token", "not-a-jwt"), ["error: resume token is malformed"]),
+    (
+        1,
+        ("cancel", "acme", "x", "--reason", "r", "--by", LONG),
+        ["error: by must be a non-empty string of at most 200 characters"],
+    ),
+    (
+        2,
+        ("submit", "acme", "x", "ticket", "--input", "{oops"),
+        [
+            "Invalid value for '--input': not valid JSON: Expecting property name enclosed in "
+            "double quotes at line 1 column 2"
+        ],
+    ),
+    (
+        2,
+        ("signal", "acme", "x", "paid", "--id", "s1", "--payload", "[1]"),
+        ["Invalid value for '--payload': must be a JSON object, got list"],
+    ),
+    (
+        2,
+        ("submit", "acme", "x", "ticket", "--input", "@nope.json"),
+        ["Invalid value for '--input': cannot read 'nope.json'"],
+    ),
+    (1, ("definitions", "check", "nowhere"), ["error: nowhere: no such file or directory"]),
+    (
+        3,
+        ("show", "a", "b", "--store", "mysql://db/x"),
+        ["error: unsupported store URL 'mysql://db/x': use sqlite:///"],
+    ),
+    (
+        3,
+        ("show", "a", "b", "--store", "sqlite:///no/such/dir/x.db"),
+        ["error: SQLite URL 'sqlite:///no/such/dir/x.db': directory 'no/such/dir' does not exist"],
+    ),
+    (
+        3,
+        ("show", "a", "b", "--store", UNREACHABLE),
+        ["error: cannot open the postgresql store: couldn't get a connection after 1.00 sec"],
+    ),
+    (
+        3,
+        ("show", "a", "b", "--config", "missing.toml"),
+        ["error: cannot read config file 'missing.toml': No such file or directory"],
+    ),
+    (
+        3,
+        ("show", "a", "b", "--config", "bad.toml"),
+        [
+            "error: invalid config file 'bad.toml'",
+            "partitions: Input should be greater than or equal to 1",
+            "unknown setting 'colour'",
+        ],
+    ),
+    (
+        3,
+        ("tick", "a", "b", "--config", "empty.toml"),
+        [
+            "error: tick needs workflow definitions: set definitions = DIR in the --config file "
+            "or JOBLEDGER_DEFINITIONS"
+        ],
+    ),
+]
+
+
+def test_errors_exit_with_their_code_and_message_and_no_traceback(sqlite_cli: Cli) -> None:
+    cli = sqlite_cli
+    (cli.tmp / "bad.toml").write_text("partitions = 0\ncolour = 'blue'\n")
+    (cli.tmp / "empty.toml").write_text("")
+    first, *rest = ERRORS  # the first creates the store; the rest only read it, if anything
+    results = [cli(*first[1], config="--config" not in first[1])]
+    with ThreadPoolExecutor(max_workers=4) as pool:  # independent: run them side by side
+        results += pool.map(lambda case: cli(*case[1], config="--config" not in case[1]), rest)
+    for (code, args, says), result in zip(ERRORS, results, strict=True):
+        stderr = " ".join(result.stderr.replace("│", " ").split())  # undo rich's error box
+        assert result.returncode == code, (args, result.returncode, stderr)
+        assert result.stdout == "" or code == 2, (args, result.stdout)
+        for text in says:
+            assert text in stderr, (args, stderr)
+
+
+def test_environment_variables_configure_the_store_definitions_and_executor(
+    sqlite_cli: Cli,
+) -> None:
+    cli = sqlite_cli
+    cli.env.update(
+        JOBLEDGER_STORE_URL=f"sqlite:///{cli.tmp}/env.db",
+        JOBLEDGER_DEFINITIONS=str(cli.tmp / "definitions"),
+        JOBLEDGER_EXECUTOR="cli_support:RecordingExecutor",
+        JOBLEDGER_TOKEN_SECRET=TOKEN_SECRET,
+    )
+    cli.config = None  # no --config from here on
+    assert cli.json("submit", "acme", "e1", "ticket")["status"] == "queued"
+    assert cli.json("tick", "acme", "e1")["job"]["status"] == "waiting_event"
+    assert (cli.tmp / "env.db").exists()
+    cli.env["JOBLEDGER_EXECUTOR"] = "no_such_module:Executor"
+    broken = cli.fails(3, "tick", "acme", "e1")
+    assert "executor 'no_such_module:Executor': cannot import 'no_such_module'" in broken
+
+
+def test_definitions_check(sqlite_cli: Cli) -> None:
+    cli = sqlite_cli
+    checked = cli.json("definitions", "check", str(TESTS.parent / "examples" / "definitions"))
+    assert checked["ok"] is True
+    found = {(d["file"], d["type"], d["version"]) for d in checked["definitions"]}
+    assert ("demo_mission.v1.yaml", "demo_mission", 1) in found
+    assert "1 definition(s) OK" in cli.ok("definitions", "check")  # the configured directory
+
+    bad = cli.tmp / "bad"
+    bad.mkdir()
+    (bad / "a.yaml").write_text(TICKET.replace("on_reject: rejected", "on_reject: rejectd"))
+    (bad / "b.json").write_text('{"type": "x", "version": 1, "start": "s", "steps": {"s": 7}}')
+    problems = cli.fails(1, "definitions", "check", str(bad))
+    assert problems.startswith("error: 3 problems in workflow definitions:")
+    assert "a.yaml: step 'review': field 'on_reject': unknown step 'rejectd'" in problems
+    assert "a.yaml: step 'rejected': unreachable from start step 'triage'" in problems
+    assert "b.json: step 's': must be a mapping, got 7" in problems
+    result = cli("definitions", "check", str(bad), "--json")
+    assert result.returncode == 1 and len(json.loads(result.stdout)["problems"]) == 3
+
+
+def test_demo(sqlite_cli: Cli) -> None:
+    result = sqlite_cli("demo", config=False)
+    assert result.returncode == 0, result.stdout + result.stderr
+    out = result.stdout
+    assert "FakeClock" in out and "a fresh temporary file" in out
+    for capability in (
+        "agent step",
+        "worker crash",
+        "no step re-run",
+        "durable timer",
+        "outside event",
+        "human approval",
+        "cost ceiling",
+        "completed",
+        "chain verified",
+    ):
+        assert f"PASS  {capability}" in out
+    assert "FAIL" not in out and "all 9 checks passed" in out
+    assert "took over from worker-1 (lease expired)" in out
+    assert "the resume token was already used" in out
+    assert "decided_by demo-reviewer" in out and "CostCeilingDeferred" in out
