@@ -6,13 +6,18 @@ from __future__ import annotations
 import re
 import threading
 from collections.abc import Iterator, Sequence
-from contextlib import AbstractContextManager
+from contextlib import AbstractContextManager, contextmanager
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
 from eventsourcing.persistence import TrackingRecorder
 from eventsourcing.postgres import PostgresDatastore, PostgresTrackingRecorder
-from eventsourcing.sqlite import SQLiteDatastore, SQLiteTrackingRecorder
+from eventsourcing.sqlite import (
+    SQLiteCursor,
+    SQLiteDatastore,
+    SQLiteTrackingRecorder,
+    SQLiteTransaction,
+)
 from psycopg.sql import SQL, Identifier
 
 _PARAM = re.compile(r"(?<!:):([a-z_][a-z0-9_]*)")
@@ -87,14 +92,29 @@ class SQLiteDialect(Dialect):
         # Fixed-width UTC ISO text sorts in time order, which the indexes rely on.
         return None if value is None else value.astimezone(UTC).isoformat(timespec="microseconds")
 
-    def transaction(self) -> AbstractContextManager[Any]:
-        return self.datastore.transaction(commit=True)
+    @contextmanager
+    def transaction(self) -> Iterator[Any]:
+        """BEGIN IMMEDIATE: a batch reads the view rows it then rewrites, and a deferred
+        transaction upgrading to a writer fails at once (no busy wait) if another
+        connection wrote in between."""
+        with (
+            self.datastore.get_connection(commit=True) as connection,
+            _ImmediateTransaction(connection, commit=True) as curs,
+        ):
+            yield curs
 
     def reader(self) -> AbstractContextManager[Any]:
         return self.datastore.transaction(commit=False)
 
     def waiter(self, channels: Sequence[str]) -> Waiter:
         return Waiter()
+
+
+class _ImmediateTransaction(SQLiteTransaction):
+    def __enter__(self) -> SQLiteCursor:
+        cursor = self.connection.cursor()
+        cursor.execute("BEGIN IMMEDIATE")
+        return cursor
 
 
 class PostgresDialect(Dialect):

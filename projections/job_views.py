@@ -7,13 +7,14 @@ its tracking, so every event is applied exactly once, and a re-delivered one is 
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from decimal import Decimal
 from typing import Any
 
-from eventsourcing.persistence import Notification, Tracking
+from eventsourcing.persistence import IntegrityError, Notification, Tracking
 
 from jobledger.adapters.event_store import EventSourcedJobStore, LedgerPartition
 from jobledger.job import Job
@@ -21,6 +22,8 @@ from jobledger.status import JobStatus
 from projections import approvals, spend, status
 from projections.dialect import Cursor, Dialect, PostgresDialect, SQLiteDialect, fetch
 from projections.status import StatusRow
+
+log = logging.getLogger(__name__)
 
 BATCH = 200
 VIEW_TABLES = ("jobledger_job_status", "jobledger_tenant_spend", "jobledger_pending_approvals")
@@ -67,20 +70,23 @@ class JobViews:
 
     def process(self, partition: LedgerPartition, notifications: Sequence[Notification]) -> None:
         """Apply a batch and record its last position, all in one transaction. Events at
-        or before the tracked position were applied already: a re-delivery skips them."""
-        position = self.position(partition)
-        notifications = [n for n in notifications if n.id > position]
-        if not notifications:
-            return
+        or before the tracked position were applied already: a re-delivery skips them,
+        and a concurrent runner that got there first makes this batch roll back whole."""
         d = self.dialect
-        with d.transaction() as curs:
-            for notification in notifications:
-                event = partition.mapper.to_domain_event(notification)
-                if isinstance(event, Job.Event):
-                    self.apply(curs, event)
-            d.tracking._insert_tracking(  # type: ignore[attr-defined]
-                curs, Tracking(partition.name, notifications[-1].id)
-            )
+        try:
+            with d.transaction() as curs:
+                position = d.tracking._max_tracking_id(partition.name, curs) or 0  # type: ignore[attr-defined]
+                fresh = [n for n in notifications if n.id > position]
+                for notification in fresh:
+                    event = partition.mapper.to_domain_event(notification)
+                    if isinstance(event, Job.Event):
+                        self.apply(curs, event)
+                if fresh:
+                    d.tracking._insert_tracking(  # type: ignore[attr-defined]
+                        curs, Tracking(partition.name, fresh[-1].id)
+                    )
+        except IntegrityError:
+            log.info("another runner applied %s up to here first", partition.name)
 
     def apply(self, curs: Cursor, event: Job.Event) -> None:
         d = self.dialect

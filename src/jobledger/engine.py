@@ -61,8 +61,6 @@ from jobledger.ports import (
     Queue,
     ResumeTokens,
     StepExecutor,
-    StepRequest,
-    StepResult,
     Tick,
     TokenClaims,
     WorkflowRegistry,
@@ -88,13 +86,6 @@ class SignalOutcome(StrEnum):
     DUPLICATE = "duplicate"
 
 
-class NoExecutor:
-    """The default executor: a workflow that needs one must be given one."""
-
-    def execute(self, request: StepRequest) -> StepResult:
-        raise ConfigError(f"step type {request.step_type!r} needs a step executor; none given")
-
-
 class Engine:
     def __init__(
         self,
@@ -104,7 +95,7 @@ class Engine:
         clock: Clock,
         ops: Ops,
         registry: WorkflowRegistry,
-        executor: StepExecutor,
+        executor: StepExecutor | None,
         config: EngineConfig,
         cost: Cost | None = None,
         tokens: ResumeTokens | None = None,
@@ -175,7 +166,7 @@ class Engine:
             clock=clock,
             ops=ops if ops is not None else LoggingOps(),
             registry=registry,
-            executor=executor if executor is not None else NoExecutor(),
+            executor=executor,
             config=config,
             cost=cost if cost is not None else LogSpend(store),
             tokens=tokens,

@@ -122,7 +122,7 @@ class Orchestrator:
         clock: Clock,
         ops: Ops,
         registry: WorkflowRegistry,
-        executor: StepExecutor,
+        executor: StepExecutor | None,
         config: EngineConfig,
         cost: Cost | None = None,
         tokens: ResumeTokens | None = None,
@@ -174,7 +174,7 @@ class Orchestrator:
             return Outcome.FAILED
         if resolution.is_costly and self.defer_for_ceiling(job, now):
             return Outcome.DEFERRED
-        self.check_can_wait(resolution)
+        self.check_deployment(resolution)
         if resolution.has_side_effect and not job.holds_claim(run.claim_id, now):
             self.claim(job, run, now)
         executed = self.execute(job, run, resolution)
@@ -286,9 +286,14 @@ class Orchestrator:
         self.schedule(job, resume_at, f"ceiling:{_epoch_ms(resume_at)}", now)
         return True
 
-    def check_can_wait(self, resolution: Resolution) -> None:
-        """Refuse before the side effect, not after: a job that would wait for an event
-        with no way to mint its resume token is a deployment error, not a step failure."""
+    def check_deployment(self, resolution: Resolution) -> None:
+        """Refuse before the side effect, not after: a step with no executor to run it,
+        or a wait with no way to mint its resume token, is a deployment error that must
+        never fail the job. The tick is retried once the deployment is fixed."""
+        if resolution.has_side_effect and self.executor is None:
+            raise ConfigError(
+                f"step type {resolution.step_type!r} needs a step executor; none is configured"
+            )
         if resolution.next_status is JobStatus.WAITING_EVENT and self.tokens is None:
             raise ConfigError("a step waits for an event but no token secret is configured")
 
@@ -339,6 +344,7 @@ class Orchestrator:
                 idempotency_key=key,
                 resolution=resolution,
             )
+            assert self.executor is not None  # checked before the claim
             try:
                 result = self.executor.execute(request)
             except Exception as error:

@@ -125,11 +125,16 @@ class EventSourcedJobStore:
             key: object = self.partition(route).repository.get(key_id)
         except AggregateNotFoundError:
             return None
+        except PersistenceError as error:
+            raise StoreUnavailableError(f"store error while reading a key: {error}") from error
         assert isinstance(key, ConsumedKey)
         return key
 
     def events(self, job_uuid: UUID, *, to_version: int | None = None) -> list[Job.Event]:
-        stored = self.partition(job_uuid).events.get(job_uuid, lte=to_version)
+        try:
+            stored = list(self.partition(job_uuid).events.get(job_uuid, lte=to_version))
+        except PersistenceError as error:
+            raise StoreUnavailableError(f"store error while reading events: {error}") from error
         return [event for event in stored if isinstance(event, Job.Event)]
 
     # ---- the steps of an append --------------------------------------------------------

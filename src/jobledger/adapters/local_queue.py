@@ -29,6 +29,7 @@ class LocalQueue:
         self._pending: set[tuple[str, str, str]] = set()
         self._seq = itertools.count()
         self._lock = threading.Lock()
+        self._changed = threading.Condition(self._lock)
 
     def enqueue(self, tick: Tick, *, delay_ms: int = 0, dedupe_key: str | None = None) -> None:
         dedupe = (tick.tenant_id, tick.job_id, dedupe_key) if dedupe_key else None
@@ -39,15 +40,33 @@ class LocalQueue:
                     return
                 self._pending.add(dedupe)
             heapq.heappush(self._heap, _Entry(due, next(self._seq), tick, dedupe))
+            self._changed.notify()
 
     def pop_due(self) -> Tick | None:
         with self._lock:
-            if not self._heap or self._heap[0].due > self.clock.now():
-                return None
-            entry = heapq.heappop(self._heap)
-            if entry.dedupe is not None:
-                self._pending.discard(entry.dedupe)
-            return entry.tick
+            return self._pop_due()
+
+    def get(self, timeout: float) -> Tick | None:
+        """The next due tick, waiting up to ``timeout`` seconds (on the wall clock) for one
+        to be enqueued or to come due."""
+        with self._lock:
+            tick = self._pop_due()
+            if tick is None:
+                wait = timeout
+                if self._heap:
+                    until_due = (self._heap[0].due - self.clock.now()).total_seconds()
+                    wait = min(timeout, max(0.0, until_due))
+                self._changed.wait(wait)
+                tick = self._pop_due()
+            return tick
+
+    def _pop_due(self) -> Tick | None:
+        if not self._heap or self._heap[0].due > self.clock.now():
+            return None
+        entry = heapq.heappop(self._heap)
+        if entry.dedupe is not None:
+            self._pending.discard(entry.dedupe)
+        return entry.tick
 
     def next_due(self) -> datetime | None:
         with self._lock:

@@ -10,13 +10,24 @@ from __future__ import annotations
 from eventsourcing.persistence import PersistenceError
 from typer import Typer
 
-from jobledger.cli import commands_decisions, commands_definitions, commands_demo, commands_jobs
+from jobledger.cli import (
+    commands_decisions,
+    commands_definitions,
+    commands_demo,
+    commands_jobs,
+    commands_ops,
+)
 from jobledger.cli.session import Exit, report_error
 from jobledger.errors import JobLedgerError
 
 __all__ = ["Exit", "app", "main"]
 
-JOBS, EVENTS, OTHER = "Jobs", "Decisions and outside events", "Definitions and demo"
+JOBS, EVENTS, OPS, OTHER = (
+    "Jobs",
+    "Decisions and outside events",
+    "Running",
+    "Definitions and demo",
+)
 
 app = Typer(
     name="jobledger",
@@ -38,7 +49,11 @@ app.command(rich_help_panel=EVENTS)(commands_decisions.signal)
 app.command(rich_help_panel=EVENTS)(commands_decisions.cancel)
 app.add_typer(commands_definitions.app, name="definitions", rich_help_panel=OTHER)
 app.command(rich_help_panel=OTHER)(commands_demo.demo)
-# Operations commands (list, run, worker, reconcile, projections) are registered here.
+app.command("list", rich_help_panel=JOBS)(commands_ops.list_jobs)
+app.command(rich_help_panel=OPS)(commands_ops.run)
+app.command(rich_help_panel=OPS)(commands_ops.worker)
+app.command(rich_help_panel=OPS)(commands_ops.reconcile)
+app.add_typer(commands_ops.projections_app, name="projections", rich_help_panel=OPS)
 
 
 def main() -> None:

@@ -1,0 +1,244 @@
+"""Operating jobledger: list, run, worker, reconcile, and the projections."""
+
+from __future__ import annotations
+
+import signal
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import timedelta
+from typing import Annotated, Any
+
+import typer
+from projections import JobViews, ProjectionRunner, StatusRow
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+from rich.table import Table
+
+from jobledger.adapters.event_store import EventSourcedJobStore
+from jobledger.cli import output
+from jobledger.cli.session import ConfigOption, JsonFlag, StoreOption, open_engine
+from jobledger.engine import Engine
+from jobledger.runner import EmbeddedRunner, RunnerSettings
+from jobledger.status import JobStatus
+
+projections_app = typer.Typer(help="The read models: run, rebuild, status.", no_args_is_help=True)
+
+WorkersOption = Annotated[
+    int, typer.Option("--workers", min=1, max=32, help="Worker threads handling ticks.")
+]
+
+
+def list_jobs(
+    tenant: Annotated[str | None, typer.Option("--tenant", help="Only this tenant.")] = None,
+    status: Annotated[
+        str | None,
+        typer.Option("--status", help="Comma-separated statuses, e.g. waiting_event,failed."),
+    ] = None,
+    workflow: Annotated[str | None, typer.Option("--workflow", help="Workflow type.")] = None,
+    limit: Annotated[int, typer.Option("--limit", min=1, help="At most this many rows.")] = 100,
+    store: StoreOption = None,
+    config: ConfigOption = None,
+    json: JsonFlag = False,
+) -> None:
+    """List jobs from the status view (brought up to date with the log first)."""
+    statuses = _statuses(status)
+    with open_engine(store, config, purpose="list") as engine:
+        views = _views(engine)
+        views.catch_up()
+        rows = views.jobs(tenant_id=tenant, status_in=statuses, workflow_type=workflow, limit=limit)
+    if json:
+        output.print_json([_row_document(r) for r in rows])
+        return
+    output.console().print(_jobs_table(rows))
+
+
+def run(
+    workers: WorkersOption = 1,
+    store: StoreOption = None,
+    config: ConfigOption = None,
+) -> None:
+    """Run everything in one process: workers, projections and the reconciler.
+
+    The embedded default: a SQLite file and nothing else to install. Ctrl-C stops
+    cleanly; after a kill -9 the next start finishes whatever was in flight.
+    """
+    _run(store, config, RunnerSettings(workers=workers, projections=True), "run")
+
+
+def worker(
+    workers: WorkersOption = 1,
+    transport: Annotated[
+        str, typer.Option("--transport", help="Where ticks come from: local (in-process).")
+    ] = "local",
+    store: StoreOption = None,
+    config: ConfigOption = None,
+) -> None:
+    """Run workers fed by the reconciler (views are caught up on each pass)."""
+    if transport != "local":
+        raise typer.BadParameter(f"unknown transport {transport!r}; available: local")
+    _run(store, config, RunnerSettings(workers=workers, projections=False), "worker")
+
+
+def reconcile(
+    once: Annotated[bool, typer.Option("--once", help="One pass, then exit.")] = False,
+    store: StoreOption = None,
+    config: ConfigOption = None,
+    json: JsonFlag = False,
+) -> None:
+    """Re-enqueue what is due (timers, lapsed leases, lost ticks) and run those ticks.
+
+    With --once: one pass (every queued job counts as due), the ticks it enqueued are
+    handled, and the counts printed.
+    """
+    if not once:
+        _run(store, config, RunnerSettings(workers=1, projections=False), "reconcile")
+        return
+    with open_engine(store, config, purpose="reconcile", definitions=True, executor=True) as engine:
+        runner = EmbeddedRunner(engine)
+        runner.views.catch_up()
+        # By hand, a queued job is due now: no other process is about to tick it.
+        result = runner.reconciler.reconcile(lost_tick_after=timedelta(0))
+        handled = engine.run_until_idle()
+        runner.reconciler.stop()
+    document = {**vars(result), "handled": handled}
+    if json:
+        output.print_json(document)
+        return
+    if not result.acted:
+        output.console().print("another reconciler holds the lock: nothing done")
+        return
+    output.console().print(
+        f"scanned {result.scanned}, enqueued {result.enqueued}, skipped {result.skipped}; "
+        f"handled {handled} ticks"
+    )
+
+
+@projections_app.command("run")
+def projections_run(store: StoreOption = None, config: ConfigOption = None) -> None:
+    """Follow the log and keep the views up to date until Ctrl-C."""
+    with open_engine(store, config, purpose="projections run") as engine:
+        runner = ProjectionRunner(_views(engine))
+        with _stop_on_signals(runner.stop):
+            output.console().print("projections: following the log (Ctrl-C to stop)")
+            runner.run_forever()
+
+
+@projections_app.command("rebuild")
+def projections_rebuild(
+    store: StoreOption = None, config: ConfigOption = None, json: JsonFlag = False
+) -> None:
+    """Drop the views and fold the whole log again, with a progress bar."""
+    with open_engine(store, config, purpose="projections rebuild") as engine:
+        views = _views(engine)
+        total = sum(entry.last_event for entry in views.lag())
+        with _progress(not json) as progress:
+            task = progress.add_task("rebuilding", total=total or None)
+            replayed = views.rebuild(lambda done, _: progress.update(task, completed=done))
+    if json:
+        output.print_json({"replayed": replayed})
+    else:
+        output.console().print(f"rebuilt the views from {replayed} notifications")
+
+
+@projections_app.command("status")
+def projections_status(
+    store: StoreOption = None, config: ConfigOption = None, json: JsonFlag = False
+) -> None:
+    """How far each partition's views are behind the log."""
+    with open_engine(store, config, purpose="projections status") as engine:
+        lag = _views(engine).lag()
+    if json:
+        output.print_json([{**vars(entry), "behind": entry.behind} for entry in lag])
+        return
+    table = Table("partition", "last event", "last applied", "behind")
+    for entry in lag:
+        table.add_row(
+            entry.partition, str(entry.last_event), str(entry.last_tracked), str(entry.behind)
+        )
+    output.console().print(table)
+
+
+# ---- plumbing ---------------------------------------------------------------------------
+
+
+def _run(store: str | None, config: Any, settings: RunnerSettings, name: str) -> None:
+    with open_engine(store, config, purpose=name, definitions=True, executor=True) as engine:
+        runner = EmbeddedRunner(engine, settings)
+        output.console().print(
+            f"jobledger {name}: {settings.workers} worker(s) on "
+            f"{output.redact(engine.config.store_url)} (Ctrl-C to stop)"
+        )
+        with _stop_on_signals(runner.stopping.set):
+            runner.run()
+        output.console().print(f"stopped cleanly after {runner.handled} ticks")
+
+
+@contextmanager
+def _stop_on_signals(stop: Any) -> Iterator[None]:
+    """Ctrl-C and SIGTERM ask the loop to stop; it finishes the tick in hand first."""
+    previous = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    for sig in previous:
+        signal.signal(sig, lambda *_: stop())
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+@contextmanager
+def _progress(visible: bool) -> Iterator[Progress]:
+    with Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        console=output.console(),
+        disable=not visible,
+        transient=True,
+    ) as progress:
+        yield progress
+
+
+def _views(engine: Engine) -> JobViews:
+    assert isinstance(engine.store, EventSourcedJobStore)
+    return JobViews(engine.store)
+
+
+def _statuses(raw: str | None) -> list[str]:
+    if raw is None:
+        return []
+    names = [part.strip() for part in raw.split(",") if part.strip()]
+    known = {s.value for s in JobStatus}
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise typer.BadParameter(
+            f"unknown status {', '.join(unknown)}; known: {', '.join(sorted(known))}",
+            param_hint="--status",
+        )
+    return names
+
+
+def _row_document(row: StatusRow) -> dict[str, Any]:
+    document: dict[str, Any] = output.jsonable({**vars(row), "cost_usd": row.cost_usd})
+    document.pop("cost_micros", None)
+    return document
+
+
+def _jobs_table(rows: list[StatusRow]) -> Table:
+    table = Table("tenant", "job", "workflow", "status", "step", "next", "due", "cost", "updated")
+    for row in rows:
+        table.add_row(
+            row.tenant_id,
+            row.job_id,
+            f"{row.workflow_type} v{row.workflow_version}",
+            row.status,
+            str(row.current_step),
+            row.next_step or "",
+            output.when(row.due_at)
+            if row.status not in ("completed", "failed", "cancelled")
+            else "",
+            output.money(row.cost_usd),
+            output.when(row.updated_at),
+        )
+    if not rows:
+        table.caption = "no jobs match"
+    return table
