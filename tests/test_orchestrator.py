@@ -507,3 +507,19 @@ def test_configuration_comes_from_jobledger_environment_variables(
     monkeypatch.setenv("JOBLEDGER_RESUME_MODE", "sometimes")
     with pytest.raises(ValueError, match="resume_mode"):
         EngineConfig()
+
+
+def test_a_missing_executor_is_a_deployment_error_that_never_fails_the_job(
+    make_engine: EngineFactory, executor: CountingExecutor
+) -> None:
+    from jobledger import ConfigError
+
+    bare = make_engine(executor=None)
+    bare.submit("t", "j", "agent3")
+
+    with pytest.raises(ConfigError, match="needs a step executor"):
+        bare.tick("t", "j")
+
+    job = bare.job("t", "j")
+    assert (job.status, job.version) == (JobStatus.QUEUED, 1)  # no claim, no failure
+    assert make_engine().tick("t", "j").status is JobStatus.COMPLETED
