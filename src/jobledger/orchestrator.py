@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Mapping
 from contextlib import suppress
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -362,13 +363,15 @@ class Orchestrator:
                 f"the executor returned {type(result).__name__}, not a StepResult"
             )
         limit = self.config.max_payload_bytes
-        own_output = json_object(result.output, what="step output", max_bytes=limit)
-        own_patch = json_object(result.state_patch, what="step state patch", max_bytes=limit)
         output = json_object(
-            {**resolution.output, **own_output}, what="step output", max_bytes=limit
+            {**resolution.output, **_mapping(result.output, "step output")},
+            what="step output",
+            max_bytes=limit,
         )
         patch = json_object(
-            {**resolution.state_patch, **own_patch}, what="step state patch", max_bytes=limit
+            {**resolution.state_patch, **_mapping(result.state_patch, "step state patch")},
+            what="step state patch",
+            max_bytes=limit,
         )
         return _Executed(started_at, self.clock.now(), output, patch, _cost(result.cost_usd))
 
@@ -713,6 +716,12 @@ def _action_hash(resolution: Resolution, job: Job) -> str:
     action = {"step": resolution.step_name, "params": resolution.params, "state": job.state}
     encoded = json.dumps(action, sort_keys=True, separators=(",", ":"), default=str)
     return hashlib.sha256(encoded.encode()).hexdigest()
+
+
+def _mapping(value: object, what: str) -> Mapping[str, Any]:
+    if not isinstance(value, Mapping):
+        raise InvalidPayloadError(f"{what} must be a JSON object, got {type(value).__name__}")
+    return value
 
 
 def _cost(value: Decimal | float | int | str) -> Decimal:

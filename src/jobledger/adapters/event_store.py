@@ -100,8 +100,13 @@ class EventSourcedJobStore:
     def append(self, job: Job, *keys: ConsumedKey) -> None:
         partition = self.partition(job.id)
         version_before = job.version - len(job.pending_events)
+        # Straight to the event store: Application.save() would only add runtime
+        # Protocol checks (slow) and snapshot/cache work this store does itself.
+        events = [*job.collect_events()]
+        for key in keys:
+            events.extend(key.collect_events())
         try:
-            partition.save(job, *keys)
+            partition.events.put(events)
         except IntegrityError:
             raise self.conflict(partition, keys) from None
         except PersistenceError as error:
@@ -111,7 +116,7 @@ class EventSourcedJobStore:
     def reserve_key(self, key: ConsumedKey) -> None:
         partition = self.partition(key.id)
         try:
-            partition.save(key)
+            partition.events.put(list(key.collect_events()))
         except IntegrityError:
             raise DuplicateKeyError(key.kind, key.key) from None
         except PersistenceError as error:
