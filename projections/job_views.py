@@ -17,6 +17,7 @@ from typing import Any
 from eventsourcing.persistence import IntegrityError, Notification, Tracking
 
 from jobledger.adapters.event_store import EventSourcedJobStore, LedgerPartition
+from jobledger.adapters.locks import schema_lock
 from jobledger.job import Job
 from jobledger.status import JobStatus
 from projections import approvals, spend, status
@@ -51,11 +52,12 @@ class JobViews:
 
     def create_tables(self) -> None:
         d = self.dialect
-        d.tracking.create_table()  # type: ignore[attr-defined]
-        with d.transaction() as curs:
-            for module in (status, spend, approvals):
-                for statement in module.create_statements(d):
-                    curs.execute(d.sql(statement))
+        with schema_lock(self.store.location):
+            d.tracking.create_table()  # type: ignore[attr-defined]
+            with d.transaction() as curs:
+                for module in (status, spend, approvals):
+                    for statement in module.create_statements(d):
+                        curs.execute(d.sql(statement))
 
     # ---- following the log -----------------------------------------------------------
 

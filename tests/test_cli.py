@@ -227,7 +227,7 @@ ERRORS = [
     (
         3,
         ("show", "a", "b", "--store", UNREACHABLE),
-        ["error: cannot open the postgresql store: couldn't get a connection after 1.00 sec"],
+        ["error: cannot open the postgresql store: ", "Connection refused"],
     ),
     (
         3,

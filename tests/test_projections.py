@@ -306,3 +306,30 @@ def test_views_ignore_other_workflows_statuses_and_filter_lists(
     assert [r.job_id for r in views.jobs(workflow_type="agent3")] == ["a"]
     assert {r.job_id for r in views.jobs(status_in=["completed"])} == {"a", "b"}
     assert views.jobs(status_in=["failed"]) == []
+
+
+def test_processes_starting_together_on_a_fresh_store_create_the_tables_once(
+    store_url: str,
+) -> None:
+    script = textwrap.dedent(f"""
+        import sys
+        sys.path.insert(0, "src")
+        sys.path.insert(0, ".")
+        from jobledger.adapters.event_store import EventSourcedJobStore
+        from jobledger.adapters.store_url import parse_store_url
+        from projections import JobViews
+        store = EventSourcedJobStore(parse_store_url({store_url!r}), partitions=2)
+        JobViews(store)
+        print("ok")
+    """)
+    starters = [
+        subprocess.Popen(
+            [sys.executable, "-c", script],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(4)
+    ]
+    results = [p.communicate(timeout=60) for p in starters]
+    assert [out.strip() for out, _ in results] == ["ok"] * 4, [err for _, err in results]

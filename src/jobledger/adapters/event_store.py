@@ -14,6 +14,7 @@ from eventsourcing.persistence import (
     PersistenceError,
 )
 
+from jobledger.adapters.locks import schema_lock
 from jobledger.adapters.store_url import StoreLocation
 from jobledger.errors import DuplicateKeyError, StoreUnavailableError, VersionConflict
 from jobledger.job import Job
@@ -76,9 +77,12 @@ class EventSourcedJobStore:
         self.location = location
         self.snapshot_interval = snapshot_interval
         try:
-            self.partitions = [
-                LedgerPartition(location, index, cache_size) for index in range(partitions)
-            ]
+            # Concurrent CREATE ... IF NOT EXISTS can still collide in PostgreSQL's
+            # catalog, so processes starting together create the tables one at a time.
+            with schema_lock(location):
+                self.partitions = [
+                    LedgerPartition(location, index, cache_size) for index in range(partitions)
+                ]
         except PersistenceError as error:
             raise StoreUnavailableError(f"cannot open the {location.kind} store: {error}") from None
 

@@ -6,9 +6,12 @@ import fcntl
 import os
 import threading
 import zlib
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import psycopg
+from eventsourcing.persistence import OperationalError
 
 from jobledger.adapters.store_url import StoreLocation
 
@@ -42,21 +45,49 @@ class FileLock:
                 self._fd = None
 
 
+@contextmanager
+def schema_lock(location: StoreLocation) -> Iterator[None]:
+    """Hold a PostgreSQL advisory lock while creating tables (SQLite's own write lock
+    already serialises its DDL)."""
+    if location.is_sqlite:
+        yield
+        return
+    try:
+        conn = psycopg.connect(_conninfo(location), autocommit=True)
+    except psycopg.Error as error:
+        raise OperationalError(str(error)) from error
+    with conn:
+        key = _key(location, "schema")
+        conn.execute("SELECT pg_advisory_lock(%s)", (key,))
+        try:
+            yield
+        finally:
+            conn.execute("SELECT pg_advisory_unlock(%s)", (key,))
+
+
+def _conninfo(location: StoreLocation) -> str:
+    env = location.env
+    return psycopg.conninfo.make_conninfo(
+        dbname=env["POSTGRES_DBNAME"],
+        host=env["POSTGRES_HOST"],
+        port=env["POSTGRES_PORT"],
+        user=env["POSTGRES_USER"],
+        password=env["POSTGRES_PASSWORD"],
+        connect_timeout=env.get("POSTGRES_CONNECT_TIMEOUT", "5"),
+    )
+
+
+def _key(location: StoreLocation, name: str) -> int:
+    return zlib.crc32(f"{location.env.get('POSTGRES_SCHEMA', 'public')}/{name}".encode())
+
+
 class AdvisoryLock:
     """A session-level pg_advisory_lock on a connection of its own: the server releases
     it when that session ends, however the holder died."""
 
     def __init__(self, location: StoreLocation, name: str) -> None:
-        env = location.env
-        self.conninfo = psycopg.conninfo.make_conninfo(
-            dbname=env["POSTGRES_DBNAME"],
-            host=env["POSTGRES_HOST"],
-            port=env["POSTGRES_PORT"],
-            user=env["POSTGRES_USER"],
-            password=env["POSTGRES_PASSWORD"],
-            connect_timeout=env.get("POSTGRES_CONNECT_TIMEOUT", "5"),
-        )
-        self.key = zlib.crc32(f"{env.get('POSTGRES_SCHEMA', 'public')}/{name}".encode())
+        self.conninfo = _conninfo(location)
+        self.key = _key(location, name)
         self._conn: psycopg.Connection[tuple[object, ...]] | None = None
         self._mutex = threading.Lock()
 
