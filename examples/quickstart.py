@@ -48,8 +48,12 @@ def main() -> None:
         linear_workflow(
             [
                 Resolution("run_interaction_task", JobStatus.QUEUED, transition_reason="agent"),
-                Resolution("wait_time", JobStatus.WAITING_TIME, resume_delay_ms=300,
-                           transition_reason="cool-down timer"),
+                Resolution(
+                    "wait_time",
+                    JobStatus.WAITING_TIME,
+                    resume_delay_ms=300,
+                    transition_reason="cool-down timer",
+                ),
                 Resolution("complete", JobStatus.COMPLETED, transition_reason="done"),
             ]
         ),
@@ -61,11 +65,15 @@ def main() -> None:
         engine.run_until_idle(wait_for_timers=True)
         for entry in engine.history("acme", "job-1"):
             detail = entry.data.get("next_status") or entry.data.get("reason") or ""
-            print(f"  v{entry.version:<3} {entry.timestamp:%H:%M:%S.%f}  {entry.event_type:<14}"
-                  f" {detail}")
+            print(
+                f"  v{entry.version:<3} {entry.timestamp:%H:%M:%S.%f}  {entry.event_type:<14}"
+                f" {detail}"
+            )
         job = engine.job("acme", "job-1")
-        print(f"{job.status} after {job.current_step} steps, cost ${job.total_cost_usd}, "
-              f"state {job.state}, chain intact: {engine.verify('acme', 'job-1') is None}")
+        print(
+            f"{job.status} after {job.current_step} steps, cost ${job.total_cost_usd}, "
+            f"state {job.state}, chain intact: {engine.verify('acme', 'job-1') is None}"
+        )
         if job.status is not JobStatus.COMPLETED:
             raise SystemExit(1)
 
