@@ -242,20 +242,14 @@ class Job(Aggregate):
         next_step: str | None
 
         def evolve(self, job: Job) -> None:
-            job.pending_approval = None
-            job.resume_at = None
-            job.status = JobStatus.QUEUED
-            job.cursor = self.next_step
+            job.leave_wait(self.next_step)
 
     class ApprovalExpired(Event):
         approval_id: str
         next_step: str | None
 
         def evolve(self, job: Job) -> None:
-            job.pending_approval = None
-            job.resume_at = None
-            job.status = JobStatus.QUEUED
-            job.cursor = self.next_step
+            job.leave_wait(self.next_step)
 
     class SignalBuffered(Event):
         """A signal arrived before the job waited for it: kept until a wait opens."""
@@ -295,10 +289,7 @@ class Job(Aggregate):
         next_step: str | None
 
         def evolve(self, job: Job) -> None:
-            job.wait_event = None
-            job.resume_at = None
-            job.status = JobStatus.QUEUED
-            job.cursor = self.next_step
+            job.leave_wait(self.next_step)
 
     class BudgetExceeded(Event):
         """A budget limit was reached: the job is parked, not failed."""
@@ -659,6 +650,14 @@ class Job(Aggregate):
             and self.resume_at is not None
             and self.resume_at <= now
         )
+
+    def leave_wait(self, next_step: str | None) -> None:
+        """A wait or an approval gate ended (decided, expired, timed out): go on there."""
+        self.pending_approval = None
+        self.wait_event = None
+        self.resume_at = None
+        self.status = JobStatus.QUEUED
+        self.cursor = next_step
 
     def release_lease(self) -> None:
         self.claim_id = None
