@@ -6,7 +6,6 @@ from __future__ import annotations
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from enum import IntEnum
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
@@ -14,12 +13,12 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 from eventsourcing.persistence import PersistenceError
 
+from jobledger.adapters.notifier import MemoryNotifier
 from jobledger.cli.config_file import Settings, load_executor, load_settings
 from jobledger.engine import Engine
 from jobledger.errors import ConfigError, JobLedgerError, StoreUnavailableError
-from jobledger.ports import ApprovalRequest, IssuedToken, Notifier, StepExecutor
+from jobledger.ports import Notifier, StepExecutor
 from jobledger.registry import FunctionRegistry
-from jobledger.views import JobView
 
 if TYPE_CHECKING:
     from jobledger.ports import WorkflowRegistry
@@ -75,18 +74,8 @@ ConfigOption = Annotated[
 JsonFlag = Annotated[bool, typer.Option("--json", help="Print JSON on stdout instead of tables.")]
 
 
-@dataclass
-class Outside:
-    """The CLI's notifier: keeps what a tick hands to the outside world, for printing."""
-
-    tokens: list[tuple[str, IssuedToken]] = field(default_factory=list)
-    approvals: list[ApprovalRequest] = field(default_factory=list)
-
-    def waiting_for_event(self, job: JobView, event_name: str, token: IssuedToken) -> None:
-        self.tokens.append((event_name, token))
-
-    def approval_requested(self, job: JobView, request: ApprovalRequest) -> None:
-        self.approvals.append(request)
+# The CLI's notifier keeps what a tick hands out, for printing.
+Outside = MemoryNotifier
 
 
 @contextmanager

@@ -23,12 +23,13 @@ from rich.table import Table
 from rich.text import Text
 
 from jobledger.adapters.clock import FakeClock
+from jobledger.adapters.notifier import MemoryNotifier
 from jobledger.adapters.ops import MemoryOps
 from jobledger.cli.output import history_table, money, redact, when
 from jobledger.config import EngineConfig
 from jobledger.demo import field_notes, mission_document
 from jobledger.demo.agent import DemoAgent, EffectsLedger, SimulatedCrash, words
-from jobledger.demo.outside import REVIEWER, OutsideWorld, fact_check
+from jobledger.demo.outside import REVIEWER, fact_check
 from jobledger.engine import Engine
 from jobledger.errors import TokenReplayedError
 from jobledger.status import JobStatus
@@ -60,7 +61,7 @@ class Demo:
     fresh: bool
     clock: FakeClock = field(default_factory=lambda: FakeClock(START))
     text: str = field(default_factory=field_notes)
-    outside: OutsideWorld = field(default_factory=OutsideWorld)
+    outside: MemoryNotifier = field(default_factory=MemoryNotifier)
     ops: MemoryOps = field(default_factory=MemoryOps)
     secret: str = field(default_factory=lambda: secrets.token_urlsafe(32))
     shown: int = 0
