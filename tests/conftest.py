@@ -23,6 +23,7 @@ from jobledger import (
 )
 from jobledger.adapters.clock import FakeClock
 from jobledger.adapters.ops import MemoryOps
+from kafka_support import kafka_bootstrap, kafka_topics  # noqa: F401  (one broker per run)
 
 POSTGRES_URL = os.environ.get("JOBLEDGER_TEST_POSTGRES_URL")
 REQUIRE_SERVICES = os.environ.get("JOBLEDGER_REQUIRE_SERVICES") == "1"

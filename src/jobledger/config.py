@@ -10,6 +10,9 @@ from typing import Literal
 from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+# Kafka's legal topic names.
+_TOPIC = r"^[A-Za-z0-9._-]{1,249}$"
+
 
 def _default_worker_id() -> str:
     return f"{socket.gethostname()}-{os.getpid()}"
@@ -51,3 +54,24 @@ class EngineConfig(BaseSettings):
     token_ttl_seconds: int = Field(default=86_400, ge=1)
     token_issuer: str = "jobledger"
     token_audience: str = "jobledger.resume"
+
+    transport: Literal["local", "kafka"] = "local"
+    """Where ticks go: ``local`` (the in-process queue) or ``kafka`` (the ticks topic)."""
+    kafka_bootstrap_servers: str = "localhost:9092"
+    """Comma-separated ``host:port`` list."""
+    kafka_ticks_topic: str = Field(default="jobledger.ticks", pattern=_TOPIC)
+    kafka_ticks_dlq_topic: str = Field(default="jobledger.ticks.dlq", pattern=_TOPIC)
+    kafka_signals_topic: str = Field(default="jobledger.signals", pattern=_TOPIC)
+    kafka_signals_dlq_topic: str = Field(default="jobledger.signals.dlq", pattern=_TOPIC)
+    kafka_events_topic: str = Field(default="jobledger.events", pattern=_TOPIC)
+    kafka_group_id: str = Field(default="jobledger-workers", min_length=1)
+    kafka_client_id: str = Field(default="jobledger", min_length=1)
+    kafka_create_topics: bool = True
+    """Create missing topics at start-up (brokers here run with auto-creation off)."""
+    kafka_topic_partitions: int = Field(default=12, ge=1)
+    """Partitions of topics jobledger creates: the most consumers that can share the work."""
+    kafka_replication_factor: int = Field(default=1, ge=1)
+    kafka_session_timeout_ms: int = Field(default=10_000, ge=1_000)
+    """How long the group waits for a silent (dead) worker before its partitions move."""
+    kafka_send_timeout_ms: int = Field(default=15_000, ge=1_000)
+    """How long a publish may take before it counts as an infrastructure error."""

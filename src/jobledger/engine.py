@@ -14,7 +14,7 @@ from dataclasses import replace
 from datetime import datetime
 from decimal import Decimal
 from enum import StrEnum
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from uuid import uuid4
 
 from jobledger import chain
@@ -67,6 +67,10 @@ from jobledger.ports import (
 )
 from jobledger.status import JobStatus
 from jobledger.views import HistoryEntry, JobView
+
+if TYPE_CHECKING:
+    from jobledger.audit.replay import ReplayReport
+    from jobledger.workflows.definition import WorkflowDefinition
 
 log = logging.getLogger(__name__)
 
@@ -137,8 +141,9 @@ class Engine:
         notifier: Notifier | None = None,
     ) -> Engine:
         """Open (creating if needed) the store at ``store_url`` and wire the defaults:
-        a local in-process queue, the system clock, JSON ops logs, spend folded from the
-        log, and JWT resume tokens when a token secret is configured."""
+        a local in-process queue (the Kafka ticks topic when ``transport`` is kafka), the
+        system clock, JSON ops logs, spend folded from the log, and JWT resume tokens when
+        a token secret is configured."""
         config = config if config is not None else EngineConfig()
         if store_url is not None:
             config = config.model_copy(update={"store_url": store_url})
@@ -162,7 +167,7 @@ class Engine:
             )
         return cls(
             store=store,
-            queue=queue if queue is not None else LocalQueue(clock),
+            queue=queue if queue is not None else _default_queue(config, clock),
             clock=clock,
             ops=ops if ops is not None else LoggingOps(),
             registry=registry,
@@ -562,6 +567,87 @@ class Engine:
         """Recompute the job's chain hashes; the first broken link, or None if intact."""
         return chain.verify(self.store.events(self._load(tenant_id, job_id).id))
 
+    # ---- audit: time travel, replay, migration (jobledger.audit) ----------------------
+
+    def job_at(
+        self, tenant_id: str, job_id: str, *, version: int | None = None, at: datetime | None = None
+    ) -> JobView:
+        """The job exactly as it was right after event ``version``, or after its last
+        event at or before ``at``: status, state, counters."""
+        from jobledger.audit import time_travel  # the audit modules load when used
+
+        uuid = self._load(tenant_id, job_id).id
+        return JobView.of(time_travel.job_at(self.store, uuid, version=version, at=at))
+
+    def replay(
+        self,
+        tenant_id: str,
+        job_id: str,
+        definition: WorkflowDefinition | None = None,
+        *,
+        version: int | None = None,
+    ) -> ReplayReport:
+        """Replay the job's recorded decisions against ``definition``, or against
+        ``version`` of the registry's (default: the job's own). Pure: nothing runs and
+        nothing is written."""
+        from jobledger.audit.replay import replay_job
+
+        job = self._load(tenant_id, job_id)
+        events = self.store.events(job.id)
+        wait_ms = self.config.default_wait_ms
+        if definition is not None:
+            return replay_job(events, definition, default_wait_ms=wait_ms)
+        target = job.workflow_version if version is None else version
+        if not self.registry.has(job.workflow_type, target):
+            raise UnknownWorkflowError(f"unknown workflow {job.workflow_type!r} v{target}")
+        return replay_job(events, self.registry.resolve, version=target, default_wait_ms=wait_ms)
+
+    def migrate(
+        self,
+        tenant_id: str,
+        job_id: str,
+        to_version: int,
+        *,
+        by: str | None = None,
+        reason: str | None = None,
+        force: bool = False,
+    ) -> tuple[JobView, ReplayReport]:
+        """Move a job that has not finished to another version of its definition, as a
+        ``Migrated`` event in its history. Only when replay against that version says it
+        is safe, or with ``force`` (then ``by`` and ``reason`` are required, and kept)."""
+        from jobledger.audit import migrate as migration
+
+        if force and not (by and reason):
+            raise InvalidPayloadError("a forced migration needs who (by) and why (reason)")
+        if by is not None:
+            _check_id("by", by)
+        reports: list[ReplayReport] = []
+
+        def move(job: Job) -> list[ConsumedKey]:
+            if not self.registry.has(job.workflow_type, to_version):
+                raise UnknownWorkflowError(f"unknown workflow {job.workflow_type!r} v{to_version}")
+            now = self.clock.now()
+            events = self.store.events(job.id, to_version=job.version)
+            report = migration.plan(
+                job,
+                events,
+                self.registry.resolve,
+                to_version,
+                force=force,
+                now=now,
+                default_wait_ms=self.config.default_wait_ms,
+            )
+            migration.migrate(job, report, to_version, by=by, reason=reason, now=now)
+            reports.append(report)
+            return []
+
+        job = self._apply(tenant_id, job_id, move)
+        report = reports[-1]
+        self._report(
+            job, "job.migrated", toVersion=to_version, forced=not report.safe, by=by, reason=reason
+        )
+        return JobView.of(job), report
+
     def _load(self, tenant_id: str, job_id: str) -> Job:
         job = self.store.load(job_uuid(tenant_id, job_id))
         if job is None:
@@ -571,16 +657,31 @@ class Engine:
     def _report(self, job: Job, event_type: str, **metadata: Any) -> None:
         self.orchestrator.report(job, event_type, **metadata)
 
+    def use_queue(self, queue: Queue) -> None:
+        """Send ticks somewhere else from now on (the CLI's ``--transport``)."""
+        self.queue = self.orchestrator.queue = queue
+
     def close(self) -> None:
-        close = getattr(self.store, "close", None)
-        if close is not None:
-            close()
+        # The queue first: a Kafka producer flushes what it still holds.
+        for part in (self.queue, self.store):
+            close = getattr(part, "close", None)
+            if close is not None:
+                close()
 
     def __enter__(self) -> Engine:
         return self
 
     def __exit__(self, *_: object) -> None:
         self.close()
+
+
+def _default_queue(config: EngineConfig, clock: Clock) -> Queue:
+    if config.transport == "kafka":
+        # Imported here: an engine on the local queue never loads the Kafka client.
+        from jobledger.adapters.kafka import KafkaQueue, KafkaSettings
+
+        return KafkaQueue(KafkaSettings.of(config))
+    return LocalQueue(clock)
 
 
 def _check_id(name: str, value: object) -> None:

@@ -338,6 +338,20 @@ class Job(Aggregate):
         worker_id: str | None
         reason: str
 
+    class Migrated(Event):
+        """Moved to another version of its workflow definition, with the replay verdict
+        that allowed it (or ``forced``, with who and why)."""
+
+        from_version: int
+        to_version: int
+        forced: bool
+        migrated_by: str | None
+        reason: str | None
+        replay_verdict: str
+
+        def evolve(self, job: Job) -> None:
+            job.workflow_version = self.to_version
+
     # ---- creation -------------------------------------------------------------------
 
     @classmethod
@@ -616,6 +630,31 @@ class Job(Aggregate):
             idempotency_key=idempotency_key,
             worker_id=worker_id,
             reason=f"the job was {self.status} when the step finished",
+        )
+
+    def migrate(
+        self,
+        *,
+        to_version: int,
+        forced: bool,
+        migrated_by: str | None,
+        reason: str | None,
+        replay_verdict: str,
+        now: datetime,
+    ) -> None:
+        if self.status.is_terminal:
+            raise ValueError(f"job {self.job_id!r} is already {self.status}")
+        if to_version == self.workflow_version:
+            raise ValueError(f"job {self.job_id!r} is already on v{to_version}")
+        self._append(
+            Job.Migrated,
+            now,
+            from_version=self.workflow_version,
+            to_version=to_version,
+            forced=forced,
+            migrated_by=migrated_by,
+            reason=reason,
+            replay_verdict=replay_verdict,
         )
 
     # ---- queries ----------------------------------------------------------------------

@@ -47,10 +47,16 @@ class FileLock:
 
 @contextmanager
 def schema_lock(location: StoreLocation) -> Iterator[None]:
-    """Hold a PostgreSQL advisory lock while creating tables (SQLite's own write lock
-    already serialises its DDL)."""
+    """Hold a lock while creating tables: an advisory lock on PostgreSQL, a blocking flock
+    beside a SQLite file (switching a new file to WAL fails at once, without waiting, if
+    another process is doing the same)."""
     if location.is_sqlite:
-        yield
+        fd = os.open(f"{location.env['SQLITE_DBNAME']}.schema.lock", os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)  # closing the descriptor releases the lock
         return
     try:
         conn = psycopg.connect(_conninfo(location), autocommit=True)

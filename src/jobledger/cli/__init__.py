@@ -11,6 +11,7 @@ from eventsourcing.persistence import PersistenceError
 from typer import Typer
 
 from jobledger.cli import (
+    commands_audit,
     commands_decisions,
     commands_definitions,
     commands_demo,
@@ -28,6 +29,7 @@ JOBS, EVENTS, OPS, OTHER = (
     "Running",
     "Definitions and demo",
 )
+AUDIT = "Replay and audit"
 
 app = Typer(
     name="jobledger",
@@ -54,6 +56,12 @@ app.command(rich_help_panel=OPS)(commands_ops.run)
 app.command(rich_help_panel=OPS)(commands_ops.worker)
 app.command(rich_help_panel=OPS)(commands_ops.reconcile)
 app.add_typer(commands_ops.projections_app, name="projections", rich_help_panel=OPS)
+app.command(rich_help_panel=AUDIT)(commands_audit.replay)
+app.command(rich_help_panel=AUDIT)(commands_audit.migrate)
+app.command(rich_help_panel=AUDIT)(commands_audit.verify)
+app.command(rich_help_panel=AUDIT)(commands_audit.anchor)
+app.command(rich_help_panel=AUDIT)(commands_audit.export)
+app.command("import", rich_help_panel=AUDIT)(commands_audit.import_)
 
 
 def main() -> None:

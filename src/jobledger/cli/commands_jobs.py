@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import sys
+from datetime import datetime
 from typing import Annotated, Any
 
 import typer
 
 from jobledger.cli import output
-from jobledger.cli.params import BudgetOption, InputOption, JobId, Tenant
+from jobledger.cli.params import BudgetOption, InputOption, JobId, Tenant, parse_moment
 from jobledger.cli.session import ConfigOption, Exit, JsonFlag, Outside, StoreOption, open_engine
 from jobledger.views import HistoryEntry, JobView
 
@@ -52,14 +53,39 @@ def submit(
 def show(
     tenant: Tenant,
     job: JobId,
+    at_version: Annotated[
+        int | None,
+        typer.Option("--at-version", metavar="N", help="The job as it was after event N."),
+    ] = None,
+    at: Annotated[
+        datetime | None,
+        typer.Option(
+            "--at",
+            metavar="TIME",
+            parser=parse_moment,
+            help="The job as it was at an ISO 8601 time (UTC unless it says otherwise).",
+        ),
+    ] = None,
     store: StoreOption = None,
     config: ConfigOption = None,
     json: JsonFlag = False,
 ) -> None:
-    """Show a job: status, step, next step, state, counters, lease, waits, approval."""
+    """Show a job: status, step, next step, state, counters, lease, waits, approval.
+
+    With --at-version N or --at TIME: the job exactly as it was then.
+    """
+    if at_version is not None and at is not None:
+        raise typer.BadParameter("give --at-version or --at, not both")
     with open_engine(store, config, purpose="show") as engine:
-        view = engine.job(tenant, job)
-        _print_job(engine.history(tenant, job), view, json)
+        if at_version is None and at is None:
+            view = engine.job(tenant, job)
+        else:
+            view = engine.job_at(tenant, job, version=at_version, at=at)
+        entries = [e for e in engine.history(tenant, job) if e.version <= view.version]
+        if not json and (at_version is not None or at is not None):
+            moment = output.when(view.updated_at)
+            output.console().print(f"as it was at version {view.version} ({moment})")
+        _print_job(entries, view, json)
 
 
 def history(

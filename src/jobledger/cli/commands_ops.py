@@ -1,4 +1,9 @@
-"""Operating jobledger: list, run, worker, reconcile, and the projections."""
+"""Operating jobledger: list, run, worker, reconcile, and the projections.
+
+``--transport kafka`` (or ``transport = "kafka"`` / ``JOBLEDGER_TRANSPORT``) runs them as
+a Kafka-driven service: workers consume the ticks and signals topics, the reconciler
+publishes due ticks, and ``projections run --outbox`` publishes every job event.
+"""
 
 from __future__ import annotations
 
@@ -15,6 +20,7 @@ from rich.table import Table
 
 from jobledger.adapters.event_store import EventSourcedJobStore
 from jobledger.cli import output
+from jobledger.cli.config_file import load_settings
 from jobledger.cli.session import ConfigOption, JsonFlag, StoreOption, open_engine
 from jobledger.engine import Engine
 from jobledger.runner import EmbeddedRunner, RunnerSettings
@@ -25,6 +31,16 @@ projections_app = typer.Typer(help="The read models: run, rebuild, status.", no_
 WorkersOption = Annotated[
     int, typer.Option("--workers", min=1, max=32, help="Worker threads handling ticks.")
 ]
+TransportOption = Annotated[
+    str | None,
+    typer.Option(
+        "--transport",
+        help="Where ticks come from: local (in-process) or kafka (the ticks topic). "
+        "Default: the transport setting (JOBLEDGER_TRANSPORT), else local.",
+        show_default=False,
+    ),
+]
+TRANSPORTS = ("local", "kafka")
 
 
 def list_jobs(
@@ -53,33 +69,33 @@ def list_jobs(
 
 def run(
     workers: WorkersOption = 1,
+    transport: TransportOption = None,
     store: StoreOption = None,
     config: ConfigOption = None,
 ) -> None:
     """Run everything in one process: workers, projections and the reconciler.
 
     The embedded default: a SQLite file and nothing else to install. Ctrl-C stops
-    cleanly; after a kill -9 the next start finishes whatever was in flight.
+    cleanly; after a kill -9 the next start finishes whatever was in flight. With
+    --transport kafka: Kafka workers, the views, the event outbox and the reconciler.
     """
-    _run(store, config, RunnerSettings(workers=workers, projections=True), "run")
+    _run(store, config, RunnerSettings(workers=workers, projections=True), "run", transport)
 
 
 def worker(
     workers: WorkersOption = 1,
-    transport: Annotated[
-        str, typer.Option("--transport", help="Where ticks come from: local (in-process).")
-    ] = "local",
+    transport: TransportOption = None,
     store: StoreOption = None,
     config: ConfigOption = None,
 ) -> None:
-    """Run workers fed by the reconciler (views are caught up on each pass)."""
-    if transport != "local":
-        raise typer.BadParameter(f"unknown transport {transport!r}; available: local")
-    _run(store, config, RunnerSettings(workers=workers, projections=False), "worker")
+    """Run workers. local: fed by the reconciler (views caught up on each pass).
+    kafka: consumer-group members of the ticks and signals topics, nothing else."""
+    _run(store, config, RunnerSettings(workers=workers, projections=False), "worker", transport)
 
 
 def reconcile(
     once: Annotated[bool, typer.Option("--once", help="One pass, then exit.")] = False,
+    transport: TransportOption = None,
     store: StoreOption = None,
     config: ConfigOption = None,
     json: JsonFlag = False,
@@ -87,10 +103,14 @@ def reconcile(
     """Re-enqueue what is due (timers, lapsed leases, lost ticks) and run those ticks.
 
     With --once: one pass (every queued job counts as due), the ticks it enqueued are
-    handled, and the counts printed.
+    handled, and the counts printed. With --transport kafka the due ticks are published
+    to the ticks topic (the workers run them) and nothing is run here.
     """
+    if _is_kafka(transport, store, config):
+        _reconcile_kafka(once, store, config, json)
+        return
     if not once:
-        _run(store, config, RunnerSettings(workers=1, projections=False), "reconcile")
+        _run(store, config, RunnerSettings(workers=1, projections=False), "reconcile", transport)
         return
     with open_engine(store, config, purpose="reconcile", definitions=True, executor=True) as engine:
         runner = EmbeddedRunner(engine)
@@ -113,8 +133,25 @@ def reconcile(
 
 
 @projections_app.command("run")
-def projections_run(store: StoreOption = None, config: ConfigOption = None) -> None:
+def projections_run(
+    outbox: Annotated[
+        bool,
+        typer.Option(
+            "--outbox",
+            help="Also publish every job event to the Kafka events topic (the outbox).",
+        ),
+    ] = False,
+    store: StoreOption = None,
+    config: ConfigOption = None,
+) -> None:
     """Follow the log and keep the views up to date until Ctrl-C."""
+    if outbox:
+        from jobledger.kafka_runner import KafkaRunnerSettings
+
+        settings = KafkaRunnerSettings(workers=0, projections=True, outbox=True)
+        with open_engine(store, config, purpose="projections run") as engine:
+            _run_kafka(engine, settings, "projections")
+        return
     with open_engine(store, config, purpose="projections run") as engine:
         runner = ProjectionRunner(_views(engine))
         with _stop_on_signals(runner.stop):
@@ -143,9 +180,15 @@ def projections_rebuild(
 def projections_status(
     store: StoreOption = None, config: ConfigOption = None, json: JsonFlag = False
 ) -> None:
-    """How far each partition's views are behind the log."""
+    """How far each partition's views (and, with the kafka transport, the outbox) are
+    behind the log."""
     with open_engine(store, config, purpose="projections status") as engine:
-        lag = _views(engine).lag()
+        views = _views(engine)
+        lag = views.lag()
+        if engine.config.transport == "kafka":
+            from projections.outbox import outbox_lag
+
+            lag += outbox_lag(views.store)
     if json:
         output.print_json([{**vars(entry), "behind": entry.behind} for entry in lag])
         return
@@ -160,8 +203,22 @@ def projections_status(
 # ---- plumbing ---------------------------------------------------------------------------
 
 
-def _run(store: str | None, config: Any, settings: RunnerSettings, name: str) -> None:
+def _run(
+    store: str | None, config: Any, settings: RunnerSettings, name: str, transport: str | None
+) -> None:
     with open_engine(store, config, purpose=name, definitions=True, executor=True) as engine:
+        if _use_transport(engine, transport) == "kafka":
+            from jobledger.kafka_runner import KafkaRunnerSettings
+
+            everything = name == "run"
+            kafka_settings = KafkaRunnerSettings(
+                workers=settings.workers if name != "reconcile" else 0,
+                projections=everything,
+                outbox=everything,
+                reconciler=everything or name == "reconcile",
+            )
+            _run_kafka(engine, kafka_settings, name)
+            return
         runner = EmbeddedRunner(engine, settings)
         output.console().print(
             f"jobledger {name}: {settings.workers} worker(s) on "
@@ -170,6 +227,82 @@ def _run(store: str | None, config: Any, settings: RunnerSettings, name: str) ->
         with _stop_on_signals(runner.stopping.set):
             runner.run()
         output.console().print(f"stopped cleanly after {runner.handled} ticks")
+
+
+def _is_kafka(transport: str | None, store: str | None, config: Any) -> bool:
+    if transport is None:
+        return load_settings(config, store).engine.transport == "kafka"
+    return _check_transport(transport) == "kafka"
+
+
+def _check_transport(transport: str) -> str:
+    if transport not in TRANSPORTS:
+        raise typer.BadParameter(
+            f"unknown transport {transport!r}; available: {', '.join(TRANSPORTS)}",
+            param_hint="--transport",
+        )
+    return transport
+
+
+def _use_transport(engine: Engine, transport: str | None) -> str:
+    """The --transport flag wins over the setting; kafka swaps in the Kafka queue."""
+    chosen = _check_transport(transport or engine.config.transport)
+    if chosen == "kafka":
+        from jobledger.adapters.kafka import KafkaQueue, KafkaSettings
+
+        if not isinstance(engine.queue, KafkaQueue):
+            engine.use_queue(KafkaQueue(KafkaSettings.of(engine.config)))
+    return chosen
+
+
+def _run_kafka(engine: Engine, settings: Any, name: str) -> None:
+    from jobledger.kafka_runner import KafkaRunner
+
+    runner = KafkaRunner(engine, settings)
+    parts = [
+        f"{settings.workers} Kafka worker(s)" if settings.workers else "",
+        "views" if settings.projections else "",
+        "outbox" if settings.outbox else "",
+        "reconciler" if settings.reconciler else "",
+    ]
+    output.console().print(
+        f"jobledger {name}: {', '.join(p for p in parts if p)} on "
+        f"{output.redact(engine.config.store_url)} and Kafka at "
+        f"{engine.config.kafka_bootstrap_servers} (Ctrl-C to stop)"
+    )
+    with _stop_on_signals(runner.stopping.set):
+        runner.run()
+    output.console().print(f"stopped cleanly after {runner.handled} messages")
+
+
+def _reconcile_kafka(once: bool, store: str | None, config: Any, json: bool) -> None:
+    from jobledger.adapters.kafka import ensure_topics
+    from jobledger.kafka_runner import KafkaRunner, KafkaRunnerSettings
+
+    with open_engine(store, config, purpose="reconcile") as engine:
+        _use_transport(engine, "kafka")
+        if not once:
+            _run_kafka(engine, KafkaRunnerSettings(workers=0, reconciler=True), "reconcile")
+            return
+        runner = KafkaRunner(engine, KafkaRunnerSettings(workers=0, reconciler=True))
+        assert runner.views is not None and runner.reconciler is not None
+        if runner.kafka.create_topics:
+            ensure_topics(runner.kafka)
+        runner.views.catch_up()
+        # By hand, a queued job is due now: publish its tick.
+        result = runner.reconciler.reconcile(lost_tick_after=timedelta(0))
+        runner.reconciler.stop()
+    document = {**vars(result), "published": result.enqueued}
+    if json:
+        output.print_json(document)
+        return
+    if not result.acted:
+        output.console().print("another reconciler holds the lock: nothing done")
+        return
+    output.console().print(
+        f"scanned {result.scanned}, published {result.enqueued} ticks to "
+        f"{engine.config.kafka_ticks_topic}, skipped {result.skipped}"
+    )
 
 
 @contextmanager

@@ -370,6 +370,16 @@ def _discarded(d: Mapping[str, Any]) -> AuditLine:
     return AuditLine(by, f"#{d['step_number']}", text)
 
 
+def _migrated(d: Mapping[str, Any]) -> AuditLine:
+    by = f"migrated_by {d['migrated_by']}" if d.get("migrated_by") else "migration"
+    text = f"v{d['from_version']} -> v{d['to_version']}"
+    if d.get("forced"):
+        text += f", FORCED ({d.get('reason') or 'no reason given'})"
+    elif d.get("reason"):
+        text += f" ({d['reason']})"
+    return AuditLine(by, "", f"{text}; replay: {d['replay_verdict']}")
+
+
 _DESCRIBERS = {
     "Submitted": _submitted,
     "Claimed": _claimed,
@@ -387,4 +397,5 @@ _DESCRIBERS = {
     "BudgetRaised": _budget_raised,
     "Cancelled": _cancelled,
     "LateResultDiscarded": _discarded,
+    "Migrated": _migrated,
 }

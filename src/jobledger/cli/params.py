@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -37,6 +38,15 @@ def parse_json_object(value: str) -> JsonObject:
     if not isinstance(data, dict):
         raise typer.BadParameter(f"must be a JSON object, got {type(data).__name__}")
     return JsonObject(data)
+
+
+def parse_moment(value: str) -> datetime:
+    """An ISO 8601 time; without a timezone it is UTC."""
+    try:
+        moment = datetime.fromisoformat(value.strip())
+    except ValueError:
+        raise typer.BadParameter(f"not an ISO 8601 time: {value!r}") from None
+    return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
 
 
 def _json_option(name: str, help: str) -> Any:

@@ -1,0 +1,291 @@
+"""The event outbox: every job event, published to the events topic in log order.
+
+It follows each partition's notification log like the views do, and keeps its own
+eventsourcing tracking record per partition (``<partition>.outbox``). The tracking
+record is written only after the publisher says every message of the batch was
+acknowledged, so a crash never loses an event: the next start publishes again from the
+tracked position. Duplicates are possible after a crash, and they carry the same
+position (and job version) so consumers can drop them.
+
+A message: key ``tenant/job``; headers ``tenant``, ``job``, ``job_uuid``,
+``event_type``, ``job_version``, ``log`` (the partition) and ``position`` (the event's
+notification id in that log); value the canonical JSON of the event with its chain
+hash, ``{"type": "Job.StepRecorded", "fields": {...}}``. :func:`decode_event` turns a
+value back into the domain event, so a consumer can fold job state (and verify the
+hash chain) from the topic alone: apply an event when its ``job_version`` is the next
+one for its job, drop it when it is older.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import threading
+import typing
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from decimal import Decimal
+from typing import Any, Protocol
+from uuid import UUID
+
+from eventsourcing.persistence import IntegrityError, Notification, PersistenceError, Tracking
+
+from jobledger.adapters.event_store import EventSourcedJobStore, LedgerPartition
+from jobledger.adapters.locks import schema_lock
+from jobledger.errors import StoreUnavailableError
+from jobledger.job import Job
+from jobledger.ports import Lock
+from projections.job_views import Lag, _dialect
+
+log = logging.getLogger(__name__)
+
+BATCH = 500
+MAX_BACKOFF_SECONDS = 30.0
+_NAMES_CACHED = 100_000
+
+
+@dataclass(frozen=True)
+class OutboxMessage:
+    key: bytes
+    value: bytes
+    headers: list[tuple[str, bytes]]
+    log: str
+    position: int
+
+
+class EventPublisher(Protocol):
+    def publish(self, messages: Sequence[OutboxMessage]) -> None:
+        """Send every message (in order per key) and return only once all of them were
+        acknowledged; raise if any was not."""
+
+
+class Outbox:
+    def __init__(
+        self,
+        store: EventSourcedJobStore,
+        publisher: EventPublisher,
+        *,
+        lock: Lock | None = None,
+        batch: int = BATCH,
+    ) -> None:
+        self.store = store
+        self.publisher = publisher
+        self.lock = lock
+        self.batch = batch
+        self.dialect = _dialect(store.partitions[0])
+        self.published = 0
+        self._names: OrderedDict[UUID, tuple[str, str]] = OrderedDict()
+        with schema_lock(store.location):
+            self.dialect.tracking.create_table()  # type: ignore[attr-defined]
+
+    # ---- following the log -------------------------------------------------------------
+
+    @staticmethod
+    def tracking_name(partition: LedgerPartition) -> str:
+        return f"{partition.name}.outbox"
+
+    def position(self, partition: LedgerPartition) -> int:
+        return self.dialect.tracking.max_tracking_id(self.tracking_name(partition)) or 0
+
+    def pending(self, partition: LedgerPartition) -> Sequence[Notification]:
+        notifications: Sequence[Notification] = partition.recorder.select_notifications(
+            self.position(partition), self.batch, inclusive_of_start=False
+        )
+        return notifications
+
+    def publish_pending(self) -> int:
+        """Publish everything appended so far (if this instance holds the outbox lock:
+        one publisher at a time keeps each job's events in order on the topic).
+        Returns how many events were published."""
+        if self.lock is not None and not self.lock.try_acquire():
+            return 0
+        published = 0
+        for partition in self.store.partitions:
+            while batch := self.pending(partition):
+                published += self.publish_batch(partition, batch)
+        return published
+
+    def publish_batch(
+        self, partition: LedgerPartition, notifications: Sequence[Notification]
+    ) -> int:
+        messages = []
+        for notification in notifications:
+            event = partition.mapper.to_domain_event(notification)
+            if isinstance(event, Job.Event):
+                messages.append(self.message(partition.name, notification.id, event))
+        if messages:
+            self.publisher.publish(messages)  # every message acknowledged, or it raises
+        self.track(partition, notifications[-1].id)
+        self.published += len(messages)
+        return len(messages)
+
+    def track(self, partition: LedgerPartition, position: int) -> None:
+        """Only after the broker acknowledged the batch."""
+        try:
+            self.dialect.tracking.insert_tracking(Tracking(self.tracking_name(partition), position))
+        except IntegrityError:
+            log.info("the outbox of %s was tracked up to here by another publisher", partition.name)
+
+    def lag(self) -> list[Lag]:
+        return outbox_lag(self.store)
+
+    # ---- one message -------------------------------------------------------------------
+
+    def message(self, log_name: str, position: int, event: Job.Event) -> OutboxMessage:
+        tenant_id, job_id = self.names(event)
+        event_type = type(event).__qualname__
+        headers = [
+            ("tenant", tenant_id.encode()),
+            ("job", job_id.encode()),
+            ("job_uuid", str(event.originator_id).encode()),
+            ("event_type", event_type.rpartition(".")[2].encode()),
+            ("job_version", str(event.originator_version).encode()),
+            ("log", log_name.encode()),
+            ("position", str(position).encode()),
+        ]
+        return OutboxMessage(
+            key=f"{tenant_id}/{job_id}".encode(),
+            value=encode_event(event),
+            headers=headers,
+            log=log_name,
+            position=position,
+        )
+
+    def names(self, event: Job.Event) -> tuple[str, str]:
+        """The job's tenant and id (only Submitted carries them; later events are looked
+        up once per job and cached)."""
+        job = event.originator_id
+        if isinstance(event, Job.Submitted):
+            names = (event.tenant_id, event.job_id)
+        elif job in self._names:
+            self._names.move_to_end(job)
+            return self._names[job]
+        else:
+            first = self.store.events(job, to_version=1)
+            if not first or not isinstance(first[0], Job.Submitted):
+                raise StoreUnavailableError(f"job {job} has no Submitted event to name it by")
+            names = (first[0].tenant_id, first[0].job_id)
+        self._names[job] = names
+        if len(self._names) > _NAMES_CACHED:
+            self._names.popitem(last=False)
+        return names
+
+
+def outbox_lag(store: EventSourcedJobStore) -> list[Lag]:
+    """Per partition: the last event, the last one published, how far behind."""
+    tracking = _dialect(store.partitions[0]).tracking
+    return [
+        Lag(
+            Outbox.tracking_name(p),
+            p.recorder.max_notification_id() or 0,
+            tracking.max_tracking_id(Outbox.tracking_name(p)) or 0,
+        )
+        for p in store.partitions
+    ]
+
+
+class OutboxRunner:
+    """Keeps the outbox publishing: woken by LISTEN/NOTIFY on PostgreSQL, polling on
+    SQLite; backs off on a store or broker error and resumes from the tracked position."""
+
+    def __init__(self, outbox: Outbox, *, poll_interval: float = 0.2) -> None:
+        self.outbox = outbox
+        self.poll_interval = poll_interval
+        self.stopping = threading.Event()
+        self.failures = 0
+
+    def run_forever(self) -> None:
+        channels = [
+            str(getattr(p.recorder, "channel_name", ""))
+            for p in self.outbox.store.partitions
+            if hasattr(p.recorder, "channel_name")
+        ]
+        waiter = self.outbox.dialect.waiter(channels)
+        try:
+            while not self.stopping.is_set():
+                if self.run_once():
+                    waiter.wait(self.poll_interval)
+                else:
+                    self.stopping.wait(self.backoff())
+        finally:
+            waiter.close()
+            if self.outbox.lock is not None:
+                self.outbox.lock.release()
+
+    def run_once(self) -> bool:
+        try:
+            self.outbox.publish_pending()
+        except (PersistenceError, StoreUnavailableError):
+            self.failures += 1
+            log.warning(
+                "outbox pass failed (%d in a row); retrying after %.1fs",
+                self.failures,
+                self.backoff(),
+                exc_info=True,
+            )
+            return False
+        self.failures = 0
+        return True
+
+    def backoff(self) -> float:
+        delay: float = min(MAX_BACKOFF_SECONDS, 0.5 * 2.0 ** max(0, self.failures - 1))
+        return delay
+
+    def stop(self) -> None:
+        self.stopping.set()
+
+
+# ---- the value: canonical JSON of the event, and back -----------------------------------
+
+
+def _default(value: object) -> object:
+    if isinstance(value, datetime):
+        return value.isoformat()
+    if isinstance(value, UUID | Decimal):
+        return str(value)
+    raise TypeError(f"not canonicalisable: {type(value).__name__}")
+
+
+def encode_event(event: Job.Event) -> bytes:
+    """Sorted-key compact JSON of the event's type and every field, chain hash included
+    (the same canonical form the chain hashes, plus the hash itself)."""
+    fields = {f.name: getattr(event, f.name) for f in dataclasses.fields(event)}
+    document = {"type": type(event).__qualname__, "fields": fields}
+    return json.dumps(
+        document, sort_keys=True, separators=(",", ":"), default=_default, ensure_ascii=False
+    ).encode()
+
+
+def decode_event(value: bytes) -> Job.Event:
+    """The domain event a message's value holds (fields typed back: times, amounts,
+    the job's UUID), as a consumer folding job state from the topic needs it."""
+    document = json.loads(value)
+    kind = document["type"]
+    owner, _, name = kind.partition(".")
+    cls = getattr(Job, name, None) if owner == "Job" else None
+    if not isinstance(cls, type) or not issubclass(cls, Job.Event):
+        raise ValueError(f"not a job event type: {kind!r}")
+    hints = _hints(cls)
+    state = {key: _revive(hints.get(key), raw) for key, raw in document["fields"].items()}
+    state["originator_id"] = UUID(state["originator_id"])
+    event = object.__new__(cls)
+    event.__dict__.update(state)
+    return event
+
+
+def _hints(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
+
+
+def _revive(hint: Any, raw: Any) -> Any:
+    if raw is None or not isinstance(raw, str):
+        return raw
+    options = typing.get_args(hint) if typing.get_args(hint) else (hint,)
+    if datetime in options:
+        return datetime.fromisoformat(raw)
+    if Decimal in options:
+        return Decimal(raw)
+    return raw

@@ -1,0 +1,352 @@
+"""End-to-end tick latency and throughput over a real Kafka broker, on PostgreSQL.
+
+For each worker count (default: 1 and 2), in a fresh PostgreSQL schema and fresh topics:
+
+1. N one-step jobs are submitted without a tick (``run_interaction_task`` with a no-op
+   executor that records the step and completes the job in ONE append).
+2. W worker processes start (``KafkaWorker``, the consumer ``jobledger worker
+   --transport kafka`` runs), each its own process, and join the group.
+3. Latency: ticks are published one by one at ``--rate`` per second (open loop, so the
+   queue stays short) through ``KafkaQueue`` (each waits for the broker's ack). A tick
+   carries its publish time (wall clock, ms); the worker notes the time when the tick's
+   step is recorded (the append committed), before the offset is committed. Latency =
+   recorded - published, p50 / p95 / p99 / max.
+4. Throughput: ``--burst`` ticks are published as fast as the producer goes (async,
+   one flush); ticks/s = burst / (last step recorded - first tick published).
+
+Every tick records exactly one step, so ticks/s is also steps/s. The broker, PostgreSQL,
+the workers and this script share the machine: on a 2-core box the figures are what two
+cores give for all of them together (the report shows the load average).
+
+Usage::
+
+    . .venv/bin/activate
+    python scripts/bench_kafka.py                      # 1 and 2 workers
+    python scripts/bench_kafka.py --workers 1 2 4 --burst 4000 --json
+
+Kafka: ``--bootstrap``, else JOBLEDGER_KAFKA_BOOTSTRAP_SERVERS or
+JOBLEDGER_TEST_KAFKA_BOOTSTRAP, else a broker started for the run with
+``scripts/kafka-local`` (and stopped after). PostgreSQL: ``--postgres-url``, else
+JOBLEDGER_TEST_POSTGRES_URL, else ``scripts/postgres-local``. Progress goes to stderr,
+the report to stdout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import psycopg
+
+from jobledger import (
+    Engine,
+    EngineConfig,
+    FunctionRegistry,
+    JobStatus,
+    Resolution,
+    StepRequest,
+    StepResult,
+    Tick,
+    linear_workflow,
+)
+from jobledger.adapters.kafka import KafkaQueue, KafkaSettings, ensure_topics, job_key
+from jobledger.adapters.kafka.messages import TickMessage, encode_tick
+from jobledger.adapters.kafka.worker import KafkaWorker
+from jobledger.orchestrator import TickReport
+
+ROOT = Path(__file__).resolve().parent.parent
+TENANT = "bench"
+WORKFLOW = "one"
+
+
+def registry() -> FunctionRegistry:
+    one = FunctionRegistry()
+    one.register(
+        WORKFLOW, 1, linear_workflow([Resolution("run_interaction_task", JobStatus.COMPLETED)])
+    )
+    return one
+
+
+class NoOp:
+    def execute(self, request: StepRequest) -> StepResult:
+        return StepResult()
+
+
+class Dropped:
+    """A queue that drops every tick: jobs are submitted without one."""
+
+    def enqueue(self, tick: Tick, *, delay_ms: int = 0, dedupe_key: str | None = None) -> None:
+        return None
+
+
+def note(message: str) -> None:
+    print(f"bench_kafka: {message}", file=sys.stderr, flush=True)
+
+
+# ---- the worker process ----------------------------------------------------------------
+
+
+def worker_main(results: Path) -> int:
+    """One worker process: handles ticks; per tick appends 'published_ms recorded_ms'."""
+    logging.basicConfig(level=logging.ERROR)
+    config = EngineConfig()
+    fd = os.open(results, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+
+    def observe(message: TickMessage, report: TickReport | None) -> None:
+        done = time.time() * 1000
+        os.write(fd, f"{message.enqueued_at_ms} {done:.3f}\n".encode())
+
+    with Engine.open(registry=registry(), executor=NoOp(), config=config) as engine:
+        worker = KafkaWorker(engine, KafkaSettings.of(config), on_tick=observe)
+        ready = results.with_suffix(f".ready.{os.getpid()}")
+
+        def say_ready() -> None:
+            if worker.joined.wait(120):
+                ready.touch()
+
+        threading.Thread(target=say_ready, daemon=True).start()
+        signal.signal(signal.SIGTERM, lambda *_: worker.stop())
+        worker.run()
+    return 0
+
+
+# ---- one measurement -------------------------------------------------------------------
+
+
+@dataclass
+class Figures:
+    workers: int
+    latency_ticks: int
+    rate_per_s: float
+    p50_ms: float
+    p95_ms: float
+    p99_ms: float
+    max_ms: float
+    burst_ticks: int
+    ticks_per_s: float
+    load_average: float
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    index = min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))
+    return ordered[index]
+
+
+def measure(workers: int, args: argparse.Namespace, bootstrap: str, pg: str) -> Figures:
+    prefix = f"bench{uuid.uuid4().hex[:8]}"
+    fields = {
+        "transport": "kafka",
+        "kafka_bootstrap_servers": bootstrap,
+        "kafka_ticks_topic": f"{prefix}.ticks",
+        "kafka_ticks_dlq_topic": f"{prefix}.ticks.dlq",
+        "kafka_signals_topic": f"{prefix}.signals",
+        "kafka_signals_dlq_topic": f"{prefix}.signals.dlq",
+        "kafka_events_topic": f"{prefix}.events",
+        "kafka_group_id": f"{prefix}.workers",
+        "kafka_topic_partitions": args.partitions,
+    }
+    with fresh_schema(pg) as url, tempfile.TemporaryDirectory() as tmp:
+        config = EngineConfig(store_url=url, worker_id="bench", **fields)
+        settings = KafkaSettings.of(config)
+        ensure_topics(settings)
+        total = args.latency_ticks + args.burst
+        note(f"{workers} worker(s): submitting {total} jobs")
+        with Engine.open(registry=registry(), config=config, queue=Dropped()) as engine:
+            for n in range(total):
+                engine.submit(TENANT, f"job-{n}", WORKFLOW)
+        results = Path(tmp) / "results"
+        env = {
+            **os.environ,
+            **{f"JOBLEDGER_{k.upper()}": str(v) for k, v in fields.items()},
+            "JOBLEDGER_STORE_URL": url,
+        }
+        procs = [
+            subprocess.Popen(
+                [sys.executable, __file__, "--worker", str(results)],
+                env={**env, "JOBLEDGER_WORKER_ID": f"bench-{n}"},
+            )
+            for n in range(workers)
+        ]
+        try:
+            deadline = time.monotonic() + 60
+            while len(list(Path(tmp).glob("results.ready.*"))) < workers:
+                if time.monotonic() > deadline:
+                    raise SystemExit("the workers did not join the group")
+                time.sleep(0.1)
+            time.sleep(2.0)  # let the group settle (every member's assignment in place)
+
+            queue = KafkaQueue(settings)
+            note(f"latency: {args.latency_ticks} ticks at {args.rate}/s")
+            interval = 1.0 / args.rate
+            start = time.monotonic()
+            for n in range(args.latency_ticks):
+                time.sleep(max(0.0, start + n * interval - time.monotonic()))
+                queue.publish(Tick(TENANT, f"job-{n}", "bench"))
+            wait_lines(results, args.latency_ticks)
+            latencies = [b - a for a, b in read_lines(results)]
+
+            note(f"throughput: {args.burst} ticks at once")
+            producer = queue.producer()
+            first = time.time() * 1000
+            for n in range(args.latency_ticks, total):
+                tick = Tick(TENANT, f"job-{n}", "bench")
+                value = encode_tick(tick, dedupe_key=None, enqueued_at_ms=int(time.time() * 1000))
+                producer.send(settings.ticks_topic, key=job_key(TENANT, tick.job_id), value=value)
+            producer.flush()
+            wait_lines(results, total)
+            burst = read_lines(results)[args.latency_ticks :]
+            last = max(done for _, done in burst)
+            queue.close()
+        finally:
+            for proc in procs:
+                proc.terminate()
+            for proc in procs:
+                proc.wait(timeout=60)
+        check_all_completed(url, total)
+    return Figures(
+        workers=workers,
+        latency_ticks=args.latency_ticks,
+        rate_per_s=args.rate,
+        p50_ms=round(percentile(latencies, 0.50), 1),
+        p95_ms=round(percentile(latencies, 0.95), 1),
+        p99_ms=round(percentile(latencies, 0.99), 1),
+        max_ms=round(max(latencies), 1),
+        burst_ticks=args.burst,
+        ticks_per_s=round(args.burst / ((last - first) / 1000), 1),
+        load_average=round(os.getloadavg()[0], 2),
+    )
+
+
+def read_lines(path: Path) -> list[tuple[float, float]]:
+    if not path.exists():
+        return []
+    pairs = []
+    for line in path.read_text().splitlines():
+        published, recorded = line.split()
+        pairs.append((float(published), float(recorded)))
+    return pairs
+
+
+def wait_lines(path: Path, count: int, timeout: float = 300) -> None:
+    deadline = time.monotonic() + timeout
+    while len(read_lines(path)) < count:
+        if time.monotonic() > deadline:
+            raise SystemExit(f"only {len(read_lines(path))} of {count} ticks were handled")
+        time.sleep(0.05)
+
+
+def check_all_completed(url: str, total: int) -> None:
+    with Engine.open(registry=registry(), config=EngineConfig(store_url=url)) as engine:
+        unfinished = [
+            n
+            for n in range(total)
+            if engine.job(TENANT, f"job-{n}").status is not JobStatus.COMPLETED
+        ]
+    if unfinished:
+        raise SystemExit(f"{len(unfinished)} jobs did not complete")
+
+
+# ---- services --------------------------------------------------------------------------
+
+
+@contextmanager
+def fresh_schema(base_url: str) -> Iterator[str]:
+    schema = f"bench_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(base_url, autocommit=True) as conn:
+        conn.execute(f"CREATE SCHEMA {schema}")
+    try:
+        separator = "&" if "?" in base_url else "?"
+        yield f"{base_url}{separator}schema={schema}"
+    finally:
+        with psycopg.connect(base_url, autocommit=True) as conn:
+            conn.execute(f"DROP SCHEMA {schema} CASCADE")
+
+
+@contextmanager
+def kafka(given: str | None) -> Iterator[str]:
+    found = (
+        given
+        or os.environ.get("JOBLEDGER_KAFKA_BOOTSTRAP_SERVERS")
+        or os.environ.get("JOBLEDGER_TEST_KAFKA_BOOTSTRAP")
+    )
+    if found:
+        yield found
+        return
+    data = tempfile.mkdtemp(prefix="bench-kafka-")
+    env = {**os.environ, "PYTHON": sys.executable}
+    note("starting a broker with scripts/kafka-local")
+    script = str(ROOT / "scripts" / "kafka-local")
+    started = subprocess.run(
+        [script, "start", "--data-dir", data], env=env, capture_output=True, text=True
+    )
+    if started.returncode != 0:
+        raise SystemExit(f"scripts/kafka-local start failed:\n{started.stderr}")
+    try:
+        yield started.stdout.strip().splitlines()[-1]
+    finally:
+        subprocess.run([script, "stop", "--data-dir", data], env=env, capture_output=True)
+
+
+def postgres(given: str | None) -> str:
+    found = given or os.environ.get("JOBLEDGER_TEST_POSTGRES_URL")
+    if found:
+        return found
+    started = subprocess.run(
+        [str(ROOT / "scripts" / "postgres-local")], capture_output=True, text=True
+    )
+    if started.returncode != 0:
+        raise SystemExit(f"no PostgreSQL: scripts/postgres-local failed:\n{started.stderr}")
+    return started.stdout.strip()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--workers", type=int, nargs="+", default=[1, 2])
+    parser.add_argument("--latency-ticks", type=int, default=500)
+    parser.add_argument("--rate", type=float, default=50.0, help="latency phase ticks/s")
+    parser.add_argument("--burst", type=int, default=3000)
+    parser.add_argument("--partitions", type=int, default=4)
+    parser.add_argument("--bootstrap", help="Kafka bootstrap servers")
+    parser.add_argument("--postgres-url")
+    parser.add_argument("--json", action="store_true")
+    parser.add_argument("--worker", type=Path, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.worker is not None:
+        return worker_main(args.worker)
+    logging.basicConfig(level=logging.ERROR)
+    # kafka-python logs a harmless socket race on close at ERROR: keep the report clean.
+    logging.getLogger("kafka").setLevel(logging.CRITICAL)
+    pg = postgres(args.postgres_url)
+    with kafka(args.bootstrap) as bootstrap:
+        figures = [measure(n, args, bootstrap, pg) for n in args.workers]
+    if args.json:
+        print(json.dumps([asdict(f) for f in figures], indent=2))
+        return 0
+    print(f"Kafka tick latency and throughput on PostgreSQL ({os.cpu_count()} CPUs)")
+    print("workers  p50 ms  p95 ms  p99 ms  max ms  (at rate/s)  burst ticks/s  load")
+    for f in figures:
+        print(
+            f"{f.workers:>7}  {f.p50_ms:>6}  {f.p95_ms:>6}  {f.p99_ms:>6}  {f.max_ms:>6}  "
+            f"{f.rate_per_s:>11}  {f.ticks_per_s:>13}  {f.load_average:>4}"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

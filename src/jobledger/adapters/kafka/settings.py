@@ -1,0 +1,61 @@
+"""What the Kafka adapters need from :class:`~jobledger.config.EngineConfig`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from jobledger.config import EngineConfig
+
+
+@dataclass(frozen=True)
+class KafkaSettings:
+    bootstrap_servers: str = "localhost:9092"
+    ticks_topic: str = "jobledger.ticks"
+    ticks_dlq_topic: str = "jobledger.ticks.dlq"
+    signals_topic: str = "jobledger.signals"
+    signals_dlq_topic: str = "jobledger.signals.dlq"
+    events_topic: str = "jobledger.events"
+    group_id: str = "jobledger-workers"
+    client_id: str = "jobledger"
+    create_topics: bool = True
+    topic_partitions: int = 12
+    replication_factor: int = 1
+    session_timeout_ms: int = 10_000
+    send_timeout_ms: int = 15_000
+    worker_id: str = "jobledger"
+
+    @classmethod
+    def of(cls, config: EngineConfig) -> KafkaSettings:
+        return cls(
+            bootstrap_servers=config.kafka_bootstrap_servers,
+            ticks_topic=config.kafka_ticks_topic,
+            ticks_dlq_topic=config.kafka_ticks_dlq_topic,
+            signals_topic=config.kafka_signals_topic,
+            signals_dlq_topic=config.kafka_signals_dlq_topic,
+            events_topic=config.kafka_events_topic,
+            group_id=config.kafka_group_id,
+            client_id=config.kafka_client_id,
+            create_topics=config.kafka_create_topics,
+            topic_partitions=config.kafka_topic_partitions,
+            replication_factor=config.kafka_replication_factor,
+            session_timeout_ms=config.kafka_session_timeout_ms,
+            send_timeout_ms=config.kafka_send_timeout_ms,
+            worker_id=config.worker_id,
+        )
+
+    @property
+    def servers(self) -> list[str]:
+        return [s.strip() for s in self.bootstrap_servers.split(",") if s.strip()]
+
+    @property
+    def topics(self) -> list[str]:
+        return [
+            self.ticks_topic,
+            self.ticks_dlq_topic,
+            self.signals_topic,
+            self.signals_dlq_topic,
+            self.events_topic,
+        ]
+
+    def dlq_for(self, topic: str) -> str:
+        return self.signals_dlq_topic if topic == self.signals_topic else self.ticks_dlq_topic

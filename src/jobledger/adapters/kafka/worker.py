@@ -1,0 +1,362 @@
+"""The Kafka worker: a consumer-group member that handles ticks and signals.
+
+The rule that matters: an offset is committed only after the message's effect is
+durable, never before (a consumer that commits first loses the message when it dies in
+between, as DBOS's Kafka consumer did: dbos-transact-py#733). The effect of a tick is
+its appends to the store and the ticks it publishes (acknowledged before ``enqueue``
+returns); the effect of a dead-lettered message is its copy on the dead-letter topic.
+
+- A malformed or undecodable message, or one about a job that does not exist, goes to
+  the dead-letter topic with the reason in its headers; then its offset is committed.
+- An infrastructure error (the store or the broker unavailable) is NOT committed: the
+  partition is rewound to the failed message and the worker backs off and retries, so
+  no message is ever skipped. The retry of a tick keeps the claim it held.
+- A worker that dies mid-message leaves its offset uncommitted: the message is delivered
+  again (to this worker after a restart, or to another after the rebalance). Claims and
+  step keys make that safe: a recorded step is never recorded or run again.
+
+Commits happen after every polled batch, before the next poll. Rebalances only happen
+inside poll(), so nothing is pending when the rebalance listener runs; the listener
+only records assignments (it runs on the client's IO thread, where the blocking
+commit() must not be called).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
+
+from kafka import ConsumerRebalanceListener, OffsetAndMetadata, TopicPartition
+from kafka.errors import KafkaError
+
+from jobledger.adapters.kafka import clients
+from jobledger.adapters.kafka.clients import KafkaUnavailableError
+from jobledger.adapters.kafka.messages import (
+    MalformedMessage,
+    SignalMessage,
+    TickMessage,
+    decode_signal,
+    decode_tick,
+)
+from jobledger.adapters.kafka.settings import KafkaSettings
+from jobledger.errors import (
+    ConcurrencyError,
+    InvalidPayloadError,
+    JobFinishedError,
+    JobLedgerError,
+    StoreUnavailableError,
+    UnknownJobError,
+)
+from jobledger.ports import OpsEvent, Tick
+from jobledger.status import JobStatus
+
+if TYPE_CHECKING:
+    from jobledger.engine import Engine
+    from jobledger.orchestrator import TickReport
+
+log = logging.getLogger(__name__)
+
+MAX_BACKOFF_SECONDS = 5.0
+HANDLER_ATTEMPTS = 3
+"""An unexpected exception (a bug) is retried this often before the message is
+dead-lettered, so one poison message cannot stall its partition for ever."""
+DLQ_HEADER_PREFIX = "jobledger.dlq."
+
+Position = tuple[str, int, int]
+TickObserver = Callable[[TickMessage, "TickReport | None"], None]
+RecordHook = Callable[[Any], None]
+
+
+@dataclass
+class WorkerStats:
+    ticks: int = 0
+    signals: int = 0
+    dead_lettered: int = 0
+    retried: int = 0
+    committed: int = 0
+    commit_failures: int = 0
+    assignments: list[frozenset[TopicPartition]] = field(default_factory=list)
+    outcomes: Counter[str] = field(default_factory=Counter)
+
+
+class KafkaWorker:
+    def __init__(
+        self,
+        engine: Engine,
+        settings: KafkaSettings,
+        *,
+        stopping: threading.Event | None = None,
+        max_poll_records: int = 50,
+        on_tick: TickObserver | None = None,
+        after_effect: RecordHook | None = None,
+    ) -> None:
+        self.engine = engine
+        self.settings = settings
+        self.stopping = stopping if stopping is not None else threading.Event()
+        self.max_poll_records = max_poll_records
+        self.on_tick = on_tick
+        self.after_effect = after_effect
+        """Called once a message's effect is durable, before its offset is committed."""
+        self.stats = WorkerStats()
+        self.assignment: frozenset[TopicPartition] = frozenset()
+        self.joined = threading.Event()
+        self.failures = 0
+        self._claims: dict[Position, str] = {}
+        self._errors: Counter[Position] = Counter()
+        self._dlq_producer: Any = None
+
+    # ---- the loop ----------------------------------------------------------------------
+
+    def run(self) -> None:
+        """Poll, handle, commit until ``stopping`` is set; then leave the group."""
+        consumer = clients.consumer(
+            self.settings,
+            topics=[self.settings.ticks_topic, self.settings.signals_topic],
+            listener=_Listener(self),
+            max_poll_records=self.max_poll_records,
+        )
+        try:
+            while not self.stopping.is_set():
+                try:
+                    batch = consumer.poll(timeout_ms=200)
+                except KafkaError as error:
+                    self.failures += 1
+                    log.warning("poll failed, retrying after %.1fs: %r", self.backoff(), error)
+                    self.stopping.wait(self.backoff())
+                    continue
+                if batch:
+                    self.process_batch(consumer, batch)
+        finally:
+            try:
+                consumer.close(autocommit=False)
+            finally:
+                producer, self._dlq_producer = self._dlq_producer, None
+                if producer is not None:
+                    producer.close(timeout=5)
+
+    def stop(self) -> None:
+        self.stopping.set()
+
+    def process_batch(self, consumer: Any, batch: dict[TopicPartition, list[Any]]) -> None:
+        """Handle a polled batch in order per partition; commit what is durable; rewind
+        a partition to a message that hit an infrastructure error and back off."""
+        done: dict[TopicPartition, int] = {}
+        rewind: dict[TopicPartition, int] = {}
+        for partition, records in batch.items():
+            for record in records:
+                if self.stopping.is_set():
+                    break  # stop after the message in hand; the rest is delivered again
+                if rewind:
+                    # The store (or the broker) is away: leave the rest for the retry.
+                    rewind.setdefault(partition, record.offset)
+                    break
+                if not self.process(record):
+                    rewind[partition] = record.offset
+                    break
+                if self.after_effect is not None:
+                    self.after_effect(record)
+                done[partition] = record.offset + 1
+        for partition, offset in rewind.items():
+            consumer.seek(partition, offset)
+        self.commit(consumer, done)
+        if rewind:
+            self.failures += 1
+            self.stopping.wait(self.backoff())
+        else:
+            self.failures = 0
+
+    def commit(self, consumer: Any, offsets: dict[TopicPartition, int]) -> None:
+        if not offsets:
+            return
+        try:
+            consumer.commit({tp: OffsetAndMetadata(o, "", -1) for tp, o in offsets.items()})
+        except KafkaError as error:
+            # The partition was taken away (a rebalance) or the coordinator is away:
+            # those messages are delivered again, which is safe; nothing is skipped.
+            self.stats.commit_failures += 1
+            log.warning("offset commit failed; the messages will be re-delivered: %r", error)
+            return
+        self.stats.committed += sum(1 for _ in offsets)
+
+    def backoff(self) -> float:
+        return min(MAX_BACKOFF_SECONDS, 0.2 * 2.0 ** max(0, self.failures - 1))
+
+    # ---- one message ---------------------------------------------------------------------
+
+    def process(self, record: Any) -> bool:
+        """True when the message is done with (its offset may be committed), False when
+        it must be read again."""
+        position: Position = (record.topic, record.partition, record.offset)
+        try:
+            if record.topic == self.settings.signals_topic:
+                self.handle_signal(record)
+            else:
+                self.handle_tick(record, position)
+        except MalformedMessage as bad:
+            return self.dead_letter(record, bad.reason, bad.detail)
+        except (StoreUnavailableError, ConcurrencyError) as error:
+            if isinstance(error, StoreUnavailableError) and error.claim_id:
+                self._claims[position] = error.claim_id
+            self.stats.retried += 1
+            log.warning(
+                "%s[%d]@%d hit an infrastructure error; it will be retried: %s",
+                *position,
+                error,
+            )
+            return False
+        except Exception as error:  # a bug: retry a few times, then dead-letter it
+            self._errors[position] += 1
+            if self._errors[position] < HANDLER_ATTEMPTS:
+                log.exception("%s[%d]@%d failed; it will be retried", *position)
+                self.stats.retried += 1
+                return False
+            log.exception(
+                "%s[%d]@%d failed %d times; dead-lettering it", *position, HANDLER_ATTEMPTS
+            )
+            return self.dead_letter(record, "handler_error", repr(error))
+        self._claims.pop(position, None)
+        self._errors.pop(position, None)
+        return True
+
+    def handle_tick(self, record: Any, position: Position) -> None:
+        message = decode_tick(record.value)
+        # A retry after an infrastructure error goes on with the claim it held.
+        tick = replace(message.tick, claim_id=self._claims.get(position))
+        report: TickReport | None = None
+        try:
+            report = self.engine.orchestrator.tick(tick)
+        except UnknownJobError as error:
+            raise MalformedMessage("unknown_job", str(error)) from None
+        except InvalidPayloadError as error:
+            raise MalformedMessage("invalid", str(error)) from None
+        except StoreUnavailableError:
+            raise
+        except JobLedgerError as error:
+            # What Engine.handle does: reported and dropped (the reconciler re-publishes
+            # the tick while the job is due, e.g. once a missing executor is deployed).
+            self.ops(tick, "job.tick.rejected", error=str(error), reason=tick.reason)
+        self.stats.ticks += 1
+        if report is not None:
+            self.stats.outcomes[str(report.outcome)] += 1
+        if self.on_tick is not None:
+            self.on_tick(message, report)
+
+    def handle_signal(self, record: Any) -> None:
+        signal = decode_signal(record.value)
+        try:
+            outcome = self.engine.signal(
+                signal.tenant_id,
+                signal.job_id,
+                signal.event,
+                signal.payload,
+                signal_id=signal.signal_id,
+            )
+        except UnknownJobError as error:
+            raise MalformedMessage("unknown_job", str(error)) from None
+        except InvalidPayloadError as error:
+            raise MalformedMessage("invalid", str(error)) from None
+        except JobFinishedError as error:
+            raise MalformedMessage("job_finished", str(error)) from None
+        self.stats.signals += 1
+        self.stats.outcomes[f"signal_{outcome}"] += 1
+        if outcome == "duplicate":
+            self.wake_if_queued(signal)
+
+    def wake_if_queued(self, signal: SignalMessage) -> None:
+        """A re-delivered signal finds its id used. If the first delivery resumed the
+        job but died before publishing the tick, the job sits queued: publish it now."""
+        view = self.engine.job(signal.tenant_id, signal.job_id)
+        if view.status is JobStatus.QUEUED:
+            self.engine.queue.enqueue(
+                Tick(signal.tenant_id, signal.job_id, "signal"),
+                dedupe_key=f"signal:{view.version}",
+            )
+
+    # ---- the dead-letter topic -------------------------------------------------------
+
+    def dead_letter(self, record: Any, reason: str, detail: str) -> bool:
+        """Copy the message to the dead-letter topic, with why, and wait for the ack.
+        False (retry) if the broker did not take it."""
+        topic = self.settings.dlq_for(record.topic)
+        headers = [
+            *list(record.headers or []),
+            (f"{DLQ_HEADER_PREFIX}reason", reason.encode()),
+            (f"{DLQ_HEADER_PREFIX}error", detail[:2000].encode()),
+            (f"{DLQ_HEADER_PREFIX}topic", record.topic.encode()),
+            (f"{DLQ_HEADER_PREFIX}partition", str(record.partition).encode()),
+            (f"{DLQ_HEADER_PREFIX}offset", str(record.offset).encode()),
+            (f"{DLQ_HEADER_PREFIX}worker", self.settings.worker_id.encode()),
+            (f"{DLQ_HEADER_PREFIX}at", datetime.now(UTC).isoformat().encode()),
+        ]
+        try:
+            if self._dlq_producer is None:
+                self._dlq_producer = clients.producer(self.settings, role="dlq")
+            future = self._dlq_producer.send(
+                topic, key=record.key, value=record.value, headers=headers
+            )
+            future.get(timeout=self.settings.send_timeout_ms / 1000)
+        except (KafkaError, KafkaUnavailableError) as error:
+            log.warning("could not dead-letter %s@%d; retrying: %r", topic, record.offset, error)
+            self.stats.retried += 1
+            return False
+        self.stats.dead_lettered += 1
+        log.warning(
+            "dead-lettered %s[%d]@%d to %s: %s: %s",
+            record.topic,
+            record.partition,
+            record.offset,
+            topic,
+            reason,
+            detail,
+        )
+        kind = "signal" if record.topic == self.settings.signals_topic else "tick"
+        self.engine.ops.record(
+            OpsEvent(
+                jobId="",
+                tenantId="",
+                eventType=f"job.{kind}.dead_lettered",
+                status="unknown",
+                queueName=record.topic,
+                metadata={
+                    "reason": reason,
+                    "error": detail,
+                    "partition": record.partition,
+                    "offset": record.offset,
+                    "deadLetterTopic": topic,
+                },
+            )
+        )
+        return True
+
+    def ops(self, tick: Tick, event_type: str, **metadata: Any) -> None:
+        self.engine.ops.record(
+            OpsEvent(
+                jobId=tick.job_id,
+                tenantId=tick.tenant_id,
+                eventType=event_type,
+                status="unknown",
+                queueName=self.settings.ticks_topic,
+                metadata=metadata,
+            )
+        )
+
+
+class _Listener(ConsumerRebalanceListener):  # type: ignore[misc]
+    """Runs on the client's IO thread: it only records, it never commits."""
+
+    def __init__(self, worker: KafkaWorker) -> None:
+        self.worker = worker
+
+    def on_partitions_revoked(self, revoked: Any) -> None:
+        log.info("%s: partitions revoked: %s", self.worker.settings.worker_id, sorted(revoked))
+
+    def on_partitions_assigned(self, assigned: Any) -> None:
+        self.worker.assignment = frozenset(assigned)
+        self.worker.stats.assignments.append(frozenset(assigned))
+        self.worker.joined.set()
+        log.info("%s: partitions assigned: %s", self.worker.settings.worker_id, sorted(assigned))

@@ -1,0 +1,448 @@
+"""Export and import: a store's job histories as canonical JSON lines, and back.
+
+An export is one line per event, in job id then version order::
+
+    {"chain_hash":"…","data":{…},"job":"j1","job_uuid":"…","record":"event",
+     "tenant":"acme","timestamp":"2026-01-01T00:00:00+00:00","type":"StepRecorded",
+     "version":3}
+
+and, last, one manifest line (``"record":"manifest"``: format, export time, counts,
+every job's head hash, any broken chain). Each line is canonical JSON (sorted keys, no
+spaces, UTF-8), and ``data`` holds the event's fields exactly as the chain hashed them
+(times in ISO 8601, amounts as strings), so a file verifies with the standard library
+alone: ``sha256(previous + {"fields": {originator_id: job_uuid, originator_version:
+version, timestamp, **data}, "type": "Job." + type})``.
+
+Import refuses, writing nothing, a file that is malformed, whose chains or manifest do not
+verify, or a target store that is not empty. It then appends the very same events (ids,
+versions, timestamps, chain hashes) job by job, with the at-most-once keys their events
+consumed (step keys, the submit key, token nonces, signal ids, approval ids), so nothing
+can be done twice after an import that was done once before it.
+"""
+
+from __future__ import annotations
+
+import json
+import typing
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field, fields
+from datetime import datetime
+from decimal import Decimal
+from pathlib import Path
+from types import NoneType, UnionType
+from typing import Any, Final, TextIO
+from uuid import UUID
+
+from eventsourcing.persistence import IntegrityError, PersistenceError
+
+from jobledger import chain
+from jobledger.adapters.event_store import EventSourcedJobStore
+from jobledger.audit.errors import ImportRefusedError
+from jobledger.audit.log import events_of, is_empty, job_uuids, read_jobs
+from jobledger.audit.tamper import check_job
+from jobledger.errors import StoreUnavailableError, UnknownJobError
+from jobledger.identity import job_uuid as job_uuid_of
+from jobledger.job import Job
+from jobledger.keys import ConsumedKey, KeyKind
+
+EXPORT_FORMAT: Final = "jobledger.export/1"
+_BASE_FIELDS: Final = ("originator_id", "originator_version", "timestamp", chain.CHAIN_FIELD)
+
+Progress = Callable[[int, int], None]
+
+
+def canonical(document: Mapping[str, Any]) -> str:
+    """Sorted keys, no spaces, UTF-8 as is; times ISO 8601, amounts and ids as strings
+    (the chain's own canonical form)."""
+    return json.dumps(
+        document, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=_default
+    )
+
+
+def _default(value: object) -> object:
+    if isinstance(value, datetime):
+        return value.isoformat()
+    if isinstance(value, (UUID, Decimal)):
+        return str(value)
+    raise TypeError(f"not canonicalisable: {type(value).__name__}")
+
+
+# ---- export ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Selection:
+    """What to export: one job (tenant and job), one tenant, or everything."""
+
+    tenant_id: str | None = None
+    job_id: str | None = None
+
+    def document(self) -> dict[str, Any]:
+        if self.job_id is not None:
+            return {"tenant": self.tenant_id, "job": self.job_id}
+        if self.tenant_id is not None:
+            return {"tenant": self.tenant_id}
+        return {"all": True}
+
+
+@dataclass(frozen=True)
+class ExportSummary:
+    jobs: int
+    events: int
+    broken: tuple[str, ...] = ()
+    """Jobs whose stored chain does not verify (exported as stored; import refuses them)."""
+
+
+def event_document(event: Job.Event, tenant_id: str | None, job_id: str | None) -> dict[str, Any]:
+    data = dict(vars(event))
+    job_uuid = data.pop("originator_id")
+    version = data.pop("originator_version")
+    timestamp = data.pop("timestamp")
+    chain_hash = data.pop(chain.CHAIN_FIELD)
+    return {
+        "record": "event",
+        "tenant": tenant_id,
+        "job": job_id,
+        "job_uuid": str(job_uuid),
+        "version": version,
+        "type": type(event).__name__,
+        "timestamp": timestamp,
+        "data": data,
+        "chain_hash": chain_hash,
+    }
+
+
+def export_jobs(
+    store: EventSourcedJobStore,
+    out: TextIO,
+    selection: Selection,
+    now: datetime,
+    progress: Progress | None = None,
+) -> ExportSummary:
+    """Write the selected jobs' events, then the manifest, to ``out``."""
+    if selection.job_id is not None:
+        assert selection.tenant_id is not None
+        uuids = [job_uuid_of(selection.tenant_id, selection.job_id)]
+    else:
+        uuids = job_uuids(store)
+    heads: dict[str, dict[str, Any]] = {}
+    broken: list[str] = []
+    events = 0
+    for done, (job_uuid, records) in enumerate(read_jobs(store, uuids), start=1):
+        if progress is not None:
+            progress(done, len(uuids))
+        if not records:
+            assert selection.tenant_id is not None and selection.job_id is not None
+            raise UnknownJobError(selection.tenant_id, selection.job_id)
+        check = check_job(job_uuid, records)
+        if selection.tenant_id is not None and check.tenant_id != selection.tenant_id:
+            continue
+        job_events = events_of(records)
+        for event in job_events:
+            out.write(canonical(event_document(event, check.tenant_id, check.job_id)) + "\n")
+        events += len(job_events)
+        if check.broken is not None:
+            broken.append(
+                f"{check.label}: v{check.broken.version} {check.broken.event_type}: "
+                f"{check.broken.reason}"
+            )
+        if job_events:
+            last = job_events[-1]
+            heads[str(job_uuid)] = {
+                "tenant": check.tenant_id,
+                "job": check.job_id,
+                "version": last.originator_version,
+                "chain_hash": last.chain_hash,
+            }
+    manifest = {
+        "record": "manifest",
+        "format": EXPORT_FORMAT,
+        "exported_at": now,
+        "selection": selection.document(),
+        "jobs": len(heads),
+        "events": events,
+        "heads": heads,
+        "broken": broken,
+    }
+    out.write(canonical(manifest) + "\n")
+    out.flush()
+    return ExportSummary(len(heads), events, tuple(broken))
+
+
+# ---- import ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ImportSummary:
+    jobs: int
+    events: int
+    keys: int
+
+
+@dataclass
+class _JobLines:
+    job_uuid: UUID
+    tenant_id: str
+    job_id: str
+    first_line: int
+    documents: list[dict[str, Any]] = field(default_factory=list)
+
+
+def import_file(
+    store: EventSourcedJobStore, path: str | Path, progress: Progress | None = None
+) -> ImportSummary:
+    """Check the whole file (every chain, the manifest) and that the store is empty,
+    then append every job's events and keys; refuses before writing anything."""
+    source = Path(path)
+    if not is_empty(store):
+        raise ImportRefusedError(
+            "the target store is not empty: import only into a fresh store (nothing written)"
+        )
+    jobs, events = _check_file(source)
+    keys = 0
+    for done, lines in enumerate(_job_groups(source), start=1):
+        job_events = [_event(document, source, lines.first_line) for document in lines.documents]
+        keys += _append(store, job_events)
+        if progress is not None:
+            progress(done, jobs)
+    return ImportSummary(jobs, events, keys)
+
+
+def _check_file(source: Path) -> tuple[int, int]:
+    """Pass one: every line parses, every chain verifies, the manifest agrees."""
+    heads: dict[str, dict[str, Any]] = {}
+    events = 0
+    for lines in _job_groups(source):
+        job_events = [_event(document, source, lines.first_line) for document in lines.documents]
+        where = f"{source}: job {lines.tenant_id}/{lines.job_id}"
+        first = job_events[0]
+        if not isinstance(first, Job.Submitted):
+            raise ImportRefusedError(f"{where}: the history does not start with Submitted")
+        if (first.tenant_id, first.job_id) != (lines.tenant_id, lines.job_id):
+            raise ImportRefusedError(f"{where}: its lines name another job than its events")
+        if job_uuid_of(lines.tenant_id, lines.job_id) != lines.job_uuid:
+            raise ImportRefusedError(f"{where}: job_uuid is not the job's identity")
+        broken = chain.verify(job_events)
+        if broken is not None:
+            raise ImportRefusedError(
+                f"{where}: the chain does not verify at v{broken.version} "
+                f"({broken.event_type}): {broken.reason} (nothing written)"
+            )
+        last = job_events[-1]
+        heads[str(lines.job_uuid)] = {
+            "tenant": lines.tenant_id,
+            "job": lines.job_id,
+            "version": last.originator_version,
+            "chain_hash": last.chain_hash,
+        }
+        events += len(job_events)
+    manifest = _manifest(source)
+    if manifest.get("jobs") != len(heads) or manifest.get("events") != events:
+        raise ImportRefusedError(
+            f"{source}: the manifest counts {manifest.get('jobs')} jobs and "
+            f"{manifest.get('events')} events; the file holds {len(heads)} and {events}"
+        )
+    if manifest.get("heads") != heads:
+        raise ImportRefusedError(f"{source}: the manifest's head hashes do not match the events")
+    if manifest.get("broken"):
+        raise ImportRefusedError(f"{source}: exported from a store with broken chains")
+    return len(heads), events
+
+
+def _lines(source: Path) -> Iterator[tuple[int, dict[str, Any]]]:
+    try:
+        with source.open(encoding="utf-8") as file:
+            for number, raw in enumerate(file, start=1):
+                if not raw.strip():
+                    continue
+                try:
+                    document = json.loads(raw)
+                except json.JSONDecodeError as error:
+                    raise ImportRefusedError(
+                        f"{source} line {number}: not JSON: {error.msg}"
+                    ) from None
+                if not isinstance(document, dict):
+                    raise ImportRefusedError(f"{source} line {number}: not a JSON object")
+                yield number, document
+    except (OSError, UnicodeDecodeError) as error:
+        raise ImportRefusedError(f"cannot read {source}: {error}") from None
+
+
+def _manifest(source: Path) -> dict[str, Any]:
+    manifest: dict[str, Any] | None = None
+    for number, document in _lines(source):
+        if manifest is not None:
+            raise ImportRefusedError(f"{source} line {number}: a line after the manifest")
+        if document.get("record") == "manifest":
+            manifest = document
+    if manifest is None:
+        raise ImportRefusedError(f"{source}: no manifest line (the file is incomplete)")
+    if manifest.get("format") != EXPORT_FORMAT:
+        raise ImportRefusedError(
+            f"{source}: format {manifest.get('format')!r} is not {EXPORT_FORMAT!r}"
+        )
+    return manifest
+
+
+def _job_groups(source: Path) -> Iterator[_JobLines]:
+    """Each job's event lines, which must be contiguous and in version order."""
+    seen: set[UUID] = set()
+    current: _JobLines | None = None
+    for number, document in _lines(source):
+        kind = document.get("record")
+        if kind == "manifest":
+            continue
+        if kind != "event":
+            raise ImportRefusedError(f"{source} line {number}: unknown record {kind!r}")
+        try:
+            job_uuid = UUID(str(document["job_uuid"]))
+            tenant_id, job_id = str(document["tenant"]), str(document["job"])
+        except (KeyError, ValueError) as error:
+            raise ImportRefusedError(f"{source} line {number}: bad job fields: {error}") from None
+        if current is None or current.job_uuid != job_uuid:
+            if job_uuid in seen:
+                raise ImportRefusedError(
+                    f"{source} line {number}: the events of job {tenant_id}/{job_id} are "
+                    "not contiguous"
+                )
+            seen.add(job_uuid)
+            if current is not None:
+                yield current
+            current = _JobLines(job_uuid, tenant_id, job_id, number)
+        current.documents.append(document)
+    if current is not None:
+        yield current
+
+
+# ---- rebuilding the events ------------------------------------------------------------------
+
+
+def _event(document: Mapping[str, Any], source: Path, line: int) -> Job.Event:
+    """The stored event the line was exported from: same class, fields and types."""
+    where = f"{source} (job from line {line}), v{document.get('version')}"
+    name = document.get("type")
+    event_class = getattr(Job, name, None) if isinstance(name, str) else None
+    if not (isinstance(event_class, type) and issubclass(event_class, Job.Event)):
+        raise ImportRefusedError(f"{where}: unknown event type {name!r}")
+    data = document.get("data")
+    if not isinstance(data, dict):
+        raise ImportRefusedError(f"{where}: data is not an object")
+    expected = _field_types(event_class)
+    if set(data) != set(expected):
+        unknown = sorted(set(data) - set(expected))
+        missing = sorted(set(expected) - set(data))
+        raise ImportRefusedError(f"{where}: fields unknown {unknown}, missing {missing}")
+    try:
+        state: dict[str, Any] = {
+            name: _typed(expected[name], value) for name, value in data.items()
+        }
+        state["originator_id"] = UUID(str(document["job_uuid"]))
+        state["originator_version"] = int(document["version"])
+        state["timestamp"] = datetime.fromisoformat(str(document["timestamp"]))
+        state[chain.CHAIN_FIELD] = str(document["chain_hash"])
+    except (KeyError, ValueError, ArithmeticError) as error:
+        raise ImportRefusedError(f"{where}: {error}") from None
+    event = object.__new__(event_class)
+    object.__setattr__(event, "__dict__", state)
+    return event
+
+
+_TYPES: dict[type, dict[str, Any]] = {}
+
+
+def _field_types(event_class: type[Job.Event]) -> dict[str, Any]:
+    """The event's own fields (not id, version, time or hash) and their types."""
+    known = _TYPES.get(event_class)
+    if known is None:
+        hints = typing.get_type_hints(event_class)
+        assert hasattr(event_class, "__dataclass_fields__")
+        known = {
+            f.name: hints.get(f.name, Any)
+            for f in fields(event_class)
+            if f.name not in _BASE_FIELDS
+        }
+        _TYPES[event_class] = known
+    return known
+
+
+def _typed(hint: Any, value: Any) -> Any:
+    """Times and amounts come back as the types the event holds."""
+    if value is None:
+        return None
+    union = typing.get_origin(hint) in (typing.Union, UnionType)
+    options = set(typing.get_args(hint)) - {NoneType} if union else {hint}
+    if datetime in options and isinstance(value, str):
+        return datetime.fromisoformat(value)
+    if Decimal in options and isinstance(value, str | int):
+        return Decimal(str(value))
+    return value
+
+
+# ---- appending ------------------------------------------------------------------------------
+
+
+def consumed_keys(events: list[Job.Event]) -> list[ConsumedKey]:
+    """The at-most-once keys a history consumed, derived from its events."""
+    first = events[0]
+    assert isinstance(first, Job.Submitted)
+    found: dict[tuple[str, str], datetime] = {}
+
+    def use(kind: str, key: str | None, at: datetime) -> None:
+        if key is not None:
+            found.setdefault((kind, key), at)
+
+    for event in events:
+        if isinstance(event, Job.Submitted):
+            use(KeyKind.SUBMIT, event.submit_key, event.timestamp)
+        elif isinstance(event, Job.StepRecorded):
+            use(KeyKind.STEP, event.idempotency_key, event.ended_at)
+        elif isinstance(event, Job.Resumed):
+            if event.source == "token":
+                use(KeyKind.TOKEN, event.nonce, event.timestamp)
+            elif event.source == "signal":
+                use(KeyKind.SIGNAL, event.signal_id, event.timestamp)
+        elif isinstance(event, Job.SignalBuffered):
+            use(KeyKind.SIGNAL, event.signal_id, event.timestamp)
+        elif isinstance(event, Job.ApprovalDecided):
+            use(KeyKind.APPROVAL, event.approval_id, event.timestamp)
+    return [
+        ConsumedKey.consume(
+            kind=kind,
+            key=key,
+            tenant_id=first.tenant_id,
+            job_id=first.job_id,
+            job_uuid=first.originator_id,
+            timestamp=at,
+        )
+        for (kind, key), at in found.items()
+    ]
+
+
+def _append(store: EventSourcedJobStore, events: list[Job.Event]) -> int:
+    """The job's events with the keys that live beside it in one transaction; a key that
+    hashes to another partition (a submit key) in its own."""
+    job_uuid = events[0].originator_id
+    partition = store.partition(job_uuid)
+    keys = consumed_keys(events)
+    together: list[Any] = list(events)
+    apart: list[ConsumedKey] = []
+    for key in keys:
+        if store.colocated(key.id, job_uuid):
+            together.extend(key.collect_events())
+        else:
+            apart.append(key)
+    try:
+        partition.events.put(together)
+        for key in apart:
+            store.partition(key.id).events.put(list(key.collect_events()))
+    except IntegrityError:
+        raise ImportRefusedError(
+            f"job {job_uuid} or one of its keys is already in the store (import stopped "
+            "part way: start again on a fresh store)"
+        ) from None
+    except PersistenceError as error:
+        raise StoreUnavailableError(f"store error while importing: {error}") from error
+    job = store.load(job_uuid)
+    if job is not None:
+        store.snapshot_if_due(partition, job, 0)
+    return len(keys)

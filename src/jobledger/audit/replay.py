@@ -1,0 +1,372 @@
+"""Replaying a job's recorded decisions against a definition, without any side effect.
+
+For each recorded step the job's events are folded up to just before it, the
+:class:`ResolveRequest` the engine resolved at that point is rebuilt, the PURE resolution
+of the given definition is run on it, and what it decides is compared with what was
+recorded. Nothing is executed and nothing is written: the executor, the store, the
+clock, tokens and notifiers are never touched.
+
+How the request is rebuilt (the engine does not record it as such):
+
+- ``state``, ``cursor``, ``visits``, ``current_step``, ``budget``, ``workflow_type``: the
+  fold of every event before the step (outside events such as a resume payload or an
+  approval's route included);
+- ``workflow_version``: the version being replayed against, not the recorded one;
+- ``status``: the job's status when the step was resolved. A side-effecting step is
+  resolved BEFORE its claim, so when the event right before the step is a claim taken for
+  it (any claim but a ``continuation``) the claim's ``previous_status`` is used; after a
+  continuation claim the job was ``running``, as it is in the fold;
+- ``now``: the step's ``started_at`` (the engine resolves moments before it starts a
+  step; the recorded start is the closest moment the history holds);
+- ``reason``: the reason of the tick that ran the step when its claim records it (the
+  claim's ``reason``, followed back through continuation claims of the same claim id);
+  otherwise it is not recorded and ``"replay"`` is used. Definitions do not read it.
+
+A failure recorded as a resolution error (``Failed`` with cause ``definition``) is
+replayed too: resolving without an error there is a divergence.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from functools import partial
+from typing import Any, Final
+from uuid import UUID
+
+from jobledger.audit.errors import ReplayError
+from jobledger.job import Job
+from jobledger.ports import ApprovalSpec, Resolution, ResolveRequest
+from jobledger.status import JobStatus
+from jobledger.workflows.definition import WorkflowDefinition
+from jobledger.workflows.resolver import resolve
+
+Resolver = Callable[[ResolveRequest], Resolution]
+
+UNKNOWN_REASON: Final = "replay"
+"""The tick reason used when the history does not record it."""
+DEFAULT_WAIT_MS: Final = 60_000
+"""EngineConfig.default_wait_ms: a waiting_time step without a delay of its own."""
+SAFE: Final = "safe to migrate"
+SAME: Final = "same"
+OUTCOMES: Final = {
+    "status": "different status",
+    "next_step": "different next step",
+    "wait": "different wait",
+    "step": "different step",
+}
+"""Each kind of difference, in the order a step's outcome names the first one found."""
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What a step decided, in the terms a migration cares about."""
+
+    step_type: str
+    step_name: str | None
+    next_status: str
+    next_step: str | None
+    wait: Mapping[str, Any] | None = None
+    """The wait it opened (all values strings or lists, for JSON): ``resume_at`` for a
+    timer; ``event``, ``timeout_at``, ``on_timeout`` for an event; ``approvers``,
+    ``expires_at``, ``on_approve``, ``on_reject``, ``on_expire`` for an approval."""
+    error: str | None = None
+    """Resolution raised: the engine fails the job ("workflow resolution failed")."""
+
+    def describe(self) -> str:
+        if self.error is not None:
+            return f"fail the job (resolution failed: {self.error})"
+        name, kind = self.step_name, self.step_type
+        text = f"{name!r} ({kind})" if name and name != kind else kind
+        text += f" -> {self.next_status}"
+        wait = self.wait or {}
+        if wait.get("event"):
+            text += f" for event {wait['event']!r}"
+        if wait.get("approvers"):
+            text += f" by {', '.join(wait['approvers'])}"
+        for key, label in (
+            ("resume_at", "until"),
+            ("timeout_at", "timeout"),
+            ("expires_at", "expires"),
+        ):
+            if wait.get(key):
+                text += f" {label} {wait[key]}"
+        for key in ("on_timeout", "on_approve", "on_reject", "on_expire"):
+            if wait.get(key) and not (key == "on_approve" and wait[key] == self.next_step):
+                text += f", {key} {wait[key]!r}"
+        if self.next_step:
+            text += f", next {self.next_step!r}"
+        return text
+
+
+@dataclass(frozen=True)
+class StepReplay:
+    """One recorded decision next to what the definition decides now."""
+
+    step_number: int
+    event_version: int
+    recorded: Decision
+    replayed: Decision
+    differences: tuple[str, ...]
+    """Which of ``status``, ``next_step``, ``wait``, ``step`` differ (empty: the same)."""
+
+    @property
+    def same(self) -> bool:
+        return not self.differences
+
+    @property
+    def outcome(self) -> str:
+        """``same``, or the first difference: ``different status``, ``different next
+        step``, ``different wait`` or ``different step``."""
+        return OUTCOMES[self.differences[0]] if self.differences else SAME
+
+
+@dataclass(frozen=True)
+class ReplayReport:
+    job_uuid: UUID
+    tenant_id: str
+    job_id: str
+    workflow_type: str
+    recorded_version: int
+    """The definition version the job is on (after any migration)."""
+    definition_version: int
+    """The version replayed against."""
+    status: str
+    events: int
+    steps: tuple[StepReplay, ...] = field(default_factory=tuple)
+
+    @property
+    def safe(self) -> bool:
+        return all(step.same for step in self.steps)
+
+    @property
+    def diverged_at(self) -> StepReplay | None:
+        return next((step for step in self.steps if not step.same), None)
+
+    @property
+    def verdict(self) -> str:
+        """``safe to migrate``, or ``diverges at step k: recorded X, would now do Y``."""
+        first = self.diverged_at
+        if first is None:
+            return SAFE
+        return (
+            f"diverges at step {first.step_number}: recorded {first.recorded.describe()}, "
+            f"would now do {first.replayed.describe()}"
+        )
+
+
+def replay_job(
+    events: Sequence[Job.Event],
+    definition: WorkflowDefinition | Resolver,
+    *,
+    version: int | None = None,
+    default_wait_ms: int = DEFAULT_WAIT_MS,
+) -> ReplayReport:
+    """Replay a job's history (its events, in order) against a definition, or against
+    any pure resolver with the ``version`` it stands for. One pass over the events."""
+    resolver, target = _resolver(definition, version)
+    replays: list[StepReplay] = []
+    job: Job | None = None
+    previous: Job.Event | None = None
+    tick_reasons: dict[str, str] = {}
+    for index, event in enumerate(events):
+        if job is None and not isinstance(event, Job.Submitted):
+            raise ReplayError(f"the history starts with {type(event).__name__}, not Submitted")
+        if isinstance(definition, WorkflowDefinition) and isinstance(event, Job.Submitted):
+            _check_type(event.workflow_type, definition)
+        if job is not None and isinstance(event, Job.StepRecorded):
+            request = _request(job, previous, tick_reasons, target, event.started_at)
+            recorded = _recorded(event, _approval_after(events, index, event.step_number))
+            replayed = _replayed(resolver, request, event.ended_at, default_wait_ms)
+            replays.append(
+                StepReplay(
+                    event.step_number,
+                    event.originator_version,
+                    recorded,
+                    replayed,
+                    _differences(recorded, replayed),
+                )
+            )
+        elif job is not None and isinstance(event, Job.Failed) and event.cause == "definition":
+            request = _request(job, previous, tick_reasons, target, event.timestamp)
+            recorded = Decision("(resolution)", job.cursor, "failed", None, error=event.error)
+            replayed = _replayed(resolver, request, event.timestamp, default_wait_ms)
+            differences = () if replayed.error is not None else _differences(recorded, replayed)
+            replays.append(
+                StepReplay(
+                    event.step_number, event.originator_version, recorded, replayed, differences
+                )
+            )
+        if isinstance(event, Job.Claimed) and event.reason != "continuation":
+            tick_reasons[event.claim_id] = event.reason
+        try:
+            job = event.mutate(job)
+        except Exception as error:
+            raise ReplayError(
+                f"the history does not fold at v{event.originator_version} "
+                f"({type(event).__name__}): {error}"
+            ) from None
+        previous = event
+    if job is None:
+        raise ReplayError("the job has no events")
+    return ReplayReport(
+        job_uuid=job.id,
+        tenant_id=job.tenant_id,
+        job_id=job.job_id,
+        workflow_type=job.workflow_type,
+        recorded_version=job.workflow_version,
+        definition_version=target,
+        status=str(job.status),
+        events=len(events),
+        steps=tuple(replays),
+    )
+
+
+# ---- rebuilding the request ---------------------------------------------------------------
+
+
+def _resolver(
+    definition: WorkflowDefinition | Resolver, version: int | None
+) -> tuple[Resolver, int]:
+    if isinstance(definition, WorkflowDefinition):
+        if version is not None and version != definition.version:
+            raise ReplayError(f"{definition.label} cannot stand for v{version}")
+        return partial(resolve, definition), definition.version
+    if version is None:
+        raise ReplayError("replaying against a resolver needs the version it stands for")
+    return definition, version
+
+
+def _check_type(workflow_type: str, definition: WorkflowDefinition) -> None:
+    if workflow_type != definition.type:
+        raise ReplayError(
+            f"the job runs workflow {workflow_type!r}; the definition is {definition.label}"
+        )
+
+
+def _request(
+    job: Job,
+    previous: Job.Event | None,
+    tick_reasons: Mapping[str, str],
+    version: int,
+    now: datetime,
+) -> ResolveRequest:
+    status = job.status
+    reason = UNKNOWN_REASON
+    if isinstance(previous, Job.Claimed) and previous.reason != "continuation":
+        # Resolved before this claim was taken for it: the job was as the claim found it.
+        status = JobStatus(previous.previous_status)
+        reason = previous.reason
+    elif job.status is JobStatus.RUNNING and job.claim_id is not None:
+        reason = tick_reasons.get(job.claim_id, UNKNOWN_REASON)
+    return ResolveRequest(
+        workflow_type=job.workflow_type,
+        workflow_version=version,
+        budget=job.budget,
+        state=job.state,
+        current_step=job.current_step,
+        status=status,
+        reason=reason,
+        now=now,
+        cursor=job.cursor,
+        visits=job.visits,
+    )
+
+
+# ---- the two decisions --------------------------------------------------------------------
+
+
+def _approval_after(
+    events: Sequence[Job.Event], index: int, step_number: int
+) -> Job.ApprovalRequested | None:
+    """The approval request a step opened rides in the same append, right after it."""
+    following = events[index + 1] if index + 1 < len(events) else None
+    if isinstance(following, Job.ApprovalRequested) and following.step_number == step_number:
+        return following
+    return None
+
+
+def _recorded(step: Job.StepRecorded, approval: Job.ApprovalRequested | None) -> Decision:
+    wait: dict[str, Any] | None = None
+    status = JobStatus(step.next_status)
+    if status is JobStatus.WAITING_TIME:
+        wait = {"resume_at": _iso(step.resume_at)}
+    elif status is JobStatus.WAITING_EVENT:
+        opened = step.wait_event or {}
+        wait = {
+            "event": opened.get("name"),
+            "timeout_at": _iso(step.resume_at),
+            "on_timeout": opened.get("on_timeout"),
+        }
+    elif status is JobStatus.AWAITING_APPROVAL:
+        wait = {
+            "approvers": list(approval.approvers) if approval else [],
+            "expires_at": _iso(approval.expires_at if approval else step.resume_at),
+            "on_approve": approval.on_approve if approval else step.next_step,
+            "on_reject": approval.on_reject if approval else None,
+            "on_expire": approval.on_expire if approval else None,
+        }
+    return Decision(step.step_type, step.step_name, step.next_status, step.next_step, wait)
+
+
+def _replayed(
+    resolver: Resolver, request: ResolveRequest, at: datetime, default_wait_ms: int
+) -> Decision:
+    try:
+        resolution = resolver(request)
+    except Exception as error:
+        return Decision("(resolution)", request.cursor, "failed", None, error=str(error))
+    status = resolution.next_status
+    wait: dict[str, Any] | None = None
+    if status is JobStatus.WAITING_TIME:
+        # As the orchestrator computes it, from the moment the step was recorded.
+        delay = resolution.resume_delay_ms
+        resume_at = resolution.resume_at or at + timedelta(
+            milliseconds=default_wait_ms if delay is None else delay
+        )
+        wait = {"resume_at": _iso(resume_at)}
+    elif status is JobStatus.WAITING_EVENT:
+        timeout = resolution.wait_timeout_ms
+        wait = {
+            "event": resolution.wait_event_name or "job.resume",
+            "timeout_at": _iso(
+                at + timedelta(milliseconds=timeout) if timeout is not None else None
+            ),
+            "on_timeout": resolution.on_timeout,
+        }
+    elif status is JobStatus.AWAITING_APPROVAL:
+        spec = resolution.approval or ApprovalSpec()
+        expires = spec.expires_ms
+        wait = {
+            "approvers": list(spec.approvers),
+            "expires_at": _iso(
+                at + timedelta(milliseconds=expires) if expires is not None else None
+            ),
+            "on_approve": spec.on_approve or resolution.next_step,
+            "on_reject": spec.on_reject,
+            "on_expire": spec.on_expire,
+        }
+    return Decision(
+        resolution.step_type, resolution.step_name, str(status), resolution.next_step, wait
+    )
+
+
+def _differences(recorded: Decision, replayed: Decision) -> tuple[str, ...]:
+    """In the order of OUTCOMES: a step of another kind shows as a different status; a
+    different step is one with the same effect under another name or kind."""
+    found = []
+    if recorded.next_status != replayed.next_status:
+        found.append("status")
+    if recorded.next_step != replayed.next_step:
+        found.append("next_step")
+    if recorded.wait != replayed.wait:
+        found.append("wait")
+    identity = (recorded.step_type, recorded.step_name) != (replayed.step_type, replayed.step_name)
+    if identity or replayed.error is not None:
+        found.append("step")
+    return tuple(found)
+
+
+def _iso(moment: datetime | None) -> str | None:
+    return moment.isoformat() if moment is not None else None

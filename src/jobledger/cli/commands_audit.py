@@ -1,0 +1,558 @@
+"""Replay and audit: replay, migrate, verify, anchor, export, import.
+
+Each command that finds something wrong (a replay that diverges, a broken chain, an
+export with broken chains) still prints its full report, then exits 1 with
+``error: <what>`` on stderr.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+from projections import JobViews
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+from rich.table import Table
+
+from jobledger.adapters.event_store import EventSourcedJobStore
+from jobledger.audit import export as exporting
+from jobledger.audit.anchors import DEFAULT_ANCHOR_FILE, AnchorLog, FileAnchorSink, read_anchors
+from jobledger.audit.errors import ReplayError
+from jobledger.audit.log import events_of, read_jobs
+from jobledger.audit.tamper import JobCheck, VerifyReport, take_anchor, verify_one, verify_store
+from jobledger.cli import output
+from jobledger.cli.params import JobId, Tenant
+from jobledger.cli.session import ConfigOption, Exit, JsonFlag, StoreOption, open_engine
+from jobledger.engine import Engine
+from jobledger.identity import job_uuid
+from jobledger.status import JobStatus
+
+if TYPE_CHECKING:
+    # Loaded when a command needs them: definitions cost start-up time.
+    from jobledger.audit.replay import ReplayReport, StepReplay
+    from jobledger.workflows import WorkflowDefinition
+
+OptionalTenant = Annotated[
+    str | None, typer.Argument(metavar="[TENANT]", help="Tenant id.", show_default=False)
+]
+OptionalJob = Annotated[
+    str | None, typer.Argument(metavar="[JOB]", help="Job id.", show_default=False)
+]
+AllFlag = Annotated[bool, typer.Option("--all", help="Every job in the store.")]
+
+
+# ---- replay and migrate -----------------------------------------------------------------------
+
+
+def replay(
+    definition: Annotated[
+        Path,
+        typer.Option(
+            "--definition",
+            metavar="FILE",
+            help="The definition (YAML or JSON file) to replay against.",
+            exists=True,
+            dir_okay=False,
+            show_default=False,
+        ),
+    ],
+    tenant: OptionalTenant = None,
+    job: OptionalJob = None,
+    all_jobs: AllFlag = False,
+    status: Annotated[
+        str | None,
+        typer.Option(
+            "--status", help="With --all: only jobs in these statuses, e.g. waiting_event."
+        ),
+    ] = None,
+    only_tenant: Annotated[
+        str | None, typer.Option("--tenant", help="With --all: only this tenant.")
+    ] = None,
+    store: StoreOption = None,
+    config: ConfigOption = None,
+    json: JsonFlag = False,
+) -> None:
+    """Replay recorded decisions against a definition, without any side effect.
+
+    For each recorded step the pure resolution of the given definition runs on the job
+    as it was then; each step is `same`, `different step`, `different status`,
+    `different next step` or `different wait`, and each job is `safe to migrate` or
+    `diverges at step k: recorded X, would now do Y`. Exits 1 if any job diverges.
+    """
+    target = _definition(definition)
+    statuses = _statuses(status)
+    _one_or_all(tenant, job, all_jobs)
+    if (statuses or only_tenant) and not all_jobs:
+        raise typer.BadParameter("--status and --tenant go with --all")
+    with open_engine(store, config, purpose="replay") as engine:
+        if not all_jobs:
+            assert tenant is not None and job is not None
+            report = engine.replay(tenant, job, target)
+            reports = [report]
+        else:
+            reports = _replay_all(engine, target, statuses, only_tenant, show=not json)
+    diverged = [report for report in reports if not report.safe]
+    if json:
+        documents = [_replay_document(report) for report in reports]
+        if all_jobs:
+            output.print_json(
+                {
+                    "definition": {"type": target.type, "version": target.version},
+                    "jobs": documents,
+                    "safe": len(reports) - len(diverged),
+                    "diverged": len(diverged),
+                }
+            )
+        else:
+            output.print_json(documents[0])
+    elif all_jobs:
+        output.console().print(_replay_summary(reports, target))
+    else:
+        _print_replay(reports[0])
+    if diverged:
+        if all_jobs:
+            message = f"{len(diverged)} of {len(reports)} jobs diverge from {target.label}"
+        else:
+            message = f"{_label(reports[0])} {reports[0].verdict}"
+        _fail(message)
+
+
+def migrate(
+    tenant: Tenant,
+    job: JobId,
+    to_version: Annotated[
+        int, typer.Option("--to-version", metavar="V", min=1, help="The definition version.")
+    ],
+    force: Annotated[
+        bool, typer.Option("--force", help="Move even if replay diverges (needs --by, --reason).")
+    ] = False,
+    by: Annotated[str | None, typer.Option("--by", metavar="USER", help="Who moves it.")] = None,
+    reason: Annotated[
+        str | None, typer.Option("--reason", metavar="TEXT", help="Why (recorded).")
+    ] = None,
+    store: StoreOption = None,
+    config: ConfigOption = None,
+    json: JsonFlag = False,
+) -> None:
+    """Move a job that has not finished to another version of its definition.
+
+    Only when replaying the job against that version says it is safe; otherwise exits 1
+    with the divergence, unless --force (with --by and --reason, which are recorded in
+    the `Migrated` event with the replay verdict). Needs the definitions.
+    """
+    if force and not (by and reason):
+        raise typer.BadParameter("--force needs --by USER and --reason TEXT")
+    with open_engine(store, config, purpose="migrate", definitions=True) as engine:
+        view, report = engine.migrate(tenant, job, to_version, by=by, reason=reason, force=force)
+        entries = engine.history(tenant, job)
+    if json:
+        output.print_json(
+            {
+                "job": output.job_document(view, entries),
+                "replay": _replay_document(report),
+                "forced": not report.safe,
+            }
+        )
+        return
+    how = "replay: safe to migrate" if report.safe else f"forced by {by} ({reason}); replay"
+    text = f"migrated {tenant}/{job} to v{to_version}: {how}"
+    if not report.safe:
+        text += f" {report.verdict}"
+    output.console().print(text)
+
+
+def _replay_all(
+    engine: Engine,
+    target: WorkflowDefinition,
+    statuses: list[str],
+    tenant: str | None,
+    *,
+    show: bool,
+) -> list[ReplayReport]:
+    from jobledger.audit.replay import replay_job
+
+    store = _store(engine)
+    views = JobViews(store)
+    views.catch_up()
+    rows = views.jobs(tenant_id=tenant, status_in=statuses, workflow_type=target.type, limit=2**62)
+    uuids = sorted(job_uuid(row.tenant_id, row.job_id) for row in rows)
+    reports = []
+    with _progress(show) as progress:
+        task = progress.add_task("replaying", total=len(uuids))
+        for found, records in read_jobs(store, uuids):
+            try:
+                reports.append(
+                    replay_job(
+                        events_of(records),
+                        target,
+                        default_wait_ms=engine.config.default_wait_ms,
+                    )
+                )
+            except ReplayError as error:
+                raise ReplayError(f"job {found}: {error}") from None
+            progress.advance(task)
+    return sorted(reports, key=lambda report: (report.tenant_id, report.job_id))
+
+
+def _definition(path: Path) -> WorkflowDefinition:
+    from jobledger.workflows import load_definitions
+
+    definitions = load_definitions(path)
+    if len(definitions) != 1:
+        raise typer.BadParameter(f"{path} holds {len(definitions)} definitions; give one")
+    return definitions[0]
+
+
+def _replay_document(report: ReplayReport) -> dict[str, Any]:
+    return {
+        "tenant": report.tenant_id,
+        "job": report.job_id,
+        "job_uuid": report.job_uuid,
+        "workflow_type": report.workflow_type,
+        "recorded_version": report.recorded_version,
+        "definition_version": report.definition_version,
+        "status": report.status,
+        "events": report.events,
+        "safe": report.safe,
+        "verdict": report.verdict,
+        "diverged_at_step": report.diverged_at.step_number if report.diverged_at else None,
+        "steps": [_step_document(step) for step in report.steps],
+    }
+
+
+def _step_document(step: StepReplay) -> dict[str, Any]:
+    document: dict[str, Any] = output.jsonable(step)
+    document["outcome"] = step.outcome
+    document["recorded"]["description"] = step.recorded.describe()
+    document["replayed"]["description"] = step.replayed.describe()
+    return document
+
+
+def _print_replay(report: ReplayReport) -> None:
+    out = output.console()
+    table = Table(
+        title=f"replay of {_label(report)} ({report.workflow_type} v{report.recorded_version}, "
+        f"{report.status}) against v{report.definition_version}"
+    )
+    table.add_column("step", justify="right")
+    table.add_column("v", justify="right")
+    table.add_column("outcome", no_wrap=True)
+    table.add_column("recorded", overflow="fold")
+    table.add_column("would now do", overflow="fold")
+    for step in report.steps:
+        table.add_row(
+            str(step.step_number),
+            str(step.event_version),
+            step.outcome,
+            step.recorded.describe(),
+            "" if step.same else step.replayed.describe(),
+        )
+    if not report.steps:
+        table.caption = "no step recorded yet"
+    out.print(table)
+    out.print(f"verdict: {report.verdict}")
+
+
+def _replay_summary(reports: Sequence[ReplayReport], target: WorkflowDefinition) -> Table:
+    safe = sum(1 for report in reports if report.safe)
+    table = Table(
+        title=f"replay against {target.label}: {safe} of {len(reports)} jobs safe to migrate"
+    )
+    for column in ("tenant", "job", "status", "version", "steps", "verdict"):
+        table.add_column(column, overflow="fold")
+    for report in reports:
+        table.add_row(
+            report.tenant_id,
+            report.job_id,
+            report.status,
+            f"v{report.recorded_version}",
+            str(len(report.steps)),
+            report.verdict,
+        )
+    if not reports:
+        table.caption = "no job of this workflow matches"
+    return table
+
+
+# ---- verify and anchor ------------------------------------------------------------------------
+
+
+def verify(
+    tenant: OptionalTenant = None,
+    job: OptionalJob = None,
+    all_jobs: AllFlag = False,
+    anchors: Annotated[
+        Path | None,
+        typer.Option(
+            "--anchors",
+            metavar="FILE",
+            help="An anchor file (from `jobledger anchor`): also catch a history truncated "
+            "or rolled back since it was anchored.",
+            exists=True,
+            dir_okay=False,
+        ),
+    ] = None,
+    store: StoreOption = None,
+    config: ConfigOption = None,
+    json: JsonFlag = False,
+) -> None:
+    """Recompute hash chains from the stored events; name each job's first broken link.
+
+    Reports the version, event, kind and why: an edited field, a deleted event, a
+    reordered history; with --anchors also a truncated or rewritten one. Exits 1 if any
+    chain (or the anchor file) is broken.
+    """
+    _one_or_all(tenant, job, all_jobs)
+    anchor_log = read_anchors(anchors) if anchors is not None else None
+    with open_engine(store, config, purpose="verify") as engine:
+        if all_jobs:
+            with _progress(not json) as progress:
+                task = progress.add_task("verifying", total=None)
+                report = verify_store(
+                    _store(engine),
+                    anchor_log,
+                    lambda done, total: progress.update(task, completed=done, total=total),
+                )
+        else:
+            assert tenant is not None and job is not None
+            report = verify_one(_store(engine), job_uuid(tenant, job), anchor_log)
+            if report.jobs[0].events == 0 and report.jobs[0].anchored_version is None:
+                engine.job(tenant, job)  # raises: no such job
+    if json:
+        output.print_json(_verify_document(report, anchors, anchor_log))
+    else:
+        _print_verify(report, anchors)
+    if not report.intact:
+        broken = report.broken
+        if broken and broken[0].broken is not None:
+            first = broken[0]
+            assert first.broken is not None
+            message = (
+                f"{len(broken)} of {len(report.jobs)} job(s) broken; first: {first.label} at "
+                f"v{first.broken.version} ({first.broken.event_type}): {first.broken.reason}"
+            )
+        else:
+            message = f"the anchor file is not intact: {report.anchor_problems[0]}"
+        _fail(message)
+
+
+def anchor(
+    file: Annotated[
+        Path,
+        typer.Option("--file", metavar="PATH", help="The append-only anchor file.", dir_okay=False),
+    ] = Path(DEFAULT_ANCHOR_FILE),
+    store: StoreOption = None,
+    config: ConfigOption = None,
+    json: JsonFlag = False,
+) -> None:
+    """Pin every job's chain head in an append-only file (one JSON line, Merkle root).
+
+    Verifies every chain (and the file's earlier anchors) first and refuses, exit 1, if
+    any is broken. `verify --anchors FILE` then catches a history rolled back since.
+    """
+    previous = read_anchors(file) if file.exists() else None
+    with (
+        open_engine(store, config, purpose="anchor") as engine,
+        _progress(not json) as progress,
+    ):
+        task = progress.add_task("verifying", total=None)
+        anchored, _ = take_anchor(
+            _store(engine),
+            FileAnchorSink(file),
+            engine.clock.now(),
+            previous,
+            lambda done, total: progress.update(task, completed=done, total=total),
+        )
+    lines = len(previous.anchors) + len(previous.problems) + 1 if previous else 1
+    document = {
+        "file": str(file),
+        "line": lines,
+        "anchored_at": anchored.anchored_at,
+        "jobs": len(anchored.heads),
+        "merkle_root": anchored.merkle_root,
+    }
+    if json:
+        output.print_json(document)
+        return
+    output.console().print(
+        f"anchored {len(anchored.heads)} job heads to {file} (line {lines}), "
+        f"merkle root {anchored.merkle_root}"
+    )
+
+
+def _verify_document(
+    report: VerifyReport, anchors: Path | None, anchor_log: AnchorLog | None
+) -> dict[str, Any]:
+    document: dict[str, Any] = {
+        "intact": report.intact,
+        "jobs": len(report.jobs),
+        "events": report.events,
+        "broken": [_check_document(check) for check in report.broken],
+    }
+    if anchors is not None and anchor_log is not None:
+        document["anchors"] = {
+            "file": str(anchors),
+            "anchors": report.anchors_read,
+            "problems": list(report.anchor_problems),
+        }
+    if len(report.jobs) == 1:
+        document["job"] = _check_document(report.jobs[0])
+    return document
+
+
+def _check_document(check: JobCheck) -> dict[str, Any]:
+    broken = check.broken
+    return {
+        "tenant": check.tenant_id,
+        "job": check.job_id,
+        "job_uuid": str(check.job_uuid),
+        "events": check.events,
+        "head": output.jsonable(check.head.document()) if check.head else None,
+        "anchored_version": check.anchored_version,
+        "intact": broken is None,
+        "version": broken.version if broken else None,
+        "event_type": broken.event_type if broken else None,
+        "kind": broken.kind if broken else None,
+        "reason": broken.reason if broken else None,
+    }
+
+
+def _print_verify(report: VerifyReport, anchors: Path | None) -> None:
+    out = output.console()
+    anchored = f" against {report.anchors_read} anchor(s) in {anchors}" if anchors else ""
+    if report.broken:
+        table = Table(title="broken chains")
+        for column in ("job", "version", "event", "kind", "reason"):
+            table.add_column(column, overflow="fold")
+        for check in report.broken:
+            assert check.broken is not None
+            table.add_row(
+                check.label,
+                f"v{check.broken.version}",
+                check.broken.event_type,
+                check.broken.kind,
+                check.broken.reason,
+            )
+        out.print(table)
+    for problem in report.anchor_problems:
+        out.print(f"anchor file: {problem}")
+    state = "all intact" if report.intact else f"{len(report.broken)} broken"
+    out.print(f"verified {len(report.jobs)} job(s), {report.events} events{anchored}: {state}")
+
+
+# ---- export and import ------------------------------------------------------------------------
+
+
+def export(
+    tenant: OptionalTenant = None,
+    job: OptionalJob = None,
+    only_tenant: Annotated[
+        str | None, typer.Option("--tenant", metavar="T", help="Every job of one tenant.")
+    ] = None,
+    all_jobs: AllFlag = False,
+    store: StoreOption = None,
+    config: ConfigOption = None,
+) -> None:
+    """Write job histories to stdout as canonical JSON lines, then a manifest line.
+
+    One line per event (tenant, job, version, type, timestamp, data, chain hash); the
+    manifest has the counts, each job's head hash and the export time. Exits 1 (after
+    writing everything) if a stored chain does not verify: import refuses such a file.
+    """
+    chosen = sum([tenant is not None or job is not None, only_tenant is not None, all_jobs])
+    if chosen != 1 or (tenant is None) != (job is None):
+        raise typer.BadParameter("give TENANT JOB, or --tenant T, or --all")
+    selection = exporting.Selection(tenant_id=tenant or only_tenant, job_id=job)
+    with open_engine(store, config, purpose="export") as engine:
+        summary = exporting.export_jobs(_store(engine), sys.stdout, selection, engine.clock.now())
+    sys.stderr.write(f"exported {summary.jobs} job(s), {summary.events} events\n")
+    if summary.broken:
+        _fail(f"{len(summary.broken)} job(s) with a broken chain: {summary.broken[0]}")
+
+
+def import_(
+    file: Annotated[
+        Path,
+        typer.Argument(
+            metavar="FILE",
+            help="A file written by `jobledger export`.",
+            exists=True,
+            dir_okay=False,
+        ),
+    ],
+    store: StoreOption = None,
+    config: ConfigOption = None,
+    json: JsonFlag = False,
+) -> None:
+    """Load an export into an EMPTY store, chains and all.
+
+    Appends the same events (ids, versions, times, chain hashes) and the at-most-once
+    keys they consumed. Refuses, writing nothing, a file whose chains or manifest do not
+    verify, or a store that is not empty.
+    """
+    with open_engine(store, config, purpose="import") as engine:
+        summary = exporting.import_file(_store(engine), file)
+    if json:
+        output.print_json(summary)
+        return
+    output.console().print(
+        f"imported {summary.jobs} job(s), {summary.events} events, {summary.keys} keys"
+    )
+
+
+# ---- plumbing ---------------------------------------------------------------------------------
+
+
+def _one_or_all(tenant: str | None, job: str | None, all_jobs: bool) -> None:
+    if all_jobs and (tenant is not None or job is not None):
+        raise typer.BadParameter("give TENANT JOB or --all, not both")
+    if not all_jobs and (tenant is None or job is None):
+        raise typer.BadParameter("give TENANT JOB, or --all")
+
+
+def _statuses(raw: str | None) -> list[str]:
+    if raw is None:
+        return []
+    names = [part.strip() for part in raw.split(",") if part.strip()]
+    known = {s.value for s in JobStatus}
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise typer.BadParameter(
+            f"unknown status {', '.join(unknown)}; known: {', '.join(sorted(known))}",
+            param_hint="--status",
+        )
+    return names
+
+
+def _store(engine: Engine) -> EventSourcedJobStore:
+    assert isinstance(engine.store, EventSourcedJobStore)
+    return engine.store
+
+
+def _label(report: ReplayReport) -> str:
+    return f"{report.tenant_id}/{report.job_id}"
+
+
+def _fail(message: str) -> None:
+    sys.stderr.write(f"error: {message}\n")
+    raise typer.Exit(Exit.REFUSED)
+
+
+@contextmanager
+def _progress(visible: bool) -> Iterator[Progress]:
+    """A progress bar on stderr (shown on a terminal only: logs get no control codes)."""
+    console = Console(stderr=True)
+    with Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        console=console,
+        disable=not (visible and console.is_terminal),
+        transient=True,
+    ) as progress:
+        yield progress
