@@ -84,6 +84,9 @@ class Demo:
                 "token_secret": SecretStr(self.secret),
                 "lease_ms": int(LEASE.total_seconds() * 1000),
                 "resume_mode": "queue",
+                # The demo drives its own in-process queue on a fake clock, whatever
+                # transport the environment configures for real workers.
+                "transport": "local",
             }
         )
         return Engine.open(
