@@ -21,7 +21,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-import threading
 import typing
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -39,11 +38,11 @@ from jobledger.errors import StoreUnavailableError
 from jobledger.job import Job
 from jobledger.ports import Lock
 from projections.job_views import Lag, _dialect
+from projections.runner import LogFollower
 
 log = logging.getLogger(__name__)
 
 BATCH = 500
-MAX_BACKOFF_SECONDS = 30.0
 _NAMES_CACHED = 100_000
 
 
@@ -187,55 +186,23 @@ def outbox_lag(store: EventSourcedJobStore) -> list[Lag]:
     ]
 
 
-class OutboxRunner:
+class OutboxRunner(LogFollower):
     """Keeps the outbox publishing: woken by LISTEN/NOTIFY on PostgreSQL, polling on
     SQLite; backs off on a store or broker error and resumes from the tracked position."""
 
+    what = "outbox pass"
+    retried = (PersistenceError, StoreUnavailableError)
+
     def __init__(self, outbox: Outbox, *, poll_interval: float = 0.2) -> None:
+        super().__init__(outbox.store, outbox.dialect, poll_interval)
         self.outbox = outbox
-        self.poll_interval = poll_interval
-        self.stopping = threading.Event()
-        self.failures = 0
 
-    def run_forever(self) -> None:
-        channels = [
-            str(getattr(p.recorder, "channel_name", ""))
-            for p in self.outbox.store.partitions
-            if hasattr(p.recorder, "channel_name")
-        ]
-        waiter = self.outbox.dialect.waiter(channels)
-        try:
-            while not self.stopping.is_set():
-                if self.run_once():
-                    waiter.wait(self.poll_interval)
-                else:
-                    self.stopping.wait(self.backoff())
-        finally:
-            waiter.close()
-            if self.outbox.lock is not None:
-                self.outbox.lock.release()
+    def follow(self) -> None:
+        self.outbox.publish_pending()
 
-    def run_once(self) -> bool:
-        try:
-            self.outbox.publish_pending()
-        except (PersistenceError, StoreUnavailableError):
-            self.failures += 1
-            log.warning(
-                "outbox pass failed (%d in a row); retrying after %.1fs",
-                self.failures,
-                self.backoff(),
-                exc_info=True,
-            )
-            return False
-        self.failures = 0
-        return True
-
-    def backoff(self) -> float:
-        delay: float = min(MAX_BACKOFF_SECONDS, 0.5 * 2.0 ** max(0, self.failures - 1))
-        return delay
-
-    def stop(self) -> None:
-        self.stopping.set()
+    def stopped(self) -> None:
+        if self.outbox.lock is not None:
+            self.outbox.lock.release()
 
 
 # ---- the value: canonical JSON of the event, and back -----------------------------------

@@ -8,6 +8,8 @@ import threading
 
 from eventsourcing.persistence import PersistenceError
 
+from jobledger.adapters.event_store import EventSourcedJobStore
+from projections.dialect import Dialect
 from projections.job_views import JobViews
 
 log = logging.getLogger(__name__)
@@ -15,9 +17,16 @@ log = logging.getLogger(__name__)
 MAX_BACKOFF_SECONDS = 30.0
 
 
-class ProjectionRunner:
-    def __init__(self, views: JobViews, *, poll_interval: float = 0.5) -> None:
-        self.views = views
+class LogFollower:
+    """Follows the partitions' logs: one pass, then wait for a notification (or the poll
+    interval); after a failed pass, back off exponentially instead of stalling."""
+
+    what = "pass"
+    retried: tuple[type[Exception], ...] = (PersistenceError,)
+
+    def __init__(self, store: EventSourcedJobStore, dialect: Dialect, poll_interval: float) -> None:
+        self.store = store
+        self.dialect = dialect
         self.poll_interval = poll_interval
         self.stopping = threading.Event()
         self.failures = 0
@@ -27,10 +36,10 @@ class ProjectionRunner:
         # PostgreSQL recorders NOTIFY on a channel per events table; SQLite has none.
         channels = [
             str(getattr(p.recorder, "channel_name", ""))
-            for p in self.views.store.partitions
+            for p in self.store.partitions
             if hasattr(p.recorder, "channel_name")
         ]
-        waiter = self.views.dialect.waiter(channels)
+        waiter = self.dialect.waiter(channels)
         try:
             while not self.stopping.is_set():
                 if self.run_once():
@@ -39,15 +48,17 @@ class ProjectionRunner:
                     self.stopping.wait(self.backoff())
         finally:
             waiter.close()
+            self.stopped()
 
     def run_once(self) -> bool:
-        """One catch-up pass; False after a store error (logged, then backed off)."""
+        """One pass; False after an error it retries (logged, then backed off)."""
         try:
-            self.views.catch_up()
-        except PersistenceError:
+            self.follow()
+        except self.retried:
             self.failures += 1
             log.warning(
-                "projection pass failed (%d in a row); retrying after %.1fs",
+                "%s failed (%d in a row); retrying after %.1fs",
+                self.what,
                 self.failures,
                 self.backoff(),
                 exc_info=True,
@@ -56,9 +67,26 @@ class ProjectionRunner:
         self.failures = 0
         return True
 
+    def follow(self) -> None:
+        raise NotImplementedError
+
+    def stopped(self) -> None:
+        """Called once the loop has ended."""
+
     def backoff(self) -> float:
         delay: float = min(MAX_BACKOFF_SECONDS, 0.5 * 2.0 ** max(0, self.failures - 1))
         return delay
 
     def stop(self) -> None:
         self.stopping.set()
+
+
+class ProjectionRunner(LogFollower):
+    what = "projection pass"
+
+    def __init__(self, views: JobViews, *, poll_interval: float = 0.5) -> None:
+        super().__init__(views.store, views.dialect, poll_interval)
+        self.views = views
+
+    def follow(self) -> None:
+        self.views.catch_up()
