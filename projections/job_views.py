@@ -18,6 +18,7 @@ from eventsourcing.persistence import IntegrityError, Notification, Tracking
 
 from jobledger.adapters.event_store import EventSourcedJobStore, LedgerPartition
 from jobledger.adapters.locks import schema_lock
+from jobledger.adapters.store_errors import store_errors
 from jobledger.job import Job
 from jobledger.status import JobStatus
 from projections import approvals, spend, status
@@ -43,6 +44,9 @@ class Lag:
 
 
 class JobViews:
+    """Every public method translates store errors (``store_errors``): callers see
+    StoreUnavailableError, never a driver's or the library's own error."""
+
     def __init__(self, store: EventSourcedJobStore) -> None:
         self.store = store
         self.dialect = _dialect(store.partitions[0])
@@ -50,6 +54,7 @@ class JobViews:
 
     # ---- schema ----------------------------------------------------------------------
 
+    @store_errors("creating the views")
     def create_tables(self) -> None:
         d = self.dialect
         with schema_lock(self.store.location):
@@ -64,12 +69,14 @@ class JobViews:
     def position(self, partition: LedgerPartition) -> int:
         return self.dialect.tracking.max_tracking_id(partition.name) or 0
 
+    @store_errors("reading new events")
     def pending(self, partition: LedgerPartition, limit: int = BATCH) -> Sequence[Notification]:
         notifications: Sequence[Notification] = partition.recorder.select_notifications(
             self.position(partition), limit, inclusive_of_start=False
         )
         return notifications
 
+    @store_errors("updating the views")
     def process(self, partition: LedgerPartition, notifications: Sequence[Notification]) -> None:
         """Apply a batch and record its last position, all in one transaction. Events at
         or before the tracked position were applied already: a re-delivery skips them,
@@ -100,6 +107,7 @@ class JobViews:
         spend.apply(d, curs, row.tenant_id, event)
         approvals.apply(d, curs, row.tenant_id, row.job_id, event)
 
+    @store_errors("catching the views up")
     def catch_up(self, progress: Progress | None = None) -> int:
         """Apply everything appended so far; returns how many notifications were read."""
         done = 0
@@ -112,6 +120,7 @@ class JobViews:
                     progress(done, total)
         return done
 
+    @store_errors("rebuilding the views")
     def rebuild(self, progress: Progress | None = None) -> int:
         """Drop every view row and the tracking, then fold the whole log again."""
         d = self.dialect
@@ -127,6 +136,7 @@ class JobViews:
                 )
         return self.catch_up(progress)
 
+    @store_errors("reading the views' lag")
     def lag(self) -> list[Lag]:
         return [
             Lag(p.name, p.recorder.max_notification_id() or 0, self.position(p))
@@ -138,6 +148,7 @@ class JobViews:
 
     # ---- reading ---------------------------------------------------------------------
 
+    @store_errors("listing jobs")
     def jobs(
         self,
         *,
@@ -164,6 +175,7 @@ class JobViews:
         )
         return [status.row_from(r) for r in fetch(self.dialect, statement, params)]
 
+    @store_errors("reading due jobs")
     def due(self, job_status: JobStatus, before: datetime, limit: int) -> list[StatusRow]:
         """Jobs in ``job_status`` whose due moment is at or before ``before``: an index
         range scan, so the cost follows the number of due jobs, not of all jobs."""
@@ -174,12 +186,14 @@ class JobViews:
         params = {"status": str(job_status), "before": self.dialect.ts(before), "limit": limit}
         return [status.row_from(r) for r in fetch(self.dialect, statement, params)]
 
+    @store_errors("reading pending approvals")
     def pending_approvals(self, tenant_id: str | None = None) -> list[dict[str, Any]]:
         t = self.dialect.table("jobledger_pending_approvals")
         where = "WHERE tenant_id = :tenant_id" if tenant_id is not None else ""
         statement = f"SELECT * FROM {t} {where} ORDER BY requested_at"
         return list(fetch(self.dialect, statement, {"tenant_id": tenant_id}))
 
+    @store_errors("reading the tenant's spend")
     def tenant_day_spend_usd(self, tenant_id: str, day_start: datetime) -> Decimal:
         """The Cost port, read from the spend view (as fresh as the projection)."""
         return spend.day_spend(self.dialect, tenant_id, day_start)

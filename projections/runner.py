@@ -9,6 +9,7 @@ import threading
 from eventsourcing.persistence import PersistenceError
 
 from jobledger.adapters.event_store import EventSourcedJobStore
+from jobledger.errors import StoreUnavailableError
 from projections.dialect import Dialect
 from projections.job_views import JobViews
 
@@ -22,7 +23,7 @@ class LogFollower:
     interval); after a failed pass, back off exponentially instead of stalling."""
 
     what = "pass"
-    retried: tuple[type[Exception], ...] = (PersistenceError,)
+    retried: tuple[type[Exception], ...] = (PersistenceError, StoreUnavailableError)
 
     def __init__(self, store: EventSourcedJobStore, dialect: Dialect, poll_interval: float) -> None:
         self.store = store

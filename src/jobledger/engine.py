@@ -7,7 +7,10 @@ configuration picks the adapters and plugs them in.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import logging
+import threading
+import time
 import unicodedata
 from collections.abc import Callable, Mapping
 from dataclasses import replace
@@ -15,9 +18,9 @@ from datetime import datetime
 from decimal import Decimal
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any
-from uuid import uuid4
+from uuid import UUID, uuid4
 
-from jobledger import chain
+from jobledger import chain, retry
 from jobledger.adapters.clock import SystemClock
 from jobledger.adapters.event_store import EventSourcedJobStore
 from jobledger.adapters.jwt_tokens import JwtResumeTokens
@@ -75,7 +78,8 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 MAX_ID_LENGTH = 200
-COMMAND_ATTEMPTS = 5
+_TURN_STRIPES = 64
+"""Locks the commands' writers of one job take turns on (a job hashes to one)."""
 _DECISIONS = {
     "approve": "approved",
     "approved": "approved",
@@ -112,6 +116,7 @@ class Engine:
         self.registry = registry
         self.config = config
         self.tokens = tokens
+        self._turns = [threading.Lock() for _ in range(_TURN_STRIPES)]
         self.orchestrator = Orchestrator(
             store=store,
             queue=queue,
@@ -470,20 +475,48 @@ class Engine:
         *,
         missing: type[JobLedgerError] | None = None,
     ) -> Job:
-        """Load, decide, append; on a lost race decide again on the fresh job."""
-        for _ in range(COMMAND_ATTEMPTS):
-            job = self.store.load(job_uuid(tenant_id, job_id))
+        """Load, decide, append; on a lost race decide again on the fresh job, after a
+        jittered back-off (``retry.CONTENTION``): many writers to one job all land,
+        instead of the losers being told no. Only contention that outlasts the budget
+        (in wall-clock time) is reported, as ConcurrencyError: try again, not refused."""
+        uuid = job_uuid(tenant_id, job_id)
+        backoff = retry.CONTENTION
+        deadline = time.monotonic() + backoff.budget_seconds
+        for attempt in itertools.count(1):
+            try:
+                job = self._attempt(uuid, command, deadline)
+            except VersionConflict:
+                delay = backoff.delay(attempt)
+                if time.monotonic() + delay > deadline:
+                    break
+                # Real time, not the engine's clock: the other writers are real processes,
+                # and a fake clock's sleep would wait for none of them.
+                time.sleep(delay)
+                continue
             if job is None:
                 if missing is not None:
                     raise missing(f"no job {job_id!r} for tenant {tenant_id!r}")
                 raise UnknownJobError(tenant_id, job_id)
-            keys = command(job)
-            try:
-                self.store.append(job, *keys)
-            except VersionConflict:
-                continue
             return job
         raise ConcurrencyError(f"job {job_id!r} kept changing; try again")
+
+    def _attempt(
+        self, uuid: UUID, command: Callable[[Job], list[ConsumedKey]], deadline: float
+    ) -> Job | None:
+        """One load, decide, append (None: no such job). The threads of this process take
+        turns at a job, so they never race each other at the database; only another
+        process can make the append lose (VersionConflict)."""
+        turn = self._turns[uuid.int % len(self._turns)]
+        if not turn.acquire(timeout=max(0.0, deadline - time.monotonic())):
+            raise VersionConflict("other writers in this process held the job throughout")
+        try:
+            job = self.store.load(uuid)
+            if job is None:
+                return None
+            self.store.append(job, *command(job))
+            return job
+        finally:
+            turn.release()
 
     def _key(self, job: Job, kind: str, key: str) -> ConsumedKey:
         return ConsumedKey.consume(
@@ -531,7 +564,8 @@ class Engine:
 
     def handle(self, tick: Tick) -> TickReport | None:
         """What a queue consumer does with one tick: bad ticks are reported and dropped;
-        an infrastructure error is re-enqueued with a delay, never turned into a failure."""
+        an infrastructure error is re-enqueued with a growing, jittered delay, never
+        turned into a failure."""
         try:
             return self.orchestrator.tick(tick)
         except StoreUnavailableError as error:
@@ -540,8 +574,11 @@ class Engine:
             )
             # The retry inherits the interrupted tick's claim, so it can go on at once
             # instead of waiting out its own lease.
-            retry = replace(tick, claim_id=error.claim_id or tick.claim_id)
-            self.queue.enqueue(retry, delay_ms=1_000, dedupe_key="infra-retry")
+            again = replace(
+                tick, claim_id=error.claim_id or tick.claim_id, attempt=tick.attempt + 1
+            )
+            delay = retry.INFRASTRUCTURE.delay(again.attempt)
+            self.queue.enqueue(again, delay_ms=round(delay * 1000), dedupe_key="infra-retry")
         except JobLedgerError as error:
             self.ops.record(
                 OpsEvent(

@@ -38,6 +38,11 @@ class StoreUnavailableError(JobLedgerError):
     """Set by the orchestrator: the claim the interrupted tick held, for its retry."""
 
 
+class StoreUnreachableError(StoreUnavailableError):
+    """The store could not be opened at all: unreachable, or refusing these credentials.
+    Nothing was attempted; unlike a store lost mid-operation, retrying at once rarely helps."""
+
+
 class ConcurrencyError(JobLedgerError):
     """An append lost a race: the job moved on since it was loaded."""
 

@@ -35,6 +35,9 @@ class Tick:
     claim_id: str | None = None
     """Only on the in-process retry of a tick interrupted by a store error: the claim it
     held, so the retry goes on at once (a stranger's tick waits for the lease)."""
+    attempt: int = 0
+    """Only on that retry too: how many store errors this tick has hit, so each retry
+    waits longer than the one before."""
 
 
 @dataclass(frozen=True)

@@ -7,16 +7,17 @@ from typing import Any
 from uuid import UUID
 
 from eventsourcing.application import AggregateNotFoundError, Application
-from eventsourcing.persistence import (
-    ApplicationRecorder,
-    EventStore,
-    IntegrityError,
-    PersistenceError,
-)
+from eventsourcing.persistence import ApplicationRecorder, EventStore, IntegrityError
 
 from jobledger.adapters.locks import schema_lock
+from jobledger.adapters.store_errors import STORE_ERRORS, store_errors
 from jobledger.adapters.store_url import StoreLocation
-from jobledger.errors import DuplicateKeyError, StoreUnavailableError, VersionConflict
+from jobledger.errors import (
+    DuplicateKeyError,
+    StoreUnavailableError,
+    StoreUnreachableError,
+    VersionConflict,
+)
 from jobledger.job import Job
 from jobledger.keys import ConsumedKey
 
@@ -64,7 +65,10 @@ class LedgerPartition(Application[UUID]):
 
 
 class EventSourcedJobStore:
-    """Routes each job to partition hash(job id) % N; N is fixed for the life of a store."""
+    """Routes each job to partition hash(job id) % N; N is fixed for the life of a store.
+
+    Every entry point translates store errors (``store_errors``): no driver or library
+    error crosses the port, only StoreUnavailableError and the refusals it defines."""
 
     def __init__(
         self,
@@ -83,24 +87,24 @@ class EventSourcedJobStore:
                 self.partitions = [
                     LedgerPartition(location, index, cache_size) for index in range(partitions)
                 ]
-        except PersistenceError as error:
-            raise StoreUnavailableError(f"cannot open the {location.kind} store: {error}") from None
+        except STORE_ERRORS as error:
+            raise StoreUnreachableError(f"cannot open the {location.kind} store: {error}") from None
 
     def partition(self, job_uuid: UUID) -> LedgerPartition:
         return self.partitions[job_uuid.int % len(self.partitions)]
 
     # ---- the JobStore port -------------------------------------------------------------
 
+    @store_errors("loading a job")
     def load(self, job_uuid: UUID) -> Job | None:
         try:
             job: object = self.partition(job_uuid).repository.get(job_uuid)
         except AggregateNotFoundError:
             return None
-        except PersistenceError as error:
-            raise StoreUnavailableError(f"store error while loading a job: {error}") from error
         assert isinstance(job, Job)
         return job
 
+    @store_errors("appending")
     def append(self, job: Job, *keys: ConsumedKey) -> None:
         partition = self.partition(job.id)
         version_before = job.version - len(job.pending_events)
@@ -112,38 +116,33 @@ class EventSourcedJobStore:
         try:
             partition.events.put(events)
         except IntegrityError:
+            # Telling which collided reads the store again: translated like the rest.
             raise self.conflict(partition, keys) from None
-        except PersistenceError as error:
-            raise StoreUnavailableError(f"store error while appending: {error}") from error
         self.snapshot_if_due(partition, job, version_before)
 
+    @store_errors("reserving a key")
     def reserve_key(self, key: ConsumedKey) -> None:
         partition = self.partition(key.id)
         try:
             partition.events.put(list(key.collect_events()))
         except IntegrityError:
             raise DuplicateKeyError(key.kind, key.key) from None
-        except PersistenceError as error:
-            raise StoreUnavailableError(f"store error while reserving a key: {error}") from error
 
     def colocated(self, first: UUID, second: UUID) -> bool:
         return self.partition(first) is self.partition(second)
 
+    @store_errors("reading a key")
     def find_key(self, route: UUID, key_id: UUID) -> ConsumedKey | None:
         try:
             key: object = self.partition(route).repository.get(key_id)
         except AggregateNotFoundError:
             return None
-        except PersistenceError as error:
-            raise StoreUnavailableError(f"store error while reading a key: {error}") from error
         assert isinstance(key, ConsumedKey)
         return key
 
+    @store_errors("reading events")
     def events(self, job_uuid: UUID, *, to_version: int | None = None) -> list[Job.Event]:
-        try:
-            stored = list(self.partition(job_uuid).events.get(job_uuid, lte=to_version))
-        except PersistenceError as error:
-            raise StoreUnavailableError(f"store error while reading events: {error}") from error
+        stored = list(self.partition(job_uuid).events.get(job_uuid, lte=to_version))
         return [event for event in stored if isinstance(event, Job.Event)]
 
     # ---- the steps of an append --------------------------------------------------------
@@ -166,8 +165,9 @@ class EventSourcedJobStore:
             return
         assert partition.snapshots is not None
         try:
-            partition.snapshots.put([Job.Snapshot.take(job)])
-        except PersistenceError:
+            with store_errors("taking a snapshot"):
+                partition.snapshots.put([Job.Snapshot.take(job)])
+        except StoreUnavailableError:
             log.warning(
                 "snapshot of job %s at version %s failed", job.id, job.version, exc_info=True
             )

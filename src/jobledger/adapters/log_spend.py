@@ -16,6 +16,7 @@ from uuid import UUID
 from eventsourcing.utils import get_topic
 
 from jobledger.adapters.event_store import EventSourcedJobStore, LedgerPartition
+from jobledger.adapters.store_errors import store_errors
 from jobledger.job import Job
 
 _TOPICS = (get_topic(Job.Submitted), get_topic(Job.StepRecorded))
@@ -30,6 +31,7 @@ class LogSpend:
         self._spend: dict[tuple[str, date], Decimal] = defaultdict(Decimal)
         self._lock = threading.Lock()
 
+    @store_errors("reading the tenant's spend")
     def tenant_day_spend_usd(self, tenant_id: str, day_start: datetime) -> Decimal:
         with self._lock:
             for index, partition in enumerate(self.store.partitions):

@@ -33,14 +33,15 @@ from types import NoneType, UnionType
 from typing import Any, Final, TextIO
 from uuid import UUID
 
-from eventsourcing.persistence import IntegrityError, PersistenceError
+from eventsourcing.persistence import IntegrityError
 
 from jobledger import chain
 from jobledger.adapters.event_store import EventSourcedJobStore
+from jobledger.adapters.store_errors import store_errors
 from jobledger.audit.errors import ImportRefusedError
 from jobledger.audit.log import events_of, is_empty, job_uuids, read_jobs
 from jobledger.audit.tamper import check_job
-from jobledger.errors import StoreUnavailableError, UnknownJobError
+from jobledger.errors import UnknownJobError
 from jobledger.identity import job_uuid as job_uuid_of
 from jobledger.job import Job
 from jobledger.keys import ConsumedKey, KeyKind
@@ -432,16 +433,15 @@ def _append(store: EventSourcedJobStore, events: list[Job.Event]) -> int:
         else:
             apart.append(key)
     try:
-        partition.events.put(together)
-        for key in apart:
-            store.partition(key.id).events.put(list(key.collect_events()))
+        with store_errors("importing"):
+            partition.events.put(together)
+            for key in apart:
+                store.partition(key.id).events.put(list(key.collect_events()))
     except IntegrityError:
         raise ImportRefusedError(
             f"job {job_uuid} or one of its keys is already in the store (import stopped "
             "part way: start again on a fresh store)"
         ) from None
-    except PersistenceError as error:
-        raise StoreUnavailableError(f"store error while importing: {error}") from error
     job = store.load(job_uuid)
     if job is not None:
         store.snapshot_if_due(partition, job, 0)

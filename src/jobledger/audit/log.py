@@ -11,11 +11,11 @@ from dataclasses import dataclass
 from typing import Any
 from uuid import UUID
 
-from eventsourcing.persistence import PersistenceError, StoredEvent
+from eventsourcing.persistence import StoredEvent
 from eventsourcing.utils import get_topic
 
 from jobledger.adapters.event_store import EventSourcedJobStore, LedgerPartition
-from jobledger.errors import StoreUnavailableError
+from jobledger.adapters.store_errors import store_errors
 from jobledger.job import Job
 
 JOB_TOPIC_PREFIX = get_topic(Job) + "."
@@ -154,9 +154,9 @@ def _datastore(partition: LedgerPartition) -> Any:
 
 def _query(partition: LedgerPartition, statement: str, params: list[Any]) -> list[Any]:
     """Run a read-only statement built from this module's literals (never from input)."""
-    try:
-        with _datastore(partition).transaction(commit=False) as curs:
-            curs.execute(statement, params)
-            return list(curs.fetchall())
-    except PersistenceError as error:
-        raise StoreUnavailableError(f"store error while reading the log: {error}") from error
+    with (
+        store_errors("reading the log"),
+        _datastore(partition).transaction(commit=False) as curs,
+    ):
+        curs.execute(statement, params)
+        return list(curs.fetchall())

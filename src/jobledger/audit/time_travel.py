@@ -13,11 +13,10 @@ from datetime import datetime
 from uuid import UUID
 
 from eventsourcing.application import AggregateNotFoundError
-from eventsourcing.persistence import PersistenceError
 
 from jobledger.adapters.event_store import EventSourcedJobStore
+from jobledger.adapters.store_errors import store_errors
 from jobledger.audit.errors import NoSuchVersionError
-from jobledger.errors import StoreUnavailableError
 from jobledger.job import Job
 from jobledger.ports import JobStore
 
@@ -75,11 +74,10 @@ def _load_at(store: JobStore, job_uuid: UUID, version: int) -> Job:
         # Snapshot-accelerated: the newest snapshot at or before the version, then the
         # events after it, folded by the same mutate() (eventsourcing's Repository).
         try:
-            job: object = store.partition(job_uuid).repository.get(job_uuid, version=version)
+            with store_errors("loading a job"):
+                job: object = store.partition(job_uuid).repository.get(job_uuid, version=version)
         except AggregateNotFoundError:
             raise NoSuchVersionError("the job has no events") from None
-        except PersistenceError as error:
-            raise StoreUnavailableError(f"store error while loading a job: {error}") from error
         assert isinstance(job, Job)
         return job
     events = store.events(job_uuid, to_version=version)

@@ -2,7 +2,9 @@
 
 Exit codes scripts can trust: 0 ok; 1 a refused operation or a validation problem;
 2 a usage error; 3 the store is unreachable, its URL is bad, or the configuration is
-unusable. Errors print ``error: <message>`` on stderr, without a traceback.
+unusable; 4 temporary, try again (the store failed mid-command, or the job was
+contended for longer than the command's back-off). Errors print ``error: <message>``
+on stderr, without a traceback.
 """
 
 from __future__ import annotations
@@ -34,7 +36,8 @@ AUDIT = "Replay and audit"
 app = Typer(
     name="jobledger",
     help="A durable, event-sourced job engine. Every command takes --store URL and "
-    "--config FILE; exit codes: 0 ok, 1 refused or invalid, 2 usage, 3 store or config.",
+    "--config FILE; exit codes: 0 ok, 1 refused or invalid, 2 usage, 3 store or config, "
+    "4 temporary: try again.",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,

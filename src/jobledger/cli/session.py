@@ -16,7 +16,14 @@ from eventsourcing.persistence import PersistenceError
 from jobledger.adapters.notifier import MemoryNotifier
 from jobledger.cli.config_file import Settings, load_executor, load_settings
 from jobledger.engine import Engine
-from jobledger.errors import ConfigError, JobLedgerError, StoreUnavailableError
+from jobledger.errors import (
+    ConcurrencyError,
+    ConfigError,
+    DuplicateKeyError,
+    JobLedgerError,
+    StoreUnavailableError,
+    StoreUnreachableError,
+)
 from jobledger.ports import Notifier, StepExecutor
 from jobledger.registry import FunctionRegistry
 
@@ -32,11 +39,19 @@ class Exit(IntEnum):
     """Bad arguments or options (typer's own exit code)."""
     UNAVAILABLE = 3
     """The store is unreachable or its URL is bad, or the configuration is unusable."""
+    TEMPORARY = 4
+    """Try again: the store failed mid-command (the change may or may not have landed;
+    the retry sees what the store holds), or other writers kept winning the race for
+    the job for longer than the command's back-off."""
 
 
 def exit_code(error: JobLedgerError | PersistenceError) -> Exit:
-    if isinstance(error, ConfigError | StoreUnavailableError | PersistenceError):
+    if isinstance(error, ConfigError | StoreUnreachableError):
         return Exit.UNAVAILABLE
+    if isinstance(error, DuplicateKeyError):
+        return Exit.REFUSED  # a used key is an answer, not a race to run again
+    if isinstance(error, StoreUnavailableError | ConcurrencyError | PersistenceError):
+        return Exit.TEMPORARY
     return Exit.REFUSED
 
 

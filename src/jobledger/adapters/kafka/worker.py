@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 from kafka import ConsumerRebalanceListener, OffsetAndMetadata, TopicPartition
 from kafka.errors import KafkaError
 
+from jobledger import retry
 from jobledger.adapters.kafka import clients
 from jobledger.adapters.kafka.clients import KafkaUnavailableError
 from jobledger.adapters.kafka.messages import (
@@ -61,7 +62,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-MAX_BACKOFF_SECONDS = 5.0
+BACKOFF = retry.Backoff(base_seconds=0.2, cap_seconds=5.0)
 HANDLER_ATTEMPTS = 3
 """An unexpected exception (a bug) is retried this often before the message is
 dead-lettered, so one poison message cannot stall its partition for ever."""
@@ -126,8 +127,9 @@ class KafkaWorker:
                     batch = consumer.poll(timeout_ms=200)
                 except KafkaError as error:
                     self.failures += 1
-                    log.warning("poll failed, retrying after %.1fs: %r", self.backoff(), error)
-                    self.stopping.wait(self.backoff())
+                    delay = self.backoff()
+                    log.warning("poll failed, retrying after %.1fs: %r", delay, error)
+                    self.stopping.wait(delay)
                     continue
                 if batch:
                     self.process_batch(consumer, batch)
@@ -184,7 +186,9 @@ class KafkaWorker:
         self.stats.committed += sum(1 for _ in offsets)
 
     def backoff(self) -> float:
-        return min(MAX_BACKOFF_SECONDS, 0.2 * 2.0 ** max(0, self.failures - 1))
+        """Grows with each consecutive failure, with jitter: workers that lost the same
+        store at once do not all come back to it in the same instant."""
+        return BACKOFF.delay(self.failures)
 
     # ---- one message ---------------------------------------------------------------------
 

@@ -1,0 +1,317 @@
+"""Store errors are infrastructure errors on every path: retried with back-off, never a
+refusal, never a failed job, never a dead letter (issue 9, item 7).
+
+Outages are injected below the adapters (tests/outage_support.py): the driver's real
+error is raised where the library gets a connection, so what is tested is the adapters'
+translation of it.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+from dataclasses import dataclass, field
+from datetime import timedelta
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from eventsourcing.persistence import IntegrityError
+from projections import JobViews
+
+from conftest import CountingExecutor, EngineFactory
+from jobledger import Engine, JobStatus, StoreUnavailableError, retry
+from jobledger.adapters.clock import FakeClock
+from jobledger.adapters.event_store import EventSourcedJobStore
+from jobledger.adapters.kafka.messages import encode_tick
+from jobledger.adapters.kafka.settings import KafkaSettings
+from jobledger.adapters.kafka.worker import KafkaWorker
+from jobledger.adapters.local_queue import LocalQueue
+from jobledger.adapters.log_spend import LogSpend
+from jobledger.cli.session import Exit, exit_code
+from jobledger.errors import (
+    ConcurrencyError,
+    ConfigError,
+    DuplicateKeyError,
+    StoreUnreachableError,
+    TokenReplayedError,
+    VersionConflict,
+)
+from jobledger.identity import job_uuid, key_uuid
+from jobledger.keys import ConsumedKey, KeyKind
+from jobledger.ports import Tick
+from outage_support import Outage
+
+CEILING = {"cost_ceiling_usd": "100"}
+
+
+def event_store(engine: Engine) -> EventSourcedJobStore:
+    assert isinstance(engine.store, EventSourcedJobStore)
+    return engine.store
+
+
+def spend_reader(engine: Engine) -> Any:
+    """The recorder the spend check reads the log through."""
+    (partition,) = event_store(engine).partitions
+    return partition.recorder
+
+
+# ---- the spend check -------------------------------------------------------------------
+
+
+def test_an_outage_during_the_spend_check_is_a_store_error_and_fails_nothing(
+    make_engine: EngineFactory, executor: CountingExecutor, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    engine = make_engine(config=CEILING)
+    engine.submit("t", "j", "agent3")
+    outage = Outage(event_store(engine), monkeypatch)
+    outage.begin_on(spend_reader(engine), "select_notifications")
+
+    with pytest.raises(StoreUnavailableError):
+        engine.tick("t", "j")
+
+    outage.end()
+    assert engine.job("t", "j").status is JobStatus.QUEUED  # not failed, no step ran
+    assert sum(executor.calls.values()) == 0
+
+
+def test_the_local_queue_retries_a_tick_whose_spend_check_hit_an_outage(
+    make_engine: EngineFactory,
+    executor: CountingExecutor,
+    clock: FakeClock,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    engine = make_engine(config=CEILING)
+    engine.submit("t", "j", "agent3")
+    outage = Outage(event_store(engine), monkeypatch)
+    outage.begin_on(spend_reader(engine), "select_notifications")
+
+    assert engine.run_until_idle() == 1  # the tick was handled, not raised out of the loop
+    assert isinstance(engine.queue, LocalQueue)
+    (pending,) = engine.queue.pending()  # ... and put back with a delay, not dropped
+    assert pending[1].job_id == "j" and pending[0] > clock.now()
+
+    outage.end()
+    engine.run_until_idle(wait_for_timers=True)
+    assert engine.job("t", "j").status is JobStatus.COMPLETED
+    assert set(executor.calls.values()) == {1}
+
+
+def test_each_retry_of_an_infrastructure_error_waits_longer_with_jitter(
+    make_engine: EngineFactory, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    engine = make_engine(config=CEILING)
+    engine.submit("t", "j", "agent3")
+    outage = Outage(event_store(engine), monkeypatch)
+    outage.down = True
+    assert isinstance(engine.queue, LocalQueue)
+    delays = []
+    for _ in range(5):
+        clock.advance(timedelta(minutes=5))
+        assert engine.run_until_idle() == 1
+        ((due, _, _),) = engine.queue.pending()
+        delays.append((due - clock.now()).total_seconds())
+    backoff = retry.INFRASTRUCTURE
+    for attempt, delay in enumerate(delays, start=1):
+        assert backoff.ceiling(attempt) / 2 <= delay <= backoff.ceiling(attempt)
+    assert delays == sorted(delays) and delays[0] < delays[-1]
+
+
+def test_the_kafka_worker_rewinds_a_tick_whose_spend_check_hit_an_outage_and_never_dead_letters(
+    make_engine: EngineFactory, executor: CountingExecutor, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    engine = make_engine(config=CEILING)
+    engine.submit("t", "j", "agent3")
+    outage = Outage(event_store(engine), monkeypatch)
+    outage.during(spend_reader(engine), "select_notifications")
+    settings = KafkaSettings.of(engine.config)
+    worker = KafkaWorker(engine, settings)
+    dead: list[Any] = []
+    monkeypatch.setattr(worker, "dead_letter", lambda record, *why: dead.append(why) or True)
+    record = SimpleNamespace(
+        topic=settings.ticks_topic,
+        partition=0,
+        offset=7,
+        key=b"t/j",
+        value=encode_tick(Tick("t", "j", "create"), dedupe_key=None, enqueued_at_ms=0),
+        headers=[],
+    )
+
+    # However often it is delivered while the spend check fails: read again (False),
+    # never dead-lettered as if it were a bug.
+    assert [worker.process(record) for _ in range(5)] == [False] * 5
+    assert dead == [] and worker.stats.retried == 5
+
+    outage.end()
+    assert worker.process(record) is True
+    assert dead == [] and worker.stats.ticks == 1
+    assert engine.job("t", "j").status is JobStatus.COMPLETED
+
+
+# ---- every entry point of the store adapters ----------------------------------------------
+
+
+def test_every_store_read_and_write_turns_an_outage_into_a_store_error(
+    make_engine: EngineFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    engine = make_engine()
+    engine.submit("t", "j", "agent3")
+    store = event_store(engine)
+    job = store.load(job_uuid("t", "j"))
+    assert job is not None
+    views = JobViews(store)
+    spend = LogSpend(store)
+    key = ConsumedKey.consume(
+        kind=KeyKind.SIGNAL,
+        key="s",
+        tenant_id="t",
+        job_id="j",
+        job_uuid=job.id,
+        timestamp=job.modified_on,
+    )
+    calls = {
+        "load": lambda: store.load(job.id),
+        "events": lambda: store.events(job.id),
+        "find_key": lambda: store.find_key(job.id, key_uuid("t", KeyKind.SIGNAL, "s")),
+        "append": lambda: store.append(job),
+        "reserve_key": lambda: store.reserve_key(key),
+        "log spend": lambda: spend.tenant_day_spend_usd("t", job.modified_on),
+        "view spend": lambda: views.tenant_day_spend_usd("t", job.modified_on),
+        "jobs": lambda: views.jobs(),
+        "due": lambda: views.due(JobStatus.QUEUED, job.modified_on, 10),
+        "approvals": lambda: views.pending_approvals(),
+        "lag": lambda: views.lag(),
+        "catch_up": lambda: views.catch_up(),
+    }
+    outage = Outage(store, monkeypatch)
+    outage.down = True
+    escaped = {}
+    for name, call in calls.items():
+        try:
+            call()
+        except StoreUnavailableError:
+            continue
+        except BaseException as error:
+            escaped[name] = repr(error)
+        else:
+            escaped[name] = "no error at all"
+    assert escaped == {}
+    assert outage.refused >= len(calls)
+
+
+def test_an_outage_while_telling_a_duplicate_from_a_conflict_is_a_store_error(
+    make_engine: EngineFactory, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A refused append is followed by a read (which key collided?): it is a store call
+    like any other."""
+    engine = make_engine()
+    engine.submit("t", "j", "agent3")
+    store = event_store(engine)
+    first, second = store.load(job_uuid("t", "j")), store.load(job_uuid("t", "j"))
+    assert first is not None and second is not None
+    keys = []
+    for job, name in ((first, "s1"), (second, "s2")):
+        job.buffer_signal(signal_id=name, event_name="ev", payload={}, now=clock.now())
+        keys.append(engine._key(job, KeyKind.SIGNAL, name))
+    store.append(first, keys[0])
+    outage = Outage(store, monkeypatch)
+    (partition,) = store.partitions
+    recorder = partition.events.recorder
+    insert_events = recorder.insert_events
+
+    def refused_then_down(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return insert_events(*args, **kwargs)
+        except IntegrityError:
+            outage.down = True  # the database goes away right after refusing the append
+            raise
+
+    monkeypatch.setattr(recorder, "insert_events", refused_then_down)
+    with pytest.raises(StoreUnavailableError):
+        store.append(second, keys[1])  # stale: refused, then the lookup fails
+    assert outage.refused >= 1  # the lookup really met the outage
+
+
+# ---- contention -------------------------------------------------------------------------
+
+
+def test_many_concurrent_signals_to_one_job_all_land(make_engine: EngineFactory) -> None:
+    """Lost races are retried with back-off and jitter, not reported as refusals."""
+    engines = [make_engine() for _ in range(8)]
+    engines[0].submit("t", "j", "agent3")
+    signals = 320
+    outcomes: Counter[str] = Counter()
+    start = threading.Barrier(signals)
+
+    def deliver(n: int) -> None:
+        start.wait()
+        try:
+            outcome = engines[n % len(engines)].signal("t", "j", "ev", {"n": n}, signal_id=f"s{n}")
+            outcomes[str(outcome)] += 1
+        except Exception as error:
+            outcomes[type(error).__name__] += 1
+
+    threads = [threading.Thread(target=deliver, args=(n,)) for n in range(signals)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+
+    assert outcomes == {"buffered": signals}
+    job = engines[0].store.load(job_uuid("t", "j"))
+    assert job is not None
+    inbox = {entry["signal_id"] for entry in job.inbox}
+    assert inbox == {f"s{n}" for n in range(signals)}
+
+
+@dataclass(frozen=True)
+class RecordingBackoff(retry.Backoff):
+    waits: list[float] = field(default_factory=list)
+
+    def delay(self, attempt: int) -> float:
+        wait = super().delay(attempt)
+        self.waits.append(wait)
+        return wait
+
+
+def test_a_lost_race_is_retried_with_back_off_until_the_budget_is_spent(
+    make_engine: EngineFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    engine = make_engine()
+    engine.submit("t", "j", "agent3")
+    backoff = RecordingBackoff(0.001, 0.02, budget_seconds=0.3)
+    monkeypatch.setattr(retry, "CONTENTION", backoff)
+    appends = Counter[str]()
+
+    def always_loses(job: Any, *keys: Any) -> None:
+        appends["tried"] += 1
+        raise VersionConflict("the job was changed by another writer since it was loaded")
+
+    monkeypatch.setattr(event_store(engine), "append", always_loses)
+    with pytest.raises(ConcurrencyError, match="kept changing; try again"):
+        engine.signal("t", "j", "ev", signal_id="s1")
+    # Retried after each lost race (not refused at the first), each wait drawn from a
+    # doubling ceiling, until the next wait would overrun the budget.
+    assert appends["tried"] == len(backoff.waits) > 5
+    for attempt, wait in enumerate(backoff.waits, start=1):
+        assert backoff.ceiling(attempt) / 2 <= wait <= backoff.ceiling(attempt)
+    assert sum(backoff.waits[:-1]) <= backoff.budget_seconds
+
+
+# ---- the command line -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("error", "code"),
+    [
+        (TokenReplayedError("the resume token was already used"), Exit.REFUSED),
+        (DuplicateKeyError("signal", "s1"), Exit.REFUSED),
+        (ConfigError("bad setting"), Exit.UNAVAILABLE),
+        (StoreUnreachableError("cannot open the postgresql store: refused"), Exit.UNAVAILABLE),
+        (ConcurrencyError("job 'j' kept changing; try again"), Exit.TEMPORARY),
+        (VersionConflict("the job moved on"), Exit.TEMPORARY),
+        (StoreUnavailableError("store error while appending: disk I/O error"), Exit.TEMPORARY),
+    ],
+)
+def test_the_cli_exit_code_separates_refused_from_try_again(error: Exception, code: Exit) -> None:
+    assert exit_code(error) is code  # type: ignore[arg-type]
