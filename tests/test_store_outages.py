@@ -315,3 +315,23 @@ def test_a_lost_race_is_retried_with_back_off_until_the_budget_is_spent(
 )
 def test_the_cli_exit_code_separates_refused_from_try_again(error: Exception, code: Exit) -> None:
     assert exit_code(error) is code  # type: ignore[arg-type]
+
+
+# ---- resolution ------------------------------------------------------------------------
+
+
+def test_a_store_error_while_resolving_is_not_a_definition_bug(
+    make_engine: EngineFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A registry may read a store (definitions kept in a database): its outage must not
+    fail the job as if the definition had thrown."""
+    engine = make_engine()
+    engine.submit("t", "j", "agent3")
+
+    def unavailable(request: Any) -> Any:
+        raise StoreUnavailableError("store error while reading definitions: disk I/O error")
+
+    monkeypatch.setattr(engine.registry, "resolve", unavailable)
+    with pytest.raises(StoreUnavailableError):
+        engine.tick("t", "j")
+    assert engine.job("t", "j").status is JobStatus.QUEUED

@@ -258,6 +258,8 @@ class Orchestrator:
         )
         try:
             return self.registry.resolve(request)
+        except StoreUnavailableError:
+            raise  # a registry that reads a store: its outage is no definition bug
         except Exception as error:
             self.fail(job, f"workflow resolution failed: {error}", "definition")
             return None
