@@ -42,6 +42,7 @@ from jobledger import (
     Tick,
     linear_workflow,
 )
+from jobledger.adapters.event_store import EventSourcedJobStore
 from jobledger.adapters.kafka import KafkaQueue, SignalMessage, job_key
 from jobledger.adapters.kafka.messages import (
     MalformedMessage,
@@ -66,6 +67,7 @@ from kafka_support import (
     read_topic,
     wait_for,
 )
+from outage_support import Outage
 
 TENANT = "acme"
 PROCS = Path(__file__).with_name("kafka_procs.py")
@@ -337,6 +339,40 @@ def test_an_infrastructure_error_is_not_committed_and_the_partition_retries_it(
     assert read_topic(bootstrap, kafka_topics.ticks_dlq) == []
     # Step 1 of whichever job hit the failed commit ran twice (never recorded twice).
     assert sorted(executor.calls.values()) == [1] * 5 + [2]
+    engine.close()
+
+
+def test_an_outage_during_the_spend_check_is_rewound_and_never_dead_lettered(
+    store_url: str, kafka_topics: KafkaTopics, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With a cost ceiling, every delivery of the tick meets the outage at the spend
+    check (the driver's error, below the adapters): it used to be taken for a bug and
+    dead-lettered after three tries, its offset committed."""
+    executor = CountingExecutor()
+    engine = open_engine(store_url, kafka_topics, executor, cost_ceiling_usd="100")
+    engine.submit(TENANT, "job-1", "agent3")
+    assert isinstance(engine.store, EventSourcedJobStore)
+    outage = Outage(engine.store, monkeypatch)
+    (partition,) = engine.store.partitions
+    outage.during(partition.recorder, "select_notifications")
+    bootstrap, group, ticks = kafka_topics.bootstrap, kafka_topics.group, kafka_topics.ticks
+
+    worker = KafkaWorker(engine, kafka_topics.settings())
+    with running(worker):
+        wait_for(lambda: worker.stats.retried >= 4, 30, "the worker retried during the outage")
+        assert committed_offsets(bootstrap, group, ticks) == {p: 0 for p in range(4)}
+        assert worker.stats.dead_lettered == 0 and worker.stats.ticks == 0
+        outage.end()
+        wait_for(lambda: all_done(engine, ["job-1"]), 60, "the job completed")
+        wait_for(
+            lambda: committed_offsets(bootstrap, group, ticks) == end_offsets(bootstrap, ticks),
+            30,
+            "everything committed once the store is back",
+        )
+    assert engine.job(TENANT, "job-1").status is JobStatus.COMPLETED
+    assert_steps_once(engine, "job-1", 3)
+    assert worker.stats.dead_lettered == 0
+    assert read_topic(bootstrap, kafka_topics.ticks_dlq) == []
     engine.close()
 
 
