@@ -34,6 +34,7 @@ from eventsourcing.persistence import IntegrityError, Notification, PersistenceE
 
 from jobledger.adapters.event_store import EventSourcedJobStore, LedgerPartition
 from jobledger.adapters.locks import schema_lock
+from jobledger.adapters.store_errors import store_errors
 from jobledger.errors import StoreUnavailableError
 from jobledger.job import Job
 from jobledger.ports import Lock
@@ -95,6 +96,7 @@ class Outbox:
         )
         return notifications
 
+    @store_errors("publishing the outbox")
     def publish_pending(self) -> int:
         """Publish everything appended so far (if this instance holds the outbox lock:
         one publisher at a time keeps each job's events in order on the topic).
@@ -128,6 +130,7 @@ class Outbox:
         except IntegrityError:
             log.info("the outbox of %s was tracked up to here by another publisher", partition.name)
 
+    @store_errors("reading the outbox's lag")
     def lag(self) -> list[Lag]:
         return outbox_lag(self.store)
 

@@ -28,6 +28,8 @@ from jobledger.adapters.kafka.settings import KafkaSettings
 from jobledger.adapters.kafka.worker import KafkaWorker
 from jobledger.adapters.local_queue import LocalQueue
 from jobledger.adapters.log_spend import LogSpend
+from jobledger.audit import log as audit_log
+from jobledger.audit import time_travel
 from jobledger.cli.session import Exit, exit_code
 from jobledger.errors import (
     ConcurrencyError,
@@ -182,6 +184,8 @@ def test_every_store_read_and_write_turns_an_outage_into_a_store_error(
         "approvals": lambda: views.pending_approvals(),
         "lag": lambda: views.lag(),
         "catch_up": lambda: views.catch_up(),
+        "audit: raw rows": lambda: audit_log.read_job(store, job.id),
+        "audit: time travel": lambda: time_travel.job_at(store, job.id, version=1),
     }
     outage = Outage(store, monkeypatch)
     outage.down = True
