@@ -40,8 +40,11 @@ def link(previous_hash: str, event_type: str, fields: Mapping[str, Any]) -> str:
 
 
 def event_fields(event: object) -> dict[str, Any]:
+    """The fields the event was stored with. A field added to an event class later (with a
+    default) is absent from the events stored before it, and they hash as they were written."""
     assert dataclasses.is_dataclass(event)
-    return {f.name: getattr(event, f.name) for f in dataclasses.fields(event)}
+    stored = vars(event)
+    return {f.name: stored[f.name] for f in dataclasses.fields(event) if f.name in stored}
 
 
 @dataclass(frozen=True)

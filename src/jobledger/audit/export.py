@@ -25,7 +25,7 @@ from __future__ import annotations
 import json
 import typing
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import MISSING, dataclass, field, fields
 from datetime import datetime
 from decimal import Decimal
 from pathlib import Path
@@ -328,9 +328,10 @@ def _event(document: Mapping[str, Any], source: Path, line: int) -> Job.Event:
     if not isinstance(data, dict):
         raise ImportRefusedError(f"{where}: data is not an object")
     expected = _field_types(event_class)
-    if set(data) != set(expected):
-        unknown = sorted(set(data) - set(expected))
-        missing = sorted(set(expected) - set(data))
+    unknown = sorted(set(data) - set(expected))
+    # A field added to an event class later (it has a default) is absent from older events.
+    missing = sorted(set(expected) - set(data) - _optional_fields(event_class))
+    if unknown or missing:
         raise ImportRefusedError(f"{where}: fields unknown {unknown}, missing {missing}")
     try:
         state: dict[str, Any] = {
@@ -363,6 +364,10 @@ def _field_types(event_class: type[Job.Event]) -> dict[str, Any]:
         }
         _TYPES[event_class] = known
     return known
+
+
+def _optional_fields(event_class: type[Job.Event]) -> set[str]:
+    return {f.name for f in fields(event_class) if f.default is not MISSING}
 
 
 def _typed(hint: Any, value: Any) -> Any:
