@@ -112,7 +112,9 @@ class EventSourcedJobStore:
         try:
             partition.events.put(events)
         except IntegrityError:
-            raise self.conflict(partition, keys) from None
+            if not self.already_stored(partition, events):
+                raise self.conflict(partition, keys) from None
+            log.info("append to job %s was committed before its refusal: it is ours", job.id)
         except PersistenceError as error:
             raise StoreUnavailableError(f"store error while appending: {error}") from error
         self.snapshot_if_due(partition, job, version_before)
@@ -147,6 +149,20 @@ class EventSourcedJobStore:
         return [event for event in stored if isinstance(event, Job.Event)]
 
     # ---- the steps of an append --------------------------------------------------------
+
+    def already_stored(self, partition: LedgerPartition, events: list[Any]) -> bool:
+        """A commit whose acknowledgement was lost is retried (by the library on
+        PostgreSQL) and then refused by its own rows. The event already stored at our first
+        version carries our chain hash only if it is ours: the hash covers the previous
+        hash, the time and every field, so no other writer's event can match it."""
+        first = next((event for event in events if isinstance(event, Job.Event)), None)
+        if first is None:
+            return False
+        stored = next(
+            partition.events.get(first.originator_id, gt=first.originator_version - 1, limit=1),
+            None,
+        )
+        return isinstance(stored, Job.Event) and stored.chain_hash == first.chain_hash
 
     def conflict(
         self, partition: LedgerPartition, keys: tuple[ConsumedKey, ...]
