@@ -301,6 +301,29 @@ def test_replay_names_the_first_divergence(
     assert report.definition_version == 2 and report.recorded_version == 1
 
 
+def test_replay_sees_changed_params_the_executor_would_be_given(waiting: Engine) -> None:
+    """Everything that reaches the executor is compared, not only where the job goes."""
+    report = waiting.replay(
+        T, "j", definition(mission(2, ("params: {task: revise}", "params: {task: rewrite}")))
+    )
+    assert not report.safe
+    first = report.diverged_at
+    assert first is not None and first.step_number == 3 and first.outcome == "different input"
+    assert [s.outcome for s in report.steps[:2]] == ["same", "same"]
+    assert report.verdict.endswith(
+        "with other input (params, retry policy, or the step's own output)"
+    )
+    retried = waiting.replay(
+        T,
+        "j",
+        definition(
+            mission(2, ("max_visits: 3, params", "max_visits: 3, retry: {max_attempts: 5}, params"))
+        ),
+    )
+    assert retried.diverged_at is not None and retried.diverged_at.step_number == 3
+    assert waiting.replay(T, "j", definition(mission(2))).safe
+
+
 def test_replay_reports_a_step_the_definition_no_longer_has(waiting: Engine) -> None:
     renamed = mission(
         2,
