@@ -208,21 +208,11 @@ class OutboxRunner(LogFollower):
 # ---- the value: canonical JSON of the event, and back -----------------------------------
 
 
-def _default(value: object) -> object:
-    if isinstance(value, datetime):
-        return value.isoformat()
-    if isinstance(value, UUID | Decimal):
-        return str(value)
-    raise TypeError(f"not canonicalisable: {type(value).__name__}")
-
-
 def encode_event(event: Job.Event) -> bytes:
-    """Sorted-key compact JSON of the event's type and every field, chain hash included
-    (the same canonical form the chain hashes, plus the hash itself)."""
+    """The event's type and every field, chain hash included: the canonical form the
+    chain hashes, plus the hash itself."""
     document = {"type": type(event).__qualname__, "fields": chain.event_fields(event)}
-    return json.dumps(
-        document, sort_keys=True, separators=(",", ":"), default=_default, ensure_ascii=False
-    ).encode()
+    return chain.canonical_json(document).encode()
 
 
 def decode_event(value: bytes) -> Job.Event:

@@ -51,22 +51,6 @@ _BASE_FIELDS: Final = ("originator_id", "originator_version", "timestamp", chain
 Progress = Callable[[int, int], None]
 
 
-def canonical(document: Mapping[str, Any]) -> str:
-    """Sorted keys, no spaces, UTF-8 as is; times ISO 8601, amounts and ids as strings
-    (the chain's own canonical form)."""
-    return json.dumps(
-        document, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=_default
-    )
-
-
-def _default(value: object) -> object:
-    if isinstance(value, datetime):
-        return value.isoformat()
-    if isinstance(value, (UUID, Decimal)):
-        return str(value)
-    raise TypeError(f"not canonicalisable: {type(value).__name__}")
-
-
 # ---- export ---------------------------------------------------------------------------------
 
 
@@ -139,7 +123,9 @@ def export_jobs(
             continue
         job_events = events_of(records)
         for event in job_events:
-            out.write(canonical(event_document(event, check.tenant_id, check.job_id)) + "\n")
+            out.write(
+                chain.canonical_json(event_document(event, check.tenant_id, check.job_id)) + "\n"
+            )
         events += len(job_events)
         if check.broken is not None:
             broken.append(
@@ -164,7 +150,7 @@ def export_jobs(
         "heads": heads,
         "broken": broken,
     }
-    out.write(canonical(manifest) + "\n")
+    out.write(chain.canonical_json(manifest) + "\n")
     out.flush()
     return ExportSummary(len(heads), events, tuple(broken))
 
