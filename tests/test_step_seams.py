@@ -237,4 +237,8 @@ def test_a_refused_append_that_is_not_ours_is_still_a_conflict(
     with pytest.raises(VersionConflict):
         engine.store.append(stale)
     assert [e.event_type for e in engine.history(TENANT, JOB)] == ["Submitted", "Cancelled"]
-    assert isinstance(engine.store.events(stale.id)[-1], Job.Cancelled)
+    stored = engine.store.events(stale.id)[-1]
+    assert isinstance(stored, Job.Cancelled)
+    assert engine.store.holds(stale.id, 2, stored.chain_hash)
+    assert not engine.store.holds(stale.id, 2, stale.chain_head)  # the refused one
+    assert not engine.store.holds(stale.id, 3, stored.chain_hash)

@@ -471,31 +471,38 @@ class Orchestrator:
         step is already recorded. Any other store error propagates so the tick is retried
         and the job is not failed."""
         job = run.job
-        build(job)
         for _ in range(REBASE_ATTEMPTS):
-            marker = self.step_marker(job, step, at)
+            claimed = job.step_in_flight(run.claim_id)
+            build(job)
+            first = job.pending_events[0]
+            assert isinstance(first, Job.Event)
             try:
-                self.store.append(job, marker)
-            except DuplicateKeyError:
-                self.report(
-                    self.load(run.tick),
-                    "job.step.duplicate_skipped",
-                    idempotencyKey=step.idempotency_key,
-                )
-                raise _LostRace(Outcome.DUPLICATE_SKIPPED) from None
-            except VersionConflict:
+                self.store.append(job, self.step_marker(job, step, at))
+            except (DuplicateKeyError, VersionConflict) as refused:
+                if claimed and self.store.holds(job.id, first.originator_version, first.chain_hash):
+                    # Our commit landed but its acknowledgement was lost, and the retried
+                    # insert met our own rows. The chain hash covers our claim's unique id,
+                    # so no other writer's event can carry it.
+                    break
+                if isinstance(refused, DuplicateKeyError):
+                    self.report(
+                        self.load(run.tick),
+                        "job.step.duplicate_skipped",
+                        idempotencyKey=step.idempotency_key,
+                    )
+                    raise _LostRace(Outcome.DUPLICATE_SKIPPED) from None
                 job = self.load(run.tick)
                 if not job.step_in_flight(run.claim_id):
                     self.discard_late_result(job, step.idempotency_key, step.step_number)
                     raise _LostRace(Outcome.DISCARDED) from None
                 self.report(job, "job.step.rebased", idempotencyKey=step.idempotency_key)
-                build(job)
                 continue
-            run.job = job
-            return
-        raise StoreUnavailableError(
-            f"job {job.job_id!r} kept changing while step {step.step_number} was recorded"
-        )
+            break
+        else:
+            raise StoreUnavailableError(
+                f"job {job.job_id!r} kept changing while step {step.step_number} was recorded"
+            )
+        run.job = job
 
     def step_marker(self, job: Job, step: Transition, at: datetime) -> ConsumedKey:
         return ConsumedKey.consume(

@@ -112,9 +112,7 @@ class EventSourcedJobStore:
         try:
             partition.events.put(events)
         except IntegrityError:
-            if not self.already_stored(partition, events):
-                raise self.conflict(partition, keys) from None
-            log.info("append to job %s was committed before its refusal: it is ours", job.id)
+            raise self.conflict(partition, keys) from None
         except PersistenceError as error:
             raise StoreUnavailableError(f"store error while appending: {error}") from error
         self.snapshot_if_due(partition, job, version_before)
@@ -141,6 +139,15 @@ class EventSourcedJobStore:
         assert isinstance(key, ConsumedKey)
         return key
 
+    def holds(self, job_uuid: UUID, version: int, chain_hash: str) -> bool:
+        try:
+            found = next(
+                self.partition(job_uuid).events.get(job_uuid, gt=version - 1, limit=1), None
+            )
+        except PersistenceError as error:
+            raise StoreUnavailableError(f"store error while reading an event: {error}") from error
+        return isinstance(found, Job.Event) and found.chain_hash == chain_hash
+
     def events(self, job_uuid: UUID, *, to_version: int | None = None) -> list[Job.Event]:
         try:
             stored = list(self.partition(job_uuid).events.get(job_uuid, lte=to_version))
@@ -149,20 +156,6 @@ class EventSourcedJobStore:
         return [event for event in stored if isinstance(event, Job.Event)]
 
     # ---- the steps of an append --------------------------------------------------------
-
-    def already_stored(self, partition: LedgerPartition, events: list[Any]) -> bool:
-        """A commit whose acknowledgement was lost is retried (by the library on
-        PostgreSQL) and then refused by its own rows. The event already stored at our first
-        version carries our chain hash only if it is ours: the hash covers the previous
-        hash, the time and every field, so no other writer's event can match it."""
-        first = next((event for event in events if isinstance(event, Job.Event)), None)
-        if first is None:
-            return False
-        stored = next(
-            partition.events.get(first.originator_id, gt=first.originator_version - 1, limit=1),
-            None,
-        )
-        return isinstance(stored, Job.Event) and stored.chain_hash == first.chain_hash
 
     def conflict(
         self, partition: LedgerPartition, keys: tuple[ConsumedKey, ...]
