@@ -18,7 +18,6 @@ one for its job, drop it when it is older.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
 import typing
@@ -32,6 +31,7 @@ from uuid import UUID
 
 from eventsourcing.persistence import IntegrityError, Notification, PersistenceError, Tracking
 
+from jobledger import chain
 from jobledger.adapters.event_store import EventSourcedJobStore, LedgerPartition
 from jobledger.adapters.locks import schema_lock
 from jobledger.adapters.store_errors import store_errors
@@ -211,22 +211,11 @@ class OutboxRunner(LogFollower):
 # ---- the value: canonical JSON of the event, and back -----------------------------------
 
 
-def _default(value: object) -> object:
-    if isinstance(value, datetime):
-        return value.isoformat()
-    if isinstance(value, UUID | Decimal):
-        return str(value)
-    raise TypeError(f"not canonicalisable: {type(value).__name__}")
-
-
 def encode_event(event: Job.Event) -> bytes:
-    """Sorted-key compact JSON of the event's type and every field, chain hash included
-    (the same canonical form the chain hashes, plus the hash itself)."""
-    fields = {f.name: getattr(event, f.name) for f in dataclasses.fields(event)}
-    document = {"type": type(event).__qualname__, "fields": fields}
-    return json.dumps(
-        document, sort_keys=True, separators=(",", ":"), default=_default, ensure_ascii=False
-    ).encode()
+    """The event's type and every field, chain hash included: the canonical form the
+    chain hashes, plus the hash itself."""
+    document = {"type": type(event).__qualname__, "fields": chain.event_fields(event)}
+    return chain.canonical_json(document).encode()
 
 
 def decode_event(value: bytes) -> Job.Event:

@@ -32,6 +32,7 @@ from jobledger import (
     Resolution,
     ResolveRequest,
     UnknownWorkflowError,
+    chain,
     linear_workflow,
 )
 from jobledger.adapters.clock import FakeClock
@@ -299,6 +300,29 @@ def test_replay_names_the_first_divergence(
     head, _, tail = report.verdict.partition(", would now do ")
     assert recorded in head and would in tail, report.verdict
     assert report.definition_version == 2 and report.recorded_version == 1
+
+
+def test_replay_sees_changed_params_the_executor_would_be_given(waiting: Engine) -> None:
+    """Everything that reaches the executor is compared, not only where the job goes."""
+    report = waiting.replay(
+        T, "j", definition(mission(2, ("params: {task: revise}", "params: {task: rewrite}")))
+    )
+    assert not report.safe
+    first = report.diverged_at
+    assert first is not None and first.step_number == 3 and first.outcome == "different input"
+    assert [s.outcome for s in report.steps[:2]] == ["same", "same"]
+    assert report.verdict.endswith(
+        "with other input (params, retry policy, or the step's own output)"
+    )
+    retried = waiting.replay(
+        T,
+        "j",
+        definition(
+            mission(2, ("max_visits: 3, params", "max_visits: 3, retry: {max_attempts: 5}, params"))
+        ),
+    )
+    assert retried.diverged_at is not None and retried.diverged_at.step_number == 3
+    assert waiting.replay(T, "j", definition(mission(2))).safe
 
 
 def test_replay_reports_a_step_the_definition_no_longer_has(waiting: Engine) -> None:
@@ -607,7 +631,7 @@ def test_export_then_import_into_an_empty_store_reproduces_every_job_and_key(
     manifest = lines[-1]
     assert manifest["record"] == "manifest" and manifest["format"] == "jobledger.export/1"
     assert manifest["jobs"] == len(MISSION_JOBS) and manifest["events"] == len(lines) - 1
-    assert text.splitlines()[0] == exporting.canonical(lines[0])  # canonical lines
+    assert text.splitlines()[0] == chain.canonical_json(lines[0])  # canonical lines
     assert standalone_verify(lines[:-1]) == {h["chain_hash"] for h in manifest["heads"].values()}
 
     path = tmp_path / "export.jsonl"
@@ -687,10 +711,10 @@ def test_import_refuses_a_file_that_does_not_verify_and_writes_nothing(
     refused("short", "\n".join(lines[:8] + lines[9:]), "chain does not verify at v9|manifest")
     manifest = json.loads(lines[-1])
     manifest["heads"][str(job_uuid(T, "j1"))]["chain_hash"] = "0" * 64
-    refused("manifest", "\n".join([*lines[:-1], exporting.canonical(manifest)]), "head hashes")
+    refused("manifest", "\n".join([*lines[:-1], chain.canonical_json(manifest)]), "head hashes")
     extra = json.loads(lines[1])
     extra["data"]["sneaky"] = 1
-    refused("field", "\n".join([lines[0], exporting.canonical(extra), *lines[2:]]), "sneaky")
+    refused("field", "\n".join([lines[0], chain.canonical_json(extra), *lines[2:]]), "sneaky")
     shuffled = [lines[0], lines[9], *lines[1:9], *lines[10:]]
     refused("shuffled", "\n".join(shuffled), "not contiguous")
     refused("garbage", "not json\n", "not JSON")

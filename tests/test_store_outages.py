@@ -174,6 +174,7 @@ def test_every_store_read_and_write_turns_an_outage_into_a_store_error(
     calls = {
         "load": lambda: store.load(job.id),
         "events": lambda: store.events(job.id),
+        "holds": lambda: store.holds(job.id, 1, "0" * 64),
         "find_key": lambda: store.find_key(job.id, key_uuid("t", KeyKind.SIGNAL, "s")),
         "append": lambda: store.append(job),
         "reserve_key": lambda: store.reserve_key(key),

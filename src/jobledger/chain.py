@@ -24,13 +24,18 @@ def _default(value: object) -> object:
     raise TypeError(f"not canonicalisable: {type(value).__name__}")
 
 
+def canonical_json(document: Mapping[str, Any]) -> str:
+    """THE canonical form (the chain hashes it; export lines and outbox values are it):
+    sorted keys, no spaces, UTF-8 as is; times ISO 8601, amounts and ids as strings."""
+    return json.dumps(
+        document, sort_keys=True, separators=(",", ":"), default=_default, ensure_ascii=False
+    )
+
+
 def canonical_bytes(event_type: str, fields: Mapping[str, Any]) -> bytes:
     """Sorted-key compact JSON of the event's type and fields, chain hash excluded."""
     body = {k: v for k, v in fields.items() if k != CHAIN_FIELD}
-    document = {"type": event_type, "fields": body}
-    return json.dumps(
-        document, sort_keys=True, separators=(",", ":"), default=_default, ensure_ascii=False
-    ).encode()
+    return canonical_json({"type": event_type, "fields": body}).encode()
 
 
 def link(previous_hash: str, event_type: str, fields: Mapping[str, Any]) -> str:
@@ -40,8 +45,11 @@ def link(previous_hash: str, event_type: str, fields: Mapping[str, Any]) -> str:
 
 
 def event_fields(event: object) -> dict[str, Any]:
+    """The fields the event was stored with. A field added to an event class later (with a
+    default) is absent from the events stored before it, and they hash as they were written."""
     assert dataclasses.is_dataclass(event)
-    return {f.name: getattr(event, f.name) for f in dataclasses.fields(event)}
+    stored = vars(event)
+    return {f.name: stored[f.name] for f in dataclasses.fields(event) if f.name in stored}
 
 
 @dataclass(frozen=True)

@@ -148,6 +148,9 @@ class Job(Aggregate):
         worker_id: str | None
         step_name: str | None
         next_step: str | None
+        input_sha256: str | None = None
+        """sha256 of what the definition handed the step (``jobledger.transition``);
+        absent from steps recorded before it was kept, which replay then cannot compare."""
 
         def evolve(self, job: Job) -> None:
             job.current_step = self.step_number
@@ -435,6 +438,7 @@ class Job(Aggregate):
         worker_id: str | None,
         step_name: str | None = None,
         next_step: str | None = None,
+        input_sha256: str | None = None,
     ) -> None:
         if step_number != self.current_step + 1:
             raise ValueError(f"step {step_number} does not follow step {self.current_step}")
@@ -460,6 +464,7 @@ class Job(Aggregate):
             worker_id=worker_id,
             step_name=step_name,
             next_step=next_step,
+            input_sha256=input_sha256,
         )
 
     def defer_for_cost_ceiling(
@@ -676,6 +681,11 @@ class Job(Aggregate):
             and self.lease_until is not None
             and self.lease_until > now
         )
+
+    def step_in_flight(self, claim_id: str) -> bool:
+        """Still running under that claim, lapsed lease or not. Whatever landed since the
+        claim left it so (a buffered signal, a budget change) commutes with the step."""
+        return self.status is JobStatus.RUNNING and self.claim_id == claim_id
 
     @property
     def deadline_at(self) -> datetime | None:

@@ -11,9 +11,7 @@ recording it, and then with the same idempotency key.
 
 from __future__ import annotations
 
-import hashlib
-import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from contextlib import suppress
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -22,6 +20,7 @@ from enum import StrEnum
 from typing import Any
 from uuid import uuid4
 
+from jobledger import transition
 from jobledger.budget import exceeded_limit
 from jobledger.config import EngineConfig
 from jobledger.errors import (
@@ -39,7 +38,6 @@ from jobledger.keys import ConsumedKey, KeyKind
 from jobledger.payloads import json_object
 from jobledger.ports import (
     ApprovalRequest,
-    ApprovalSpec,
     Clock,
     Cost,
     IssuedToken,
@@ -59,6 +57,7 @@ from jobledger.ports import (
     WorkflowRegistry,
 )
 from jobledger.status import JobStatus
+from jobledger.transition import StepOutcome, Transition
 from jobledger.views import JobView
 
 
@@ -88,6 +87,10 @@ class TickReport:
     version: int
 
 
+REBASE_ATTEMPTS = 100
+"""How often a step's append is rebuilt on inputs that keep landing while it is written."""
+
+
 class _LostRace(Exception):
     """An append was refused because another writer moved the job first."""
 
@@ -98,20 +101,13 @@ class _LostRace(Exception):
 
 @dataclass
 class _Run:
-    """Per-tick state: the claim this tick holds and how many steps it has run."""
+    """Per-tick state: the job as this tick last saw it, the claim the tick holds and how
+    many steps it has run."""
 
     tick: Tick
+    job: Job
     claim_id: str
     steps: int = 0
-
-
-@dataclass(frozen=True)
-class _Executed:
-    started_at: datetime
-    ended_at: datetime
-    output: dict[str, Any]
-    state_patch: dict[str, Any]
-    cost_usd: Decimal
 
 
 class Orchestrator:
@@ -144,10 +140,9 @@ class Orchestrator:
 
     def tick(self, tick: Tick) -> TickReport:
         """Advance the job until it parks, finishes, or spends this tick's step budget."""
-        job = self.load(tick)
-        run = _Run(tick, claim_id=tick.claim_id or uuid4().hex)
+        run = _Run(tick, self.load(tick), claim_id=tick.claim_id or uuid4().hex)
         try:
-            while (outcome := self.advance(job, run)) is None:
+            while (outcome := self.advance(run)) is None:
                 pass
         except StoreUnavailableError as error:
             error.claim_id = run.claim_id
@@ -155,11 +150,12 @@ class Orchestrator:
         except _LostRace as lost:
             # The in-memory job holds the refused events: report what the store holds.
             outcome = lost.outcome
-            job = self.load(tick)
-        return TickReport(outcome, job.status, run.steps, job.version)
+            run.job = self.load(tick)
+        return TickReport(outcome, run.job.status, run.steps, run.job.version)
 
-    def advance(self, job: Job, run: _Run) -> Outcome | None:
+    def advance(self, run: _Run) -> Outcome | None:
         """One step. Returns an outcome to stop the tick, or None to take another step."""
+        job = run.job
         now = self.clock.now()
         if self.past_deadline(job, now):
             return Outcome.FAILED
@@ -182,8 +178,8 @@ class Orchestrator:
         if isinstance(executed, Outcome):
             return executed
         token = self.issue_token(job, resolution)
-        self.record(job, run, resolution, executed, token)
-        return self.follow_up(job, run, resolution, token)
+        self.record(run, resolution, executed, token)
+        return self.follow_up(run.job, run, resolution, token)
 
     # ---- loading and standing aside --------------------------------------------------
 
@@ -326,7 +322,7 @@ class Orchestrator:
 
     # ---- the side effect -------------------------------------------------------------
 
-    def execute(self, job: Job, run: _Run, resolution: Resolution) -> _Executed | Outcome:
+    def execute(self, job: Job, run: _Run, resolution: Resolution) -> StepOutcome | Outcome:
         step_number = job.current_step + 1
         key = step_key(job.job_id, step_number)
         started_at = self.clock.now()
@@ -357,7 +353,7 @@ class Orchestrator:
         except InvalidPayloadError as error:
             return self.step_failed(job, resolution, error)
 
-    def merge(self, resolution: Resolution, result: object, started_at: datetime) -> _Executed:
+    def merge(self, resolution: Resolution, result: object, started_at: datetime) -> StepOutcome:
         """Check what the executor returned before anything is built from it: a wrong
         shape is a step failure, never a crashed tick that would re-run the side effect."""
         if not isinstance(result, StepResult):
@@ -375,7 +371,10 @@ class Orchestrator:
             what="step state patch",
             max_bytes=limit,
         )
-        return _Executed(started_at, self.clock.now(), output, patch, _cost(result.cost_usd))
+        worker_id = self.config.worker_id if resolution.has_side_effect else None
+        return StepOutcome(
+            started_at, self.clock.now(), output, patch, _cost(result.cost_usd), worker_id
+        )
 
     def step_failed(self, job: Job, resolution: Resolution, error: Exception) -> Outcome:
         """A retryable error within its policy schedules a retry; anything else fails."""
@@ -420,99 +419,37 @@ class Orchestrator:
 
     def record(
         self,
-        job: Job,
         run: _Run,
         resolution: Resolution,
-        executed: _Executed,
+        executed: StepOutcome,
         token: IssuedToken | None,
     ) -> None:
         """The step, its transition, what it opens (an approval request, or the resume by
         a signal that arrived early), its key and, when the tick goes on, the next claim:
         all in one append."""
-        step_number = job.current_step + 1
-        key = step_key(job.job_id, step_number)
         at = executed.ended_at
-        job.record_step(
-            step_number=step_number,
-            step_type=resolution.step_type,
-            triggered_by=resolution.triggered_by,
-            idempotency_key=key,
-            started_at=executed.started_at,
-            ended_at=at,
-            output=executed.output,
-            state_patch=executed.state_patch,
-            cost_usd=executed.cost_usd,
-            transition_reason=resolution.transition_reason,
-            next_status=resolution.next_status,
-            resume_at=self.resume_at(resolution, at),
-            wait_event=_wait_event(resolution, token),
-            worker_id=self.config.worker_id if resolution.has_side_effect else None,
-            step_name=resolution.step_name,
-            next_step=resolution.next_step,
+        step = transition.decide(
+            run.job, resolution, at=at, default_wait_ms=self.config.default_wait_ms
         )
+
+        def build(job: Job) -> None:
+            transition.apply(job, step, executed, token=token)
+            self.claim_continuation(job, run, at)
+
         run.steps += 1
-        self.open_approval(job, resolution, at)
-        self.take_early_signal(job, at)
-        self.claim_continuation(job, run, at)
-        self.commit_step(job, run, key, at)
+        self.commit_step(run, step, build, at)
         self.report(
-            job,
+            run.job,
             "job.step.completed",
-            stepNumber=step_number,
-            stepType=resolution.step_type,
-            transitionReason=resolution.transition_reason,
+            stepNumber=step.step_number,
+            stepType=step.step_type,
+            transitionReason=step.transition_reason,
             durationMs=int((at - executed.started_at).total_seconds() * 1000),
-            idempotencyKey=key,
+            idempotencyKey=step.idempotency_key,
             costUsd=str(executed.cost_usd),
             stepsExecutedThisTick=run.steps,
             maxStepsPerTick=self.config.max_steps_per_tick,
         )
-
-    def resume_at(self, resolution: Resolution, now: datetime) -> datetime | None:
-        """When a tick should next look at the job: its timer, or its wait's deadline."""
-        status = resolution.next_status
-        if status is JobStatus.WAITING_TIME:
-            if resolution.resume_at is not None:
-                return resolution.resume_at
-            delay = resolution.resume_delay_ms
-            return now + timedelta(
-                milliseconds=self.config.default_wait_ms if delay is None else delay
-            )
-        if status is JobStatus.WAITING_EVENT and resolution.wait_timeout_ms is not None:
-            return now + timedelta(milliseconds=resolution.wait_timeout_ms)
-        approval = resolution.approval
-        if status is JobStatus.AWAITING_APPROVAL and approval and approval.expires_ms is not None:
-            return now + timedelta(milliseconds=approval.expires_ms)
-        return None
-
-    def open_approval(self, job: Job, resolution: Resolution, at: datetime) -> None:
-        if job.status is not JobStatus.AWAITING_APPROVAL:
-            return
-        spec = resolution.approval or ApprovalSpec()
-        job.request_approval(
-            approval_id=f"{job.job_id}:step:{job.current_step}:approval",
-            attempt=job.visits.get(resolution.step_name or "", 1),
-            action_sha256=_action_hash(resolution, job),
-            approvers=list(spec.approvers),
-            expires_at=job.resume_at,
-            on_approve=spec.on_approve or resolution.next_step,
-            on_reject=spec.on_reject,
-            on_expire=spec.on_expire,
-            now=at,
-        )
-
-    def take_early_signal(self, job: Job, at: datetime) -> None:
-        """A signal that arrived before this wait opened resumes it at once."""
-        if job.status is not JobStatus.WAITING_EVENT:
-            return
-        signal = job.buffered_signal()
-        if signal is not None:
-            job.resume(
-                source="early_signal",
-                payload=signal["payload"],
-                now=at,
-                signal_id=signal["signal_id"],
-            )
 
     def claim_continuation(self, job: Job, run: _Run, at: datetime) -> None:
         if job.status is JobStatus.QUEUED and run.steps < self.config.max_steps_per_tick:
@@ -525,25 +462,59 @@ class Orchestrator:
                 now=at,
             )
 
-    def commit_step(self, job: Job, run: _Run, key: str, at: datetime) -> None:
-        """A duplicate key or a lost race is reported and skipped; any other store error
-        propagates so the tick is retried and the job is not failed."""
-        marker = ConsumedKey.consume(
+    def commit_step(
+        self, run: _Run, step: Transition, build: Callable[[Job], None], at: datetime
+    ) -> None:
+        """Append the step with its key. Inputs that landed while the step ran and left
+        the job running under this tick's claim (a buffered signal, a budget change)
+        commute with it: the step is rebuilt on top of them and appended again, so it is
+        recorded once and never re-run. Anything that took the claim away (a cancel, a
+        take-over after the lease lapsed) discards the result; a duplicate key means the
+        step is already recorded. Any other store error propagates so the tick is retried
+        and the job is not failed."""
+        job = run.job
+        for _ in range(REBASE_ATTEMPTS):
+            claimed = job.step_in_flight(run.claim_id)
+            build(job)
+            first = job.pending_events[0]
+            assert isinstance(first, Job.Event)
+            try:
+                self.store.append(job, self.step_marker(job, step, at))
+            except (DuplicateKeyError, VersionConflict) as refused:
+                if claimed and self.store.holds(job.id, first.originator_version, first.chain_hash):
+                    # Our commit landed but its acknowledgement was lost, and the retried
+                    # insert met our own rows. The chain hash covers our claim's unique id,
+                    # so no other writer's event can carry it.
+                    break
+                if isinstance(refused, DuplicateKeyError):
+                    self.report(
+                        self.load(run.tick),
+                        "job.step.duplicate_skipped",
+                        idempotencyKey=step.idempotency_key,
+                    )
+                    raise _LostRace(Outcome.DUPLICATE_SKIPPED) from None
+                job = self.load(run.tick)
+                if not job.step_in_flight(run.claim_id):
+                    self.discard_late_result(job, step.idempotency_key, step.step_number)
+                    raise _LostRace(Outcome.DISCARDED) from None
+                self.report(job, "job.step.rebased", idempotencyKey=step.idempotency_key)
+                continue
+            break
+        else:
+            raise StoreUnavailableError(
+                f"job {job.job_id!r} kept changing while step {step.step_number} was recorded"
+            )
+        run.job = job
+
+    def step_marker(self, job: Job, step: Transition, at: datetime) -> ConsumedKey:
+        return ConsumedKey.consume(
             kind=KeyKind.STEP,
-            key=key,
+            key=step.idempotency_key,
             tenant_id=job.tenant_id,
             job_id=job.job_id,
             job_uuid=job.id,
             timestamp=at,
         )
-        try:
-            self.store.append(job, marker)
-        except DuplicateKeyError:
-            self.report(self.load(run.tick), "job.step.duplicate_skipped", idempotencyKey=key)
-            raise _LostRace(Outcome.DUPLICATE_SKIPPED) from None
-        except VersionConflict:
-            self.discard_late_result(self.load(run.tick), key, job.current_step)
-            raise _LostRace(Outcome.DISCARDED) from None
 
     def discard_late_result(self, job: Job, key: str, step_number: int) -> None:
         """The job moved on while our step ran. If it was cancelled, say so in its history."""
@@ -698,26 +669,6 @@ class Orchestrator:
 
 def _event_name(resolution: Resolution) -> str:
     return resolution.wait_event_name or "job.resume"
-
-
-def _wait_event(resolution: Resolution, token: IssuedToken | None) -> dict[str, Any] | None:
-    """Only the nonce and a hash of the token are stored, never the token itself."""
-    if token is None:
-        return None
-    return {
-        "name": _event_name(resolution),
-        "nonce": token.nonce,
-        "token_sha256": token.token_sha256,
-        "expires_at": token.expires_at.isoformat(),
-        "on_timeout": resolution.on_timeout,
-    }
-
-
-def _action_hash(resolution: Resolution, job: Job) -> str:
-    """What a person approves: the step and the inputs it acts on."""
-    action = {"step": resolution.step_name, "params": resolution.params, "state": job.state}
-    encoded = json.dumps(action, sort_keys=True, separators=(",", ":"), default=str)
-    return hashlib.sha256(encoded.encode()).hexdigest()
 
 
 def _mapping(value: object, what: str) -> Mapping[str, Any]:

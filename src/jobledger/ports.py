@@ -231,6 +231,10 @@ class JobStore(Protocol):
         """The record of a consumed key, looked up in the partition of ``route``: the job
         it guards, or the key itself for a reserved key."""
 
+    def holds(self, job_uuid: UUID, version: int, chain_hash: str) -> bool:
+        """Whether the job's event at ``version`` is stored with exactly that chain hash."""
+        ...
+
     def events(self, job_uuid: UUID, *, to_version: int | None = None) -> list[Job.Event]:
         """The job's events in order (optionally only up to a version)."""
 

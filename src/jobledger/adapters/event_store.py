@@ -140,6 +140,11 @@ class EventSourcedJobStore:
         assert isinstance(key, ConsumedKey)
         return key
 
+    @store_errors("reading an event")
+    def holds(self, job_uuid: UUID, version: int, chain_hash: str) -> bool:
+        found = next(self.partition(job_uuid).events.get(job_uuid, gt=version - 1, limit=1), None)
+        return isinstance(found, Job.Event) and found.chain_hash == chain_hash
+
     @store_errors("reading events")
     def events(self, job_uuid: UUID, *, to_version: int | None = None) -> list[Job.Event]:
         stored = list(self.partition(job_uuid).events.get(job_uuid, lte=to_version))

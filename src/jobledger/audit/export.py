@@ -25,7 +25,7 @@ from __future__ import annotations
 import json
 import typing
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import MISSING, dataclass, field, fields
 from datetime import datetime
 from decimal import Decimal
 from pathlib import Path
@@ -50,22 +50,6 @@ EXPORT_FORMAT: Final = "jobledger.export/1"
 _BASE_FIELDS: Final = ("originator_id", "originator_version", "timestamp", chain.CHAIN_FIELD)
 
 Progress = Callable[[int, int], None]
-
-
-def canonical(document: Mapping[str, Any]) -> str:
-    """Sorted keys, no spaces, UTF-8 as is; times ISO 8601, amounts and ids as strings
-    (the chain's own canonical form)."""
-    return json.dumps(
-        document, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=_default
-    )
-
-
-def _default(value: object) -> object:
-    if isinstance(value, datetime):
-        return value.isoformat()
-    if isinstance(value, (UUID, Decimal)):
-        return str(value)
-    raise TypeError(f"not canonicalisable: {type(value).__name__}")
 
 
 # ---- export ---------------------------------------------------------------------------------
@@ -140,7 +124,9 @@ def export_jobs(
             continue
         job_events = events_of(records)
         for event in job_events:
-            out.write(canonical(event_document(event, check.tenant_id, check.job_id)) + "\n")
+            out.write(
+                chain.canonical_json(event_document(event, check.tenant_id, check.job_id)) + "\n"
+            )
         events += len(job_events)
         if check.broken is not None:
             broken.append(
@@ -165,7 +151,7 @@ def export_jobs(
         "heads": heads,
         "broken": broken,
     }
-    out.write(canonical(manifest) + "\n")
+    out.write(chain.canonical_json(manifest) + "\n")
     out.flush()
     return ExportSummary(len(heads), events, tuple(broken))
 
@@ -329,9 +315,10 @@ def _event(document: Mapping[str, Any], source: Path, line: int) -> Job.Event:
     if not isinstance(data, dict):
         raise ImportRefusedError(f"{where}: data is not an object")
     expected = _field_types(event_class)
-    if set(data) != set(expected):
-        unknown = sorted(set(data) - set(expected))
-        missing = sorted(set(expected) - set(data))
+    unknown = sorted(set(data) - set(expected))
+    # A field added to an event class later (it has a default) is absent from older events.
+    missing = sorted(set(expected) - set(data) - _optional_fields(event_class))
+    if unknown or missing:
         raise ImportRefusedError(f"{where}: fields unknown {unknown}, missing {missing}")
     try:
         state: dict[str, Any] = {
@@ -364,6 +351,10 @@ def _field_types(event_class: type[Job.Event]) -> dict[str, Any]:
         }
         _TYPES[event_class] = known
     return known
+
+
+def _optional_fields(event_class: type[Job.Event]) -> set[str]:
+    return {f.name for f in fields(event_class) if f.default is not MISSING}
 
 
 def _typed(hint: Any, value: Any) -> Any:

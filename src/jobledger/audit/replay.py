@@ -15,7 +15,10 @@ How the request is rebuilt (the engine does not record it as such):
 - ``status``: the job's status when the step was resolved. A side-effecting step is
   resolved BEFORE its claim, so when the event right before the step is a claim taken for
   it (any claim but a ``continuation``) the claim's ``previous_status`` is used; after a
-  continuation claim the job was ``running``, as it is in the fold;
+  continuation claim the job was ``running``, as it is in the fold. Inputs that landed
+  while the step ran sit between its claim and its record (they commute with it, see
+  ``Orchestrator.commit_step``); the step was resolved before them, so the ``budget`` is
+  the one the claim found;
 - ``now``: the step's ``started_at`` (the engine resolves moments before it starts a
   step; the recorded start is the closest moment the history holds);
 - ``reason``: the reason of the tick that ran the step when its claim records it (the
@@ -24,20 +27,29 @@ How the request is rebuilt (the engine does not record it as such):
 
 A failure recorded as a resolution error (``Failed`` with cause ``definition``) is
 replayed too: resolving without an error there is a divergence.
+
+What is compared cannot drift from what the engine does: the replayed decision comes from
+``jobledger.transition.decide``, the function the tick records every step with, and it is
+compared on everything that reaches the executor or decides the next transition: the
+step's kind and name, the next status and step, the wait or gate it opens, and
+``input_sha256`` (the params, retry policy and the step's own output and state patch; steps
+recorded before the engine kept that hash are compared on the rest).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import datetime
 from functools import partial
 from typing import Any, Final
 from uuid import UUID
 
+from jobledger import transition
 from jobledger.audit.errors import ReplayError
+from jobledger.config import EngineConfig
 from jobledger.job import Job
-from jobledger.ports import ApprovalSpec, Resolution, ResolveRequest
+from jobledger.ports import Resolution, ResolveRequest
 from jobledger.status import JobStatus
 from jobledger.workflows.definition import WorkflowDefinition
 from jobledger.workflows.resolver import resolve
@@ -46,8 +58,8 @@ Resolver = Callable[[ResolveRequest], Resolution]
 
 UNKNOWN_REASON: Final = "replay"
 """The tick reason used when the history does not record it."""
-DEFAULT_WAIT_MS: Final = 60_000
-"""EngineConfig.default_wait_ms: a waiting_time step without a delay of its own."""
+DEFAULT_WAIT_MS: Final[int] = EngineConfig.model_fields["default_wait_ms"].default
+"""A waiting_time step without a delay of its own waits this long (the engine's default)."""
 SAFE: Final = "safe to migrate"
 SAME: Final = "same"
 OUTCOMES: Final = {
@@ -55,6 +67,7 @@ OUTCOMES: Final = {
     "next_step": "different next step",
     "wait": "different wait",
     "step": "different step",
+    "input": "different input",
 }
 """Each kind of difference, in the order a step's outcome names the first one found."""
 
@@ -73,6 +86,9 @@ class Decision:
     ``expires_at``, ``on_approve``, ``on_reject``, ``on_expire`` for an approval."""
     error: str | None = None
     """Resolution raised: the engine fails the job ("workflow resolution failed")."""
+    input_sha256: str | None = None
+    """What the definition handed the step (params, retry policy, its own output and
+    state patch), hashed; None for a step recorded before the engine kept it."""
 
     def describe(self) -> str:
         if self.error is not None:
@@ -150,10 +166,13 @@ class ReplayReport:
         first = self.diverged_at
         if first is None:
             return SAFE
-        return (
+        verdict = (
             f"diverges at step {first.step_number}: recorded {first.recorded.describe()}, "
             f"would now do {first.replayed.describe()}"
         )
+        if "input" in first.differences:
+            verdict += " with other input (params, retry policy, or the step's own output)"
+        return verdict
 
 
 def replay_job(
@@ -168,7 +187,7 @@ def replay_job(
     resolver, target = _resolver(definition, version)
     replays: list[StepReplay] = []
     job: Job | None = None
-    previous: Job.Event | None = None
+    claim: _Claim | None = None
     tick_reasons: dict[str, str] = {}
     for index, event in enumerate(events):
         if job is None and not isinstance(event, Job.Submitted):
@@ -176,9 +195,9 @@ def replay_job(
         if isinstance(definition, WorkflowDefinition) and isinstance(event, Job.Submitted):
             _check_type(event.workflow_type, definition)
         if job is not None and isinstance(event, Job.StepRecorded):
-            request = _request(job, previous, tick_reasons, target, event.started_at)
+            request = _request(job, claim, tick_reasons, target, event.started_at)
             recorded = _recorded(event, _approval_after(events, index, event.step_number))
-            replayed = _replayed(resolver, request, event.ended_at, default_wait_ms)
+            replayed = _replayed(resolver, request, job, event.ended_at, default_wait_ms)
             replays.append(
                 StepReplay(
                     event.step_number,
@@ -189,17 +208,19 @@ def replay_job(
                 )
             )
         elif job is not None and isinstance(event, Job.Failed) and event.cause == "definition":
-            request = _request(job, previous, tick_reasons, target, event.timestamp)
+            request = _request(job, claim, tick_reasons, target, event.timestamp)
             recorded = Decision("(resolution)", job.cursor, "failed", None, error=event.error)
-            replayed = _replayed(resolver, request, event.timestamp, default_wait_ms)
+            replayed = _replayed(resolver, request, job, event.timestamp, default_wait_ms)
             differences = () if replayed.error is not None else _differences(recorded, replayed)
             replays.append(
                 StepReplay(
                     event.step_number, event.originator_version, recorded, replayed, differences
                 )
             )
-        if isinstance(event, Job.Claimed) and event.reason != "continuation":
-            tick_reasons[event.claim_id] = event.reason
+        if isinstance(event, Job.Claimed):
+            claim = _Claim(event, job.budget if job is not None else {})
+            if event.reason != "continuation":
+                tick_reasons[event.claim_id] = event.reason
         try:
             job = event.mutate(job)
         except Exception as error:
@@ -207,7 +228,8 @@ def replay_job(
                 f"the history does not fold at v{event.originator_version} "
                 f"({type(event).__name__}): {error}"
             ) from None
-        previous = event
+        if job is not None and job.status is not JobStatus.RUNNING:
+            claim = None
     if job is None:
         raise ReplayError("the job has no events")
     return ReplayReport(
@@ -245,25 +267,38 @@ def _check_type(workflow_type: str, definition: WorkflowDefinition) -> None:
         )
 
 
+@dataclass(frozen=True)
+class _Claim:
+    """The claim a step ran under, and the budget the step was resolved with: inputs that
+    landed while the step ran (a buffered signal, a budget raise) sit between the claim
+    and the step in the history, but the step was resolved before them."""
+
+    event: Job.Claimed
+    budget: Mapping[str, Any]
+
+
 def _request(
     job: Job,
-    previous: Job.Event | None,
+    claim: _Claim | None,
     tick_reasons: Mapping[str, str],
     version: int,
     now: datetime,
 ) -> ResolveRequest:
     status = job.status
     reason = UNKNOWN_REASON
-    if isinstance(previous, Job.Claimed) and previous.reason != "continuation":
-        # Resolved before this claim was taken for it: the job was as the claim found it.
-        status = JobStatus(previous.previous_status)
-        reason = previous.reason
-    elif job.status is JobStatus.RUNNING and job.claim_id is not None:
-        reason = tick_reasons.get(job.claim_id, UNKNOWN_REASON)
+    budget: Mapping[str, Any] = job.budget
+    if claim is not None:
+        budget = claim.budget
+        if claim.event.reason != "continuation":
+            # Resolved before this claim was taken for it: the job was as the claim found it.
+            status = JobStatus(claim.event.previous_status)
+            reason = claim.event.reason
+        else:
+            reason = tick_reasons.get(claim.event.claim_id, UNKNOWN_REASON)
     return ResolveRequest(
         workflow_type=job.workflow_type,
         workflow_version=version,
-        budget=job.budget,
+        budget=budget,
         state=job.state,
         current_step=job.current_step,
         status=status,
@@ -307,48 +342,49 @@ def _recorded(step: Job.StepRecorded, approval: Job.ApprovalRequested | None) ->
             "on_reject": approval.on_reject if approval else None,
             "on_expire": approval.on_expire if approval else None,
         }
-    return Decision(step.step_type, step.step_name, step.next_status, step.next_step, wait)
+    return Decision(
+        step.step_type,
+        step.step_name,
+        step.next_status,
+        step.next_step,
+        wait,
+        input_sha256=getattr(step, "input_sha256", None),
+    )
 
 
 def _replayed(
-    resolver: Resolver, request: ResolveRequest, at: datetime, default_wait_ms: int
+    resolver: Resolver, request: ResolveRequest, job: Job, at: datetime, default_wait_ms: int
 ) -> Decision:
+    """The engine's own decision: the same ``transition.decide`` the tick records with."""
     try:
         resolution = resolver(request)
     except Exception as error:
         return Decision("(resolution)", request.cursor, "failed", None, error=str(error))
-    status = resolution.next_status
+    step = transition.decide(job, resolution, at=at, default_wait_ms=default_wait_ms)
     wait: dict[str, Any] | None = None
-    if status is JobStatus.WAITING_TIME:
-        # As the orchestrator computes it, from the moment the step was recorded.
-        delay = resolution.resume_delay_ms
-        resume_at = resolution.resume_at or at + timedelta(
-            milliseconds=default_wait_ms if delay is None else delay
-        )
-        wait = {"resume_at": _iso(resume_at)}
-    elif status is JobStatus.WAITING_EVENT:
-        timeout = resolution.wait_timeout_ms
+    if step.next_status is JobStatus.WAITING_TIME:
+        wait = {"resume_at": _iso(step.resume_at)}
+    elif step.next_status is JobStatus.WAITING_EVENT:
         wait = {
-            "event": resolution.wait_event_name or "job.resume",
-            "timeout_at": _iso(
-                at + timedelta(milliseconds=timeout) if timeout is not None else None
-            ),
-            "on_timeout": resolution.on_timeout,
+            "event": step.wait_event_name,
+            "timeout_at": _iso(step.resume_at),
+            "on_timeout": step.on_timeout,
         }
-    elif status is JobStatus.AWAITING_APPROVAL:
-        spec = resolution.approval or ApprovalSpec()
-        expires = spec.expires_ms
+    elif step.approval is not None:
         wait = {
-            "approvers": list(spec.approvers),
-            "expires_at": _iso(
-                at + timedelta(milliseconds=expires) if expires is not None else None
-            ),
-            "on_approve": spec.on_approve or resolution.next_step,
-            "on_reject": spec.on_reject,
-            "on_expire": spec.on_expire,
+            "approvers": list(step.approval.approvers),
+            "expires_at": _iso(step.resume_at),
+            "on_approve": step.approval.on_approve,
+            "on_reject": step.approval.on_reject,
+            "on_expire": step.approval.on_expire,
         }
     return Decision(
-        resolution.step_type, resolution.step_name, str(status), resolution.next_step, wait
+        step.step_type,
+        step.step_name,
+        str(step.next_status),
+        step.next_step,
+        wait,
+        input_sha256=step.input_sha256,
     )
 
 
@@ -365,6 +401,8 @@ def _differences(recorded: Decision, replayed: Decision) -> tuple[str, ...]:
     identity = (recorded.step_type, recorded.step_name) != (replayed.step_type, replayed.step_name)
     if identity or replayed.error is not None:
         found.append("step")
+    if recorded.input_sha256 is not None and recorded.input_sha256 != replayed.input_sha256:
+        found.append("input")
     return tuple(found)
 
 
