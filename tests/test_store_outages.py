@@ -8,10 +8,15 @@ translation of it.
 
 from __future__ import annotations
 
+import os
+import sqlite3
+import subprocess
+import sys
 import threading
 from collections import Counter
 from dataclasses import dataclass, field
 from datetime import timedelta
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -19,7 +24,8 @@ import pytest
 from eventsourcing.persistence import IntegrityError
 from projections import JobViews
 
-from conftest import CountingExecutor, EngineFactory
+import jobledger
+from conftest import CountingExecutor, EngineFactory, default_registry
 from jobledger import Engine, JobStatus, StoreUnavailableError, retry
 from jobledger.adapters.clock import FakeClock
 from jobledger.adapters.event_store import EventSourcedJobStore
@@ -304,6 +310,34 @@ def test_a_lost_race_is_retried_with_back_off_until_the_budget_is_spent(
 
 
 # ---- the command line -------------------------------------------------------------------
+
+
+def test_a_command_that_finds_the_store_busy_exits_4_and_succeeds_when_run_again(
+    tmp_path: Path,
+) -> None:
+    """The real command line (this checkout's code, whichever is installed), on a SQLite
+    file whose write lock another connection holds for longer than the lock timeout."""
+    url = f"sqlite:///{tmp_path}/jobs.db"
+    engine = Engine.open(url, registry=default_registry())
+    engine.submit("t", "j", "agent3")
+    engine.close()
+    source = Path(jobledger.__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": str(source), "SQLITE_LOCK_TIMEOUT": "1"}
+    command = [sys.executable, "-m", "jobledger.cli", "signal", "t", "j", "ev", "--id", "s1"]
+    command += ["--store", url]
+    other_writer = sqlite3.connect(tmp_path / "jobs.db", isolation_level=None)
+    other_writer.execute("BEGIN IMMEDIATE")
+    try:
+        busy = subprocess.run(command, capture_output=True, text=True, env=env, timeout=60)
+    finally:
+        other_writer.execute("ROLLBACK")
+        other_writer.close()
+    assert busy.returncode == Exit.TEMPORARY, busy.stderr
+    assert busy.stderr == "error: store error while appending: database is locked\n"
+
+    again = subprocess.run(command, capture_output=True, text=True, env=env, timeout=60)
+    assert again.returncode == Exit.OK, again.stderr
+    assert "buffered" in again.stdout
 
 
 @pytest.mark.parametrize(
