@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 from datetime import timedelta
+from types import SimpleNamespace
 
 import pytest
 from projections import JobViews
@@ -247,3 +248,58 @@ def test_a_reissued_token_replaces_the_old_one_in_one_append(
     assert engine.resume(new.token).status is JobStatus.QUEUED
     with pytest.raises(JobNotWaitingError):
         engine.reissue_token("t", "j", by="ops-lead")
+
+
+def test_a_status_view_from_an_older_release_gains_the_deadline_and_is_folded_again(
+    make_engine: EngineFactory,
+) -> None:
+    engine = make_engine(registry=waits_for_event())
+    engine.submit("t", "j", "wait", budget={"deadline_seconds": 60})
+    engine.run_until_idle()
+    views = views_of(engine)
+    views.catch_up()
+    d = views.dialect
+    with d.transaction() as curs:  # the table as the previous release created it
+        curs.execute(
+            d.sql(f"ALTER TABLE {d.table('jobledger_job_status')} DROP COLUMN deadline_at")
+        )
+
+    upgraded = views_of(engine)
+    upgraded.catch_up()
+
+    row = upgraded.jobs()[0]
+    assert row.deadline_at is not None
+    assert row.deadline_at.isoformat() == engine.job("t", "j").budget["deadline_at"]
+    assert row.due_at == row.deadline_at
+
+
+def test_a_kafka_worker_without_the_version_commits_the_tick_and_leaves_the_job(
+    make_engine: EngineFactory, ops: MemoryOps
+) -> None:
+    """No broker needed: the worker's handling of one message. Rewinding would stall the
+    partition behind the job; the reconciler publishes its tick again while it is due."""
+    from jobledger.adapters.kafka import KafkaSettings
+    from jobledger.adapters.kafka.messages import encode_tick
+    from jobledger.adapters.kafka.worker import KafkaWorker
+
+    make_engine(registry=five(1, 2)).submit("t", "j", "five", workflow_version=2)
+    old = make_engine(registry=five(1))
+    views = views_of(old)
+    old.blocked_notes = views
+    settings = KafkaSettings.of(old.config)
+    worker = KafkaWorker(old, settings)
+    record = SimpleNamespace(
+        topic=settings.ticks_topic,
+        partition=0,
+        offset=7,
+        key=b"t/j",
+        headers=[],
+        value=encode_tick(Tick("t", "j", "create"), dedupe_key=None, enqueued_at_ms=0),
+    )
+
+    assert worker.process(record) is True  # done with: its offset may be committed
+
+    assert [e.event_type for e in old.history("t", "j")] == ["Submitted"]
+    assert "job.deployment_blocked" in ops.types("j")
+    views.catch_up()
+    assert "'five' v2" in next(iter(views.blocked_notes(views.jobs()).values())).reason
