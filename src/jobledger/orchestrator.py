@@ -437,9 +437,10 @@ class Orchestrator:
             return None
         assert self.tokens is not None  # checked before the side effect
         now = self.clock.now()
-        timeout_at = self.resume_at(resolution, now)
-        deadline = job.deadline_at
-        ends = min((m for m in (timeout_at, deadline) if m is not None), default=None)
+        # The token lives as long as the wait: until its timeout or the job's deadline.
+        timeout_ms = resolution.wait_timeout_ms
+        timeout_at = None if timeout_ms is None else now + timedelta(milliseconds=timeout_ms)
+        ends = min((m for m in (timeout_at, job.deadline_at) if m is not None), default=None)
         return self.tokens.issue(
             JobView.of(job),
             step_number=job.current_step + 1,
