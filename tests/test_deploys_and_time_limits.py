@@ -18,6 +18,7 @@ from jobledger.adapters.local_queue import LocalQueue
 from jobledger.adapters.locks import lock_for
 from jobledger.adapters.ops import MemoryOps
 from jobledger.adapters.store_url import parse_store_url
+from jobledger.audit.export import consumed_keys
 from jobledger.errors import JobNotWaitingError, TokenMismatchError, WorkflowNotDeployedError
 from jobledger.ports import ApprovalRequest, IssuedToken, Tick
 from jobledger.reconciler import Reconciler
@@ -248,6 +249,15 @@ def test_a_reissued_token_replaces_the_old_one_in_one_append(
     assert engine.resume(new.token).status is JobStatus.QUEUED
     with pytest.raises(JobNotWaitingError):
         engine.reissue_token("t", "j", by="ops-lead")
+    # The reissue is part of the audit like any event: the chain holds, replay agrees,
+    # and an export carries the voided nonce as a consumed key.
+    engine.run_until_idle()
+    assert engine.job("t", "j").status is JobStatus.COMPLETED
+    assert engine.verify("t", "j") is None
+    assert engine.replay("t", "j").safe
+    events = engine.store.events(engine.orchestrator.load(Tick("t", "j")).id)
+    keys = {(k.kind, k.key) for k in consumed_keys(events)}
+    assert {("token", old.nonce), ("token", new.nonce)} <= keys
 
 
 def test_a_status_view_from_an_older_release_gains_the_deadline_and_is_folded_again(
