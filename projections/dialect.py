@@ -59,6 +59,10 @@ class Dialect:
     def row(self, row: Any) -> dict[str, Any]:
         return dict(row)
 
+    def columns(self, curs: Cursor, name: str) -> set[str]:
+        """The column names of table ``name`` as it exists now."""
+        raise NotImplementedError
+
 
 class Waiter:
     """Polling: SQLite has no notifications, so the runner looks again every interval."""
@@ -109,6 +113,10 @@ class SQLiteDialect(Dialect):
     def waiter(self, channels: Sequence[str]) -> Waiter:
         return Waiter()
 
+    def columns(self, curs: Cursor, name: str) -> set[str]:
+        curs.execute(f"PRAGMA table_info({name})")
+        return {self.row(r)["name"] for r in curs.fetchall()}
+
 
 class _ImmediateTransaction(SQLiteTransaction):
     def __enter__(self) -> SQLiteCursor:
@@ -145,6 +153,16 @@ class PostgresDialect(Dialect):
 
     def waiter(self, channels: Sequence[str]) -> Waiter:
         return ListenWaiter(self.datastore, channels)
+
+    def columns(self, curs: Cursor, name: str) -> set[str]:
+        curs.execute(
+            SQL(
+                "SELECT column_name FROM information_schema.columns "
+                "WHERE table_schema = %(schema)s AND table_name = %(name)s"
+            ),
+            {"schema": self.datastore.schema, "name": name},
+        )
+        return {self.row(r)["column_name"] for r in curs.fetchall()}
 
 
 class ListenWaiter(Waiter):

@@ -20,8 +20,9 @@ from jobledger.adapters.event_store import EventSourcedJobStore, LedgerPartition
 from jobledger.adapters.locks import schema_lock
 from jobledger.adapters.store_errors import store_errors
 from jobledger.job import Job
-from jobledger.status import JobStatus
-from projections import approvals, spend, status
+from jobledger.ports import BlockedNote
+from jobledger.status import TERMINAL_STATUSES, JobStatus
+from projections import approvals, blocked, spend, status
 from projections.dialect import Cursor, Dialect, PostgresDialect, SQLiteDialect, fetch
 from projections.status import StatusRow
 
@@ -60,9 +61,12 @@ class JobViews:
         with schema_lock(self.store.location):
             d.tracking.create_table()  # type: ignore[attr-defined]
             with d.transaction() as curs:
-                for module in (status, spend, approvals):
+                for module in (status, spend, approvals, blocked):
                     for statement in module.create_statements(d):
                         curs.execute(d.sql(statement))
+                if status.upgrade(d, curs):
+                    log.warning("the status view gained columns; it is folded again from the log")
+                    self._forget(curs)
 
     # ---- following the log -----------------------------------------------------------
 
@@ -123,18 +127,20 @@ class JobViews:
     @store_errors("rebuilding the views")
     def rebuild(self, progress: Progress | None = None) -> int:
         """Drop every view row and the tracking, then fold the whole log again."""
-        d = self.dialect
-        with d.transaction() as curs:
-            for table in VIEW_TABLES:
-                curs.execute(d.sql(f"DELETE FROM {d.table(table)}"))
-            for partition in self.store.partitions:
-                curs.execute(
-                    d.sql(
-                        f"DELETE FROM {d.table(_tracking_table(d))} WHERE application_name = :name"
-                    ),
-                    {"name": partition.name},
-                )
+        with self.dialect.transaction() as curs:
+            self._forget(curs)
         return self.catch_up(progress)
+
+    def _forget(self, curs: Cursor) -> None:
+        """Every view row and the views' tracking: the next catch-up folds from zero."""
+        d = self.dialect
+        for table in VIEW_TABLES:
+            curs.execute(d.sql(f"DELETE FROM {d.table(table)}"))
+        for partition in self.store.partitions:
+            curs.execute(
+                d.sql(f"DELETE FROM {d.table(_tracking_table(d))} WHERE application_name = :name"),
+                {"name": partition.name},
+            )
 
     @store_errors("reading the views' lag")
     def lag(self) -> list[Lag]:
@@ -192,6 +198,37 @@ class JobViews:
         where = "WHERE tenant_id = :tenant_id" if tenant_id is not None else ""
         statement = f"SELECT * FROM {t} {where} ORDER BY requested_at"
         return list(fetch(self.dialect, statement, {"tenant_id": tenant_id}))
+
+    @store_errors("reading the jobs pinned to each version")
+    def live_pins(self) -> dict[tuple[str, int], int]:
+        """How many jobs that have not finished are pinned to each (type, version)."""
+        names = [f"s{n}" for n in range(len(TERMINAL_STATUSES))]
+        statement = (
+            "SELECT workflow_type, workflow_version, COUNT(*) AS jobs "
+            f"FROM {self.dialect.table('jobledger_job_status')} "
+            f"WHERE status NOT IN ({', '.join(':' + n for n in names)}) "
+            "GROUP BY workflow_type, workflow_version"
+        )
+        params = dict(zip(names, sorted(TERMINAL_STATUSES), strict=True))
+        rows = fetch(self.dialect, statement, params)
+        return {(r["workflow_type"], int(r["workflow_version"])): int(r["jobs"]) for r in rows}
+
+    # ---- deployment problems (not a view of the log: see projections.blocked) ----------
+
+    @store_errors("noting a blocked job")
+    def note_blocked(self, note: BlockedNote) -> None:
+        """The BlockedNotes port: a worker says why it left a job untouched."""
+        with self.dialect.transaction() as curs:
+            blocked.save(self.dialect, curs, note)
+
+    @store_errors("reading the blocked jobs")
+    def blocked_notes(self, rows: Sequence[StatusRow]) -> dict[str, BlockedNote]:
+        """The notes that still apply to these jobs (by job uuid)."""
+        return blocked.current(self.dialect, [(r.job_uuid, r.version) for r in rows])
+
+    @store_errors("reading a blocked job")
+    def blocked_note(self, job_uuid: str, version: int) -> BlockedNote | None:
+        return blocked.current(self.dialect, [(job_uuid, version)]).get(job_uuid)
 
     @store_errors("reading the tenant's spend")
     def tenant_day_spend_usd(self, tenant_id: str, day_start: datetime) -> Decimal:

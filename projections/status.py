@@ -11,7 +11,7 @@ from datetime import datetime
 from decimal import Decimal
 from typing import Any
 
-from jobledger.job import Job
+from jobledger.job import Job, due_moment
 from jobledger.status import JobStatus
 from projections.dialect import Cursor, Dialect
 
@@ -30,6 +30,7 @@ class StatusRow:
     next_step: str | None
     resume_at: datetime | None
     lease_until: datetime | None
+    deadline_at: datetime | None
     worker_id: str | None
     wait_event: str | None
     pending_approval: str | None
@@ -42,12 +43,14 @@ class StatusRow:
 
     @property
     def due_at(self) -> datetime | None:
-        """When the reconciler should look at this job, by status."""
-        if self.status == JobStatus.RUNNING:
-            return self.lease_until
-        if self.status == JobStatus.QUEUED:
-            return self.updated_at
-        return self.resume_at
+        """When the reconciler should look at this job: the domain's own rule."""
+        return due_moment(
+            JobStatus(self.status),
+            resume_at=self.resume_at,
+            lease_until=self.lease_until,
+            deadline_at=self.deadline_at,
+            since=self.updated_at,
+        )
 
     @property
     def cost_usd(self) -> Decimal:
@@ -55,6 +58,7 @@ class StatusRow:
 
 
 COLUMNS = [f.name for f in fields(StatusRow)]
+_MOMENTS = ("resume_at", "lease_until", "deadline_at", "created_at", "updated_at")
 
 
 def create_statements(d: Dialect) -> list[str]:
@@ -65,7 +69,7 @@ def create_statements(d: Dialect) -> list[str]:
         "job_uuid TEXT PRIMARY KEY, tenant_id TEXT NOT NULL, job_id TEXT NOT NULL, "
         "workflow_type TEXT NOT NULL, workflow_version INTEGER NOT NULL, "
         "status TEXT NOT NULL, current_step INTEGER NOT NULL, next_step TEXT, "
-        f"resume_at {ts}, lease_until {ts}, worker_id TEXT, wait_event TEXT, "
+        f"resume_at {ts}, lease_until {ts}, deadline_at {ts}, worker_id TEXT, wait_event TEXT, "
         f"pending_approval TEXT, cost_micros {d.big_int} NOT NULL, "
         "steps_executed INTEGER NOT NULL, last_error TEXT, "
         f"created_at {ts} NOT NULL, updated_at {ts} NOT NULL, version INTEGER NOT NULL, "
@@ -76,6 +80,16 @@ def create_statements(d: Dialect) -> list[str]:
         f"CREATE INDEX IF NOT EXISTS jobledger_job_status_tenant ON {t} "
         "(tenant_id, status, updated_at)",
     ]
+
+
+def upgrade(d: Dialect, curs: Cursor) -> bool:
+    """Add the columns a view made by an older release lacks. True when it did: the rows
+    then lack those values, and the caller folds the views again from the log."""
+    if "deadline_at" in d.columns(curs, "jobledger_job_status"):
+        return False
+    t = d.table("jobledger_job_status")
+    curs.execute(d.sql(f"ALTER TABLE {t} ADD COLUMN deadline_at {d.timestamp_type}"))
+    return True
 
 
 def load(d: Dialect, curs: Cursor, job_uuid: str) -> StatusRow | None:
@@ -89,7 +103,7 @@ def load(d: Dialect, curs: Cursor, job_uuid: str) -> StatusRow | None:
 
 def row_from(data: dict[str, Any]) -> StatusRow:
     values = {name: data[name] for name in COLUMNS}
-    for name in ("resume_at", "lease_until", "created_at", "updated_at"):
+    for name in _MOMENTS:
         if isinstance(values[name], str):
             values[name] = datetime.fromisoformat(values[name])
     return StatusRow(**values)
@@ -98,7 +112,7 @@ def row_from(data: dict[str, Any]) -> StatusRow:
 def save(d: Dialect, curs: Cursor, row: StatusRow) -> None:
     values = asdict(row)
     values["due_at"] = d.ts(row.due_at)
-    for name in ("resume_at", "lease_until", "created_at", "updated_at"):
+    for name in _MOMENTS:
         values[name] = d.ts(values[name])
     names = [*COLUMNS, "due_at"]
     updates = ", ".join(f"{n} = excluded.{n}" for n in names if n != "job_uuid")
@@ -127,6 +141,7 @@ def fold(row: StatusRow | None, event: Job.Event) -> StatusRow:
         next_step=job.cursor,
         resume_at=job.resume_at,
         lease_until=job.lease_until,
+        deadline_at=job.deadline_at,
         worker_id=job.worker_id,
         wait_event=(job.wait_event or {}).get("name"),
         pending_approval=(job.pending_approval or {}).get("approval_id"),
@@ -156,5 +171,7 @@ def _shell(row: StatusRow | None) -> Job:
     job.total_steps_executed = row.steps_executed
     job.last_error = row.last_error
     job.completed_at = None
-    job.state, job.budget, job.visits, job.inbox, job.attempt = {}, {}, {}, [], 0
+    job.state, job.visits, job.inbox, job.attempt = {}, {}, [], 0
+    # The deadline is all of the budget the view keeps (a BudgetRaised replaces it).
+    job.budget = {"deadline_at": row.deadline_at.isoformat()} if row.deadline_at else {}
     return job

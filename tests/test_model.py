@@ -203,8 +203,9 @@ class CrashingStore:
         self.inner = inner
         self.crash_after: int | None = None
 
-    def load(self, job_uuid: uuid.UUID) -> Job | None:
-        return self.inner.load(job_uuid)
+    def __getattr__(self, name: str) -> Any:
+        """Every other port method is the real store's."""
+        return getattr(self.inner, name)
 
     def append(self, job: Job, *keys: ConsumedKey) -> None:
         self.inner.append(job, *keys)
@@ -214,11 +215,6 @@ class CrashingStore:
                 self.crash_after = None
                 raise WorkerCrash("died right after a successful append")
 
-    def find_key(self, job_uuid: uuid.UUID, key_id: uuid.UUID) -> ConsumedKey | None:
-        return self.inner.find_key(job_uuid, key_id)
-
-    def events(self, job_uuid: uuid.UUID, *, to_version: int | None = None) -> list[Job.Event]:
-        return self.inner.events(job_uuid, to_version=to_version)
 
 
 @dataclass

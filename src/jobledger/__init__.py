@@ -4,6 +4,7 @@ from jobledger.config import EngineConfig
 from jobledger.engine import Engine
 from jobledger.errors import (
     ConfigError,
+    DeploymentError,
     DuplicateKeyError,
     InvalidPayloadError,
     JobConflictError,
@@ -13,6 +14,7 @@ from jobledger.errors import (
     UnknownJobError,
     UnknownWorkflowError,
     VersionConflict,
+    WorkflowNotDeployedError,
 )
 from jobledger.orchestrator import Outcome, TickReport
 from jobledger.ports import Resolution, ResolveRequest, RetryPolicy, StepRequest, StepResult, Tick
@@ -22,6 +24,7 @@ from jobledger.views import HistoryEntry, JobView
 
 __all__ = [
     "ConfigError",
+    "DeploymentError",
     "DuplicateKeyError",
     "Engine",
     "EngineConfig",
@@ -45,5 +48,6 @@ __all__ = [
     "UnknownJobError",
     "UnknownWorkflowError",
     "VersionConflict",
+    "WorkflowNotDeployedError",
     "linear_workflow",
 ]

@@ -34,6 +34,7 @@ from jobledger.errors import (
     ApprovalAlreadyDecidedError,
     ConcurrencyError,
     ConfigError,
+    DeploymentError,
     DuplicateKeyError,
     InvalidPayloadError,
     JobConflictError,
@@ -55,8 +56,11 @@ from jobledger.keys import ConsumedKey, KeyKind
 from jobledger.orchestrator import Orchestrator, TickReport
 from jobledger.payloads import json_object
 from jobledger.ports import (
+    BlockedNote,
+    BlockedNotes,
     Clock,
     Cost,
+    IssuedToken,
     JobStore,
     Notifier,
     Ops,
@@ -117,6 +121,9 @@ class Engine:
         self.config = config
         self.tokens = tokens
         self._turns = [threading.Lock() for _ in range(_TURN_STRIPES)]
+        self.blocked_notes: BlockedNotes | None = None
+        """Where ``handle`` notes jobs it left untouched for a deployment error (the
+        runners plug in the views, so ``show`` and ``list`` say why)."""
         self.orchestrator = Orchestrator(
             store=store,
             queue=queue,
@@ -318,16 +325,83 @@ class Engine:
             return [self._key(job, KeyKind.TOKEN, claims.nonce)]
 
         if self._key_used(claims.tenant_id, claims.job_id, KeyKind.TOKEN, claims.nonce):
-            raise TokenReplayedError("the resume token was already used")
+            raise self._used_token(claims)
         try:
             job = self._apply(claims.tenant_id, claims.job_id, resume, missing=TokenMismatchError)
         except DuplicateKeyError:
-            raise TokenReplayedError("the resume token was already used") from None
+            raise self._used_token(claims) from None
         self._wake(job, "resumed")
         self._report(
             job, "job.resumed", source="token", nonce=claims.nonce, stepNumber=claims.step_number
         )
         return JobView.of(job)
+
+    def _used_token(self, claims: TokenClaims) -> JobLedgerError:
+        """A consumed nonce: used to resume the job, or voided by a reissue."""
+        job = self.store.load(job_uuid(claims.tenant_id, claims.job_id))
+        wait = job.wait_event if job is not None else None
+        if wait is not None and claims.nonce in wait.get("superseded_nonces", []):
+            return TokenMismatchError(
+                "the resume token was superseded by a reissued one; use the new token"
+            )
+        return TokenReplayedError("the resume token was already used")
+
+    def reissue_token(self, tenant_id: str, job_id: str, *, by: str) -> IssuedToken:
+        """A new resume token for a job waiting for an event (the old one was lost, or
+        lapsed). The old token's nonce is consumed in the same append that records the
+        new one, so from then on only the new token resumes the job. The notifier is
+        handed the new token, as when the wait opened."""
+        if self.tokens is None:
+            raise ConfigError("resume tokens need JOBLEDGER_TOKEN_SECRET")
+        tokens = self.tokens
+        _check_id("by", by)
+        issued: list[IssuedToken] = []
+
+        def reissue(job: Job) -> list[ConsumedKey]:
+            if job.status.is_terminal:
+                raise JobFinishedError(f"job {job_id!r} is {job.status}; its tokens are void")
+            wait = job.wait_event
+            if job.status is not JobStatus.WAITING_EVENT or wait is None:
+                raise JobNotWaitingError(
+                    f"job {job_id!r} is {job.status}, not waiting for an event"
+                )
+            now = self.clock.now()
+            token = tokens.issue(
+                JobView.of(job),
+                step_number=job.current_step,
+                event_name=wait["name"],
+                now=now,
+                lasts_until=job.wait_ends_at,
+            )
+            job.reissue_token(
+                nonce=token.nonce,
+                token_sha256=token.token_sha256,
+                expires_at=token.expires_at,
+                reissued_by=by,
+                now=now,
+            )
+            issued[:] = [token]
+            return [self._key(job, KeyKind.TOKEN, wait["nonce"])]
+
+        try:
+            job = self._apply(tenant_id, job_id, reissue)
+        except DuplicateKeyError:
+            # The old token resumed the job in the meantime: there is no wait to reissue for.
+            raise JobNotWaitingError(
+                f"job {job_id!r} was resumed with its token meanwhile; nothing reissued"
+            ) from None
+        token = issued[0]
+        self._report(
+            job,
+            "job.resume_token.reissued",
+            reissuedBy=by,
+            nonce=token.nonce,
+            stepNumber=job.current_step,
+        )
+        notifier = self.orchestrator.notifier
+        if notifier is not None and job.wait_event is not None:
+            notifier.waiting_for_event(JobView.of(job), job.wait_event["name"], token)
+        return token
 
     def signal(
         self,
@@ -565,9 +639,12 @@ class Engine:
     def handle(self, tick: Tick) -> TickReport | None:
         """What a queue consumer does with one tick: bad ticks are reported and dropped;
         an infrastructure error is re-enqueued with a growing, jittered delay, never
-        turned into a failure."""
+        turned into a failure; a deployment error leaves the job as it is (noted, warned)
+        for a later tick: the reconciler sends one while the job is due."""
         try:
             return self.orchestrator.tick(tick)
+        except DeploymentError as error:
+            self.deployment_blocked(error)
         except StoreUnavailableError as error:
             log.warning(
                 "tick for %s/%s hit a store error, retrying: %s", tick.tenant_id, tick.job_id, error
@@ -590,6 +667,38 @@ class Engine:
                 )
             )
         return None
+
+    def deployment_blocked(self, error: DeploymentError) -> None:
+        """This worker could not run a job as deployed: warn in its log and leave a note
+        that ``show`` and ``list`` read. The job itself is not written to."""
+        log.warning(
+            "job %s/%s left untouched, to be retried later: %s",
+            error.tenant_id,
+            error.job_id,
+            error,
+        )
+        if self.blocked_notes is None or error.tenant_id is None or error.job_id is None:
+            return
+        note = BlockedNote(
+            tenant_id=error.tenant_id,
+            job_id=error.job_id,
+            version=error.version or 0,
+            reason=str(error),
+            worker_id=self.config.worker_id,
+            noticed_at=self.clock.now(),
+        )
+        try:
+            self.blocked_notes.note_blocked(note)
+        except Exception as failure:  # a note is a courtesy: the warning above was given
+            log.warning(
+                "could not note why %s/%s is blocked: %r", note.tenant_id, note.job_id, failure
+            )
+
+    def use_registry(self, registry: WorkflowRegistry) -> None:
+        """Run with these definitions from the next resolution on (a reload on SIGHUP).
+        One reference swap: each resolution reads one registry, the old or the new,
+        never a mix."""
+        self.registry = self.orchestrator.registry = registry
 
     # ---- reading ---------------------------------------------------------------------
 

@@ -30,6 +30,22 @@ class ConfigError(JobLedgerError):
     pass
 
 
+class DeploymentError(ConfigError):
+    """This worker cannot run the job as deployed (no executor, no token secret, or not
+    the job's pinned workflow definition). Never a job failure: the job is left as it
+    was and the tick is retried later, by this worker once fixed or by another."""
+
+    tenant_id: str | None = None
+    job_id: str | None = None
+    version: int | None = None
+    """Set by the orchestrator: the job, and its version when the tick was refused."""
+
+
+class WorkflowNotDeployedError(DeploymentError):
+    """The worker's registry has no definition for the job's (type, version): in a
+    rolling deploy, a worker not yet (or no longer) carrying that version."""
+
+
 class StoreUnavailableError(JobLedgerError):
     """The store failed mid-operation. The write may or may not have landed (a commit
     whose acknowledgement was lost): retry, and the retry sees what the store holds."""

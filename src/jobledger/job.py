@@ -287,6 +287,28 @@ class Job(Aggregate):
             job.resume_at = None
             job.status = JobStatus.QUEUED
 
+    class ResumeTokenReissued(Event):
+        """A new resume token for the open wait; the previous one is void from here on
+        (its nonce is consumed in this same append)."""
+
+        nonce: str
+        token_sha256: str
+        expires_at: datetime
+        previous_nonce: str
+        reissued_by: str
+
+        def evolve(self, job: Job) -> None:
+            wait = job.wait_event or {}
+            job.wait_event = {
+                **wait,
+                "nonce": self.nonce,
+                "token_sha256": self.token_sha256,
+                "expires_at": self.expires_at.isoformat(),
+                # Kept for the wait's life, so the old token is refused as superseded
+                # rather than as "already used".
+                "superseded_nonces": [*wait.get("superseded_nonces", []), self.previous_nonce],
+            }
+
     class WaitTimedOut(Event):
         event_name: str
         next_step: str | None
@@ -598,6 +620,27 @@ class Job(Aggregate):
         name = self.wait_event["name"]
         return next((m for m in self.inbox if m["event_name"] == name), None)
 
+    def reissue_token(
+        self,
+        *,
+        nonce: str,
+        token_sha256: str,
+        expires_at: datetime,
+        reissued_by: str,
+        now: datetime,
+    ) -> None:
+        if self.status is not JobStatus.WAITING_EVENT or self.wait_event is None:
+            raise ValueError(f"job {self.job_id!r} is {self.status}, not waiting for an event")
+        self._append(
+            Job.ResumeTokenReissued,
+            now,
+            nonce=nonce,
+            token_sha256=token_sha256,
+            expires_at=expires_at,
+            previous_nonce=self.wait_event["nonce"],
+            reissued_by=reissued_by,
+        )
+
     def time_out_wait(self, *, now: datetime) -> None:
         assert self.wait_event is not None
         name, on_timeout = self.wait_event["name"], self.wait_event.get("on_timeout")
@@ -692,6 +735,25 @@ class Job(Aggregate):
         deadline = self.budget.get("deadline_at")
         return datetime.fromisoformat(deadline) if isinstance(deadline, str) else None
 
+    @property
+    def due_at(self) -> datetime | None:
+        """When a tick should next look at this job unasked (see ``due_moment``)."""
+        return due_moment(
+            self.status,
+            resume_at=self.resume_at,
+            lease_until=self.lease_until,
+            deadline_at=self.deadline_at,
+            since=self.modified_on,
+        )
+
+    @property
+    def wait_ends_at(self) -> datetime | None:
+        """When the event wait the job is in ends on its own: its timeout or the job's
+        deadline, whichever comes first; None when it may last for ever."""
+        if self.status is not JobStatus.WAITING_EVENT:
+            return None
+        return _earliest(self.resume_at, self.deadline_at)
+
     def is_overdue(self, now: datetime) -> bool:
         """Timeouts of a wait or an approval request are due like timers."""
         return (
@@ -725,3 +787,34 @@ class Job(Aggregate):
         }
         chain_hash = chain.link(self.chain_head, event_class.__qualname__, fields)
         self.trigger_event(event_class, timestamp=timestamp, chain_hash=chain_hash, **data)
+
+
+def due_moment(
+    status: JobStatus,
+    *,
+    resume_at: datetime | None,
+    lease_until: datetime | None,
+    deadline_at: datetime | None,
+    since: datetime,
+) -> datetime | None:
+    """The one rule for when a job is due, read by the tick's own scheduling, the status
+    view and so the reconciler.
+
+    A parked job (a timer, an event wait, an approval, a budget limit) is due at the
+    earliest of its ``resume_at`` (timer, wait timeout, approval expiry) and its
+    deadline, so a deadline is enforced while it waits. A running job is due when its
+    lease lapses: a live step is not cut short, its deadline is checked when the step
+    ends or the lease lapses. A queued job is due from the moment it became runnable
+    (``since``); a finished one never.
+    """
+    if status.is_terminal:
+        return None
+    if status is JobStatus.RUNNING:
+        return lease_until
+    if status is JobStatus.QUEUED:
+        return since
+    return _earliest(resume_at, deadline_at)
+
+
+def _earliest(*moments: datetime | None) -> datetime | None:
+    return min((m for m in moments if m is not None), default=None)

@@ -82,6 +82,9 @@ class KafkaRunner:
         ]
         needs_views = settings.projections or settings.reconciler
         self.views = JobViews(self.store) if needs_views else None
+        if self.workers:
+            # Workers note the jobs they cannot run as deployed, for show and list.
+            engine.blocked_notes = self.views or JobViews(self.store)
         self.projection_runner = (
             ProjectionRunner(self.views, poll_interval=0.2)
             if self.views is not None and settings.projections

@@ -24,13 +24,14 @@ from jobledger import transition
 from jobledger.budget import exceeded_limit
 from jobledger.config import EngineConfig
 from jobledger.errors import (
-    ConfigError,
+    DeploymentError,
     DuplicateKeyError,
     InvalidPayloadError,
     StepError,
     StoreUnavailableError,
     UnknownJobError,
     VersionConflict,
+    WorkflowNotDeployedError,
 )
 from jobledger.identity import job_uuid, step_key
 from jobledger.job import Job
@@ -171,7 +172,7 @@ class Orchestrator:
             return Outcome.FAILED
         if resolution.is_costly and self.defer_for_ceiling(job, now):
             return Outcome.DEFERRED
-        self.check_deployment(resolution)
+        self.check_deployment(job, resolution)
         if resolution.has_side_effect and not job.holds_claim(run.claim_id, now):
             self.claim(job, run, now)
         executed = self.execute(job, run, resolution)
@@ -192,8 +193,9 @@ class Orchestrator:
     def stand_aside(self, job: Job, run: _Run, now: datetime) -> Outcome:
         """Not ours to run now. A timer (or a wait's timeout) that is not yet due is
         re-armed: if the tick meant to wake it was lost in a crash, this restores it."""
-        if job.resume_at is not None and not job.status.is_terminal:
-            self.schedule(job, job.resume_at, f"resume:{job.version}", now)
+        due = job.due_at
+        if due is not None and job.status is not JobStatus.RUNNING:
+            self.schedule(job, due, f"resume:{job.version}", now)
             return Outcome.IDLE
         if job.status is JobStatus.RUNNING and job.lease_until is not None:
             # Someone else's live claim: look again when it lapses, in case they died.
@@ -232,14 +234,16 @@ class Orchestrator:
         job.exceed_budget(limit=name, used=used, allowed=allowed, now=now)
         self.append(job)
         self.report(job, "job.budget_exceeded", limit=name, used=used, allowed=allowed)
-        if job.resume_at is not None:
-            self.schedule(job, job.resume_at, "deadline", now)
+        if job.due_at is not None:
+            self.schedule(job, job.due_at, "deadline", now)
         return True
 
     # ---- resolution and the cost ceiling ---------------------------------------------
 
     def resolve(self, job: Job, run: _Run, now: datetime) -> Resolution | None:
-        """Pure resolution from the definition; a throw is a definition bug: fail the job."""
+        """Pure resolution from the definition; a throw is a definition bug: fail the job.
+        Unless this worker has no definition for the job's pinned (type, version) at all:
+        that is a deployment error (a rolling deploy), and the job is left untouched."""
         request = ResolveRequest(
             workflow_type=job.workflow_type,
             workflow_version=job.workflow_version,
@@ -252,11 +256,14 @@ class Orchestrator:
             cursor=job.cursor,
             visits=job.visits,
         )
+        registry = self.registry  # one registry throughout, should a reload swap it
         try:
-            return self.registry.resolve(request)
+            return registry.resolve(request)
         except StoreUnavailableError:
             raise  # a registry that reads a store: its outage is no definition bug
         except Exception as error:
+            if not registry.has(job.workflow_type, job.workflow_version):
+                raise self.blocked(job, WorkflowNotDeployedError(str(error))) from None
             self.fail(job, f"workflow resolution failed: {error}", "definition")
             return None
 
@@ -282,19 +289,38 @@ class Orchestrator:
             ceilingUsd=str(ceiling),
             resumeAt=resume_at.isoformat(),
         )
-        self.schedule(job, resume_at, f"ceiling:{_epoch_ms(resume_at)}", now)
+        self.schedule(job, job.due_at or resume_at, f"ceiling:{_epoch_ms(resume_at)}", now)
         return True
 
-    def check_deployment(self, resolution: Resolution) -> None:
+    def check_deployment(self, job: Job, resolution: Resolution) -> None:
         """Refuse before the side effect, not after: a step with no executor to run it,
         or a wait with no way to mint its resume token, is a deployment error that must
         never fail the job. The tick is retried once the deployment is fixed."""
         if resolution.has_side_effect and self.executor is None:
-            raise ConfigError(
-                f"step type {resolution.step_type!r} needs a step executor; none is configured"
+            raise self.blocked(
+                job,
+                DeploymentError(
+                    f"step type {resolution.step_type!r} needs a step executor; none is configured"
+                ),
             )
         if resolution.next_status is JobStatus.WAITING_EVENT and self.tokens is None:
-            raise ConfigError("a step waits for an event but no token secret is configured")
+            raise self.blocked(
+                job, DeploymentError("a step waits for an event but no token secret is configured")
+            )
+
+    def blocked(self, job: Job, error: DeploymentError) -> DeploymentError:
+        """Name the job (and the version it was left at) on the error, and say so in an
+        ops event: nothing is written to the job, so this is where it shows."""
+        error.tenant_id, error.job_id, error.version = job.tenant_id, job.job_id, job.version
+        self.report(
+            job,
+            "job.deployment_blocked",
+            reason=str(error),
+            workflowType=job.workflow_type,
+            workflowVersion=job.workflow_version,
+            workerId=self.config.worker_id,
+        )
+        return error
 
     # ---- the claim -------------------------------------------------------------------
 
@@ -394,7 +420,9 @@ class Orchestrator:
                 error=str(error),
                 resumeAt=resume_at.isoformat(),
             )
-            self.schedule(job, resume_at, f"retry:{job.current_step + 1}:{attempt}", now)
+            self.schedule(
+                job, job.due_at or resume_at, f"retry:{job.current_step + 1}:{attempt}", now
+            )
             return Outcome.RETRY_SCHEDULED
         self.fail(job, f"step {job.current_step + 1} failed: {error}", "step")
         return Outcome.FAILED
@@ -410,11 +438,17 @@ class Orchestrator:
         if resolution.next_status is not JobStatus.WAITING_EVENT:
             return None
         assert self.tokens is not None  # checked before the side effect
+        now = self.clock.now()
+        # The token lives as long as the wait: until its timeout or the job's deadline.
+        timeout_ms = resolution.wait_timeout_ms
+        timeout_at = None if timeout_ms is None else now + timedelta(milliseconds=timeout_ms)
+        ends = min((m for m in (timeout_at, job.deadline_at) if m is not None), default=None)
         return self.tokens.issue(
             JobView.of(job),
             step_number=job.current_step + 1,
             event_name=_event_name(resolution),
-            now=self.clock.now(),
+            now=now,
+            lasts_until=ends,
         )
 
     def record(
@@ -587,14 +621,17 @@ class Orchestrator:
             self.notifier.approval_requested(JobView.of(job), request)
 
     def schedule_deadline(self, job: Job) -> None:
-        if job.resume_at is not None:
-            self.schedule(job, job.resume_at, f"timeout:{job.current_step}", self.clock.now())
+        """A wait's timeout, an approval's expiry or the job's deadline, the earliest."""
+        if job.due_at is not None:
+            self.schedule(job, job.due_at, f"timeout:{job.current_step}", self.clock.now())
 
     def wait(self, job: Job, run: _Run, resolution: Resolution) -> Outcome | None:
         """Short waits continue inline (the timer is honoured by sleeping) while the tick
         has step budget; longer ones are handed to the queue or, in scan_only mode, left
         to the reconciler."""
         assert job.resume_at is not None
+        due = job.due_at  # the timer, or the deadline if that comes first
+        assert due is not None
         now = self.clock.now()
         self.report(
             job,
@@ -604,11 +641,11 @@ class Orchestrator:
             resumeAt=job.resume_at.isoformat(),
             resumeMode=self.config.resume_mode,
         )
-        delay_ms = max(0, _millis(job.resume_at - now))
+        delay_ms = max(0, _millis(due - now))
         limit = self.config.inline_resume_max_delay_ms
         if run.steps < self.config.max_steps_per_tick and delay_ms <= limit:
             # Sleep the exact remainder: a truncated delay could wake just before resume_at.
-            self.clock.sleep((job.resume_at - now).total_seconds())
+            self.clock.sleep((due - now).total_seconds())
             self.report(
                 job,
                 "job.waiting_time.inline_continued",
@@ -618,7 +655,7 @@ class Orchestrator:
             )
             return None
         key = step_key(job.job_id, job.current_step)
-        self.schedule(job, job.resume_at, f"{job.current_step}:{key}", now)
+        self.schedule(job, due, f"{job.current_step}:{key}", now)
         return Outcome.ADVANCED
 
     def continue_later(self, job: Job) -> None:

@@ -203,6 +203,19 @@ class IssuedToken:
     expires_at: datetime
 
 
+@dataclass(frozen=True)
+class BlockedNote:
+    """A worker could not run a job as deployed: the job is untouched, this says why.
+    It applies while the job is still at ``version``; once the job moves it is stale."""
+
+    tenant_id: str
+    job_id: str
+    version: int
+    reason: str
+    worker_id: str
+    noticed_at: datetime
+
+
 # ---- the ports ---------------------------------------------------------------------------
 
 
@@ -284,12 +297,26 @@ class Cost(Protocol):
 
 class ResumeTokens(Protocol):
     def issue(
-        self, job: JobView, *, step_number: int, event_name: str, now: datetime
-    ) -> IssuedToken: ...
+        self,
+        job: JobView,
+        *,
+        step_number: int,
+        event_name: str,
+        now: datetime,
+        lasts_until: datetime | None = None,
+    ) -> IssuedToken:
+        """A token for the wait; it expires after its time to live, and never before
+        ``lasts_until`` (when the wait it belongs to ends)."""
 
     def verify(self, token: str, *, now: datetime) -> TokenClaims:
         """Check signature, key id, issuer, audience and expiry; raise a TokenError
         subclass saying which failed."""
+
+
+class BlockedNotes(Protocol):
+    def note_blocked(self, note: BlockedNote) -> None:
+        """Keep why a job could not run here, for ``show`` and ``list``; the newest
+        note of a job replaces the one before."""
 
 
 class DueJob(Protocol):

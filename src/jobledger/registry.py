@@ -36,8 +36,12 @@ class FunctionRegistry:
     def resolve(self, request: ResolveRequest) -> Resolution:
         key = (request.workflow_type, request.workflow_version)
         if key not in self._workflows:
+            known = ", ".join(
+                f"v{v}" for (t, v) in sorted(self._workflows) if t == request.workflow_type
+            )
             raise UnknownWorkflowError(
-                f"unknown workflow {request.workflow_type!r} v{request.workflow_version}"
+                f"unknown workflow {request.workflow_type!r} v{request.workflow_version} "
+                f"(known: {known or 'none'})"
             )
         return self._workflows[key](request)
 

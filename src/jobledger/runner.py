@@ -45,6 +45,7 @@ class EmbeddedRunner:
         self.queue: LocalQueue = engine.queue
         self.settings = settings or RunnerSettings()
         self.views = JobViews(engine.store)
+        engine.blocked_notes = self.views  # workers note jobs they cannot run as deployed
         self.projection_runner = ProjectionRunner(self.views, poll_interval=0.2)
         self.reconciler = Reconciler(
             views=self.views,

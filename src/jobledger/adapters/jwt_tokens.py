@@ -40,10 +40,18 @@ class JwtResumeTokens:
         self.algorithm = algorithm
 
     def issue(
-        self, job: JobView, *, step_number: int, event_name: str, now: datetime
+        self,
+        job: JobView,
+        *,
+        step_number: int,
+        event_name: str,
+        now: datetime,
+        lasts_until: datetime | None = None,
     ) -> IssuedToken:
         nonce = secrets.token_hex(16)
-        expires_at = now + self.ttl
+        # A token must not die before its wait does (a 7-day wait with a 24 h token
+        # would strand the job); a long time to live is still a floor.
+        expires_at = max(now + self.ttl, lasts_until or now)
         claims = {
             "iss": self.issuer,
             "aud": self.audience,

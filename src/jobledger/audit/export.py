@@ -393,6 +393,8 @@ def consumed_keys(events: list[Job.Event]) -> list[ConsumedKey]:
                 use(KeyKind.TOKEN, event.nonce, event.timestamp)
             elif event.source == "signal":
                 use(KeyKind.SIGNAL, event.signal_id, event.timestamp)
+        elif isinstance(event, Job.ResumeTokenReissued):
+            use(KeyKind.TOKEN, event.previous_nonce, event.timestamp)  # voided, not used
         elif isinstance(event, Job.SignalBuffered):
             use(KeyKind.SIGNAL, event.signal_id, event.timestamp)
         elif isinstance(event, Job.ApprovalDecided):

@@ -1,4 +1,5 @@
-"""What people and outside systems send a job: approve, reject, resume, signal, cancel."""
+"""What people and outside systems send a job: approve, reject, resume, signal, cancel,
+and a new resume token (token reissue)."""
 
 from __future__ import annotations
 
@@ -22,6 +23,8 @@ ApprovalOption = Annotated[
 ]
 ByOption = Annotated[str, typer.Option("--by", metavar="USER", help="Who decides.")]
 CommentOption = Annotated[str | None, typer.Option("--comment", metavar="TEXT")]
+
+token_app = typer.Typer(help="Resume tokens: reissue.", no_args_is_help=True)
 
 
 def approve(
@@ -94,6 +97,42 @@ def resume(
     with open_engine(store, config, purpose="resume") as engine:
         view = engine.resume(read_value(token).strip(), payload, tenant_id=tenant)
         _done(f"resumed {view.tenant_id}/{view.job_id}", engine, view, json)
+
+
+@token_app.command("reissue")
+def reissue_token(
+    tenant: Tenant,
+    job: JobId,
+    by: Annotated[str, typer.Option("--by", metavar="USER", help="Who asks for it.")],
+    store: StoreOption = None,
+    config: ConfigOption = None,
+    json: JsonFlag = False,
+) -> None:
+    """Issue a new resume token for a job waiting for an event, and print it.
+
+    The old token stops working in the same write (it is refused as superseded). The
+    new one lives at least until the wait's timeout or the job's deadline.
+    """
+    with open_engine(store, config, purpose="token reissue") as engine:
+        token = engine.reissue_token(tenant, job, by=by)
+        view = engine.job(tenant, job)
+        history = engine.history(tenant, job)
+    if json:
+        output.print_json(
+            {
+                "token": token.token,
+                "nonce": token.nonce,
+                "expires_at": token.expires_at,
+                "job": output.job_document(view, history),
+            }
+        )
+        return
+    out = output.console()
+    out.print(
+        f"new resume token for {tenant}/{job} (event {view.wait_event_name!r}, expires "
+        f"{output.when(token.expires_at)}); the previous token is void:"
+    )
+    out.print(token.token, soft_wrap=True)
 
 
 def signal(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -31,13 +32,23 @@ def check(
         ),
     ] = None,
     config: ConfigOption = None,
-    store: Annotated[str | None, typer.Option("--store", hidden=True)] = None,
+    store: Annotated[
+        str | None,
+        typer.Option(
+            "--store",
+            metavar="URL",
+            help="Also warn about versions live jobs in this store are pinned to that DIR "
+            "no longer defines (workers with DIR would leave those jobs blocked).",
+            show_default=False,
+        ),
+    ] = None,
     json: JsonFlag = False,
 ) -> None:
     """Validate definitions without running them (exit 1 on any problem).
 
     Checks every field and each whole graph; prints each definition found, or every
-    problem with its file, step and field.
+    problem with its file, step and field. With --store: warns (exit 0) for each
+    (type, version) that jobs not yet finished are pinned to and DIR drops.
     """
     from jobledger.workflows import DefinitionError, load_definitions
 
@@ -54,12 +65,39 @@ def check(
         raise typer.Exit(Exit.REFUSED) from None
     files = _files_of(directory)
     rows = [_summary(d, files.get(d.key, "?")) for d in definitions]
+    warnings = _dropped_pins(store, config, definitions, directory) if store else []
     if json:
-        output.print_json({"ok": True, "definitions": rows})
+        output.print_json({"ok": True, "definitions": rows, "warnings": warnings})
         return
     out = output.console()
     out.print(_table(rows, directory))
     out.print(f"{len(rows)} definition(s) OK in {directory}")
+    for warning in warnings:
+        sys.stderr.write(f"warning: {warning}\n")
+
+
+def _dropped_pins(
+    store: str, config: Path | None, definitions: list[WorkflowDefinition], directory: Path
+) -> list[str]:
+    """A job runs on the version it was submitted with (or migrated to): a deploy that
+    drops that version leaves the job blocked on every worker that has it no more."""
+    from projections import JobViews
+
+    from jobledger.adapters.event_store import EventSourcedJobStore
+    from jobledger.cli.session import open_engine
+
+    with open_engine(store, config, purpose="definitions check --store") as engine:
+        assert isinstance(engine.store, EventSourcedJobStore)
+        views = JobViews(engine.store)
+        views.catch_up()
+        pins = views.live_pins()
+    defined = {definition.key for definition in definitions}
+    return [
+        f"{count} live job(s) pinned to {kind!r} v{version}, which {directory} does not "
+        "define: workers with these definitions would leave them blocked"
+        for (kind, version), count in sorted(pins.items())
+        if (kind, version) not in defined
+    ]
 
 
 def _files_of(path: Path) -> dict[tuple[str, int], str]:

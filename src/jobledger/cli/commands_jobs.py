@@ -8,9 +8,13 @@ from typing import Annotated, Any
 
 import typer
 
+from jobledger.adapters.event_store import EventSourcedJobStore
 from jobledger.cli import output
 from jobledger.cli.params import BudgetOption, InputOption, JobId, Tenant, parse_moment
 from jobledger.cli.session import ConfigOption, Exit, JsonFlag, Outside, StoreOption, open_engine
+from jobledger.engine import Engine
+from jobledger.identity import job_uuid
+from jobledger.ports import BlockedNote
 from jobledger.views import HistoryEntry, JobView
 
 
@@ -85,7 +89,8 @@ def show(
         if not json and (at_version is not None or at is not None):
             moment = output.when(view.updated_at)
             output.console().print(f"as it was at version {view.version} ({moment})")
-        _print_job(entries, view, json)
+        blocked = _blocked(engine, view) if at_version is None and at is None else None
+        _print_job(entries, view, json, blocked)
 
 
 def history(
@@ -162,8 +167,20 @@ def tick(
     out.print(output.job_table(view, entries))
 
 
-def _print_job(entries: list[HistoryEntry], view: JobView, as_json: bool) -> None:
+def _print_job(
+    entries: list[HistoryEntry], view: JobView, as_json: bool, blocked: BlockedNote | None = None
+) -> None:
     if as_json:
-        output.print_json(output.job_document(view, entries))
+        output.print_json(output.job_document(view, entries, blocked))
     else:
-        output.console().print(output.job_table(view, entries))
+        output.console().print(output.job_table(view, entries, blocked))
+
+
+def _blocked(engine: Engine, view: JobView) -> BlockedNote | None:
+    """Why a worker left the job untouched, if that still applies (see projections.blocked)."""
+    from projections import JobViews
+
+    if not isinstance(engine.store, EventSourcedJobStore):
+        return None
+    uuid = str(job_uuid(view.tenant_id, view.job_id))
+    return JobViews(engine.store).blocked_note(uuid, view.version)

@@ -7,10 +7,12 @@ publishes due ticks, and ``projections run --outbox`` publishes every job event.
 
 from __future__ import annotations
 
+import logging
 import signal
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import timedelta
+from pathlib import Path
 from typing import Annotated, Any
 
 import typer
@@ -23,8 +25,12 @@ from jobledger.cli import output
 from jobledger.cli.config_file import load_settings
 from jobledger.cli.session import ConfigOption, JsonFlag, StoreOption, open_engine
 from jobledger.engine import Engine
+from jobledger.errors import JobLedgerError
+from jobledger.ports import BlockedNote
 from jobledger.runner import EmbeddedRunner, RunnerSettings
 from jobledger.status import JobStatus
+
+log = logging.getLogger(__name__)
 
 projections_app = typer.Typer(help="The read models: run, rebuild, status.", no_args_is_help=True)
 
@@ -61,10 +67,11 @@ def list_jobs(
         views = _views(engine)
         views.catch_up()
         rows = views.jobs(tenant_id=tenant, status_in=statuses, workflow_type=workflow, limit=limit)
+        blocked = views.blocked_notes(rows)
     if json:
-        output.print_json([_row_document(r) for r in rows])
+        output.print_json([_row_document(r, blocked.get(r.job_uuid)) for r in rows])
         return
-    output.console().print(_jobs_table(rows))
+    output.console().print(_jobs_table(rows, blocked))
 
 
 def run(
@@ -206,7 +213,10 @@ def projections_status(
 def _run(
     store: str | None, config: Any, settings: RunnerSettings, name: str, transport: str | None
 ) -> None:
-    with open_engine(store, config, purpose=name, definitions=True, executor=True) as engine:
+    with (
+        open_engine(store, config, purpose=name, definitions=True, executor=True) as engine,
+        _reload_on_sighup(engine, load_settings(config, store).definitions),
+    ):
         if _use_transport(engine, transport) == "kafka":
             from jobledger.kafka_runner import KafkaRunnerSettings
 
@@ -306,6 +316,36 @@ def _reconcile_kafka(once: bool, store: str | None, config: Any, json: bool) -> 
 
 
 @contextmanager
+def _reload_on_sighup(engine: Engine, directory: Path | None) -> Iterator[None]:
+    """SIGHUP reads the definitions again and swaps them in for the workers at once (a
+    rolling deploy adds a version without a restart). Invalid definitions are refused
+    whole and the ones in use are kept; either way the runner says so."""
+    if directory is None or not hasattr(signal, "SIGHUP"):
+        yield
+        return
+
+    def reload(*_: Any) -> None:
+        from jobledger.workflows import DefinitionRegistry
+
+        try:
+            registry = DefinitionRegistry.from_directory(directory)
+        except JobLedgerError as error:
+            log.warning(
+                "SIGHUP: definitions in %s NOT reloaded, keeping those in use: %s", directory, error
+            )
+            return
+        engine.use_registry(registry)
+        loaded = ", ".join(f"{kind} v{version}" for kind, version in registry.known())
+        output.console().print(f"SIGHUP: definitions reloaded from {directory}: {loaded or 'none'}")
+
+    previous = signal.signal(signal.SIGHUP, reload)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGHUP, previous)
+
+
+@contextmanager
 def _stop_on_signals(stop: Any) -> Iterator[None]:
     """Ctrl-C and SIGTERM ask the loop to stop; it finishes the tick in hand first."""
     previous = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
@@ -350,20 +390,23 @@ def _statuses(raw: str | None) -> list[str]:
     return names
 
 
-def _row_document(row: StatusRow) -> dict[str, Any]:
-    document: dict[str, Any] = output.jsonable({**vars(row), "cost_usd": row.cost_usd})
+def _row_document(row: StatusRow, blocked: BlockedNote | None) -> dict[str, Any]:
+    document: dict[str, Any] = output.jsonable(
+        {**vars(row), "cost_usd": row.cost_usd, "due_at": row.due_at, "blocked": blocked}
+    )
     document.pop("cost_micros", None)
     return document
 
 
-def _jobs_table(rows: list[StatusRow]) -> Table:
+def _jobs_table(rows: list[StatusRow], blocked: dict[str, BlockedNote]) -> Table:
     table = Table("tenant", "job", "workflow", "status", "step", "next", "due", "cost", "updated")
     for row in rows:
+        note = blocked.get(row.job_uuid)
         table.add_row(
             row.tenant_id,
             row.job_id,
             f"{row.workflow_type} v{row.workflow_version}",
-            row.status,
+            row.status if note is None else f"{row.status}, blocked: {output.blocked_text(note)}",
             str(row.current_step),
             row.next_step or "",
             output.when(row.due_at)

@@ -20,6 +20,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from jobledger.ports import BlockedNote
 from jobledger.views import HistoryEntry, JobView
 
 _PIPE_WIDTH = 160
@@ -114,28 +115,41 @@ def open_wait(view: JobView, history: Iterable[HistoryEntry]) -> dict[str, Any] 
     """The event wait the job is in: its name, timeout and token expiry (never the token)."""
     if view.wait_event_name is None:
         return None
+    reissued: Mapping[str, Any] | None = None  # the newest token, if one was reissued
     for entry in reversed(list(history)):
+        if entry.event_type == "ResumeTokenReissued" and reissued is None:
+            reissued = entry.data
         wait = entry.data.get("wait_event") if entry.event_type == "StepRecorded" else None
         if isinstance(wait, Mapping) and wait.get("name") == view.wait_event_name:
+            token = reissued or wait
             return {
                 "event": wait.get("name"),
                 "step_number": entry.data.get("step_number"),
                 "timeout_at": view.resume_at,
                 "on_timeout": wait.get("on_timeout"),
-                "token_expires_at": wait.get("expires_at"),
-                "token_nonce": wait.get("nonce"),
+                "token_expires_at": token.get("expires_at"),
+                "token_nonce": token.get("nonce"),
             }
     return {"event": view.wait_event_name, "timeout_at": view.resume_at}
 
 
-def job_document(view: JobView, history: list[HistoryEntry]) -> dict[str, Any]:
+def job_document(
+    view: JobView, history: list[HistoryEntry], blocked: BlockedNote | None = None
+) -> dict[str, Any]:
     document: dict[str, Any] = jsonable(view)
     document["pending_approval"] = jsonable(pending_approval(view, history))
     document["wait"] = jsonable(open_wait(view, history))
+    document["blocked"] = jsonable(blocked)
     return document
 
 
-def job_table(view: JobView, history: list[HistoryEntry] | None = None) -> Table:
+def blocked_text(note: BlockedNote) -> str:
+    return f"{note.reason} (worker {note.worker_id}, {when(note.noticed_at)}; retried later)"
+
+
+def job_table(
+    view: JobView, history: list[HistoryEntry] | None = None, blocked: BlockedNote | None = None
+) -> Table:
     history = history or []
     table = Table(title=f"job {view.tenant_id}/{view.job_id}", show_header=False, box=None)
     table.add_column(style="bold")
@@ -159,6 +173,8 @@ def job_table(view: JobView, history: list[HistoryEntry] | None = None) -> Table
     table.add_row("waits", _waits(view, history))
     approval = pending_approval(view, history)
     table.add_row("pending approval", _approval(approval) if approval else "-")
+    if blocked is not None:
+        table.add_row("blocked", Text(blocked_text(blocked), style="yellow"))
     if view.last_error:
         table.add_row("last error", view.last_error)
     table.add_row("created", when(view.created_at))
@@ -346,6 +362,11 @@ def _resumed(d: Mapping[str, Any]) -> AuditLine:
     return AuditLine(by, "", f"event {d['event_name']!r} arrived {_arrow('queued')}")
 
 
+def _token_reissued(d: Mapping[str, Any]) -> AuditLine:
+    text = f"new resume token, nonce {d['nonce']}; token nonce {d['previous_nonce']} voided"
+    return AuditLine(f"reissued_by {d['reissued_by']}", "", text)
+
+
 def _timed_out(d: Mapping[str, Any]) -> AuditLine:
     text = f"event {d['event_name']!r} did not arrive {_arrow('queued', d.get('next_step'))}"
     return AuditLine("timeout", "", text)
@@ -392,6 +413,7 @@ _DESCRIBERS = {
     "ApprovalExpired": _approval_expired,
     "SignalBuffered": _signal_buffered,
     "Resumed": _resumed,
+    "ResumeTokenReissued": _token_reissued,
     "WaitTimedOut": _timed_out,
     "BudgetExceeded": _budget_exceeded,
     "BudgetRaised": _budget_raised,

@@ -196,6 +196,10 @@ class DefinitionRegistry:
             )
         return definition
 
+    def known(self) -> list[tuple[str, int]]:
+        """Every (type, version) registered, in order."""
+        return sorted(self._definitions)
+
     def versions(self, workflow_type: str) -> list[int]:
         return sorted(version for (kind, version) in self._definitions if kind == workflow_type)
 

@@ -47,6 +47,7 @@ from jobledger.adapters.kafka.messages import (
 from jobledger.adapters.kafka.settings import KafkaSettings
 from jobledger.errors import (
     ConcurrencyError,
+    DeploymentError,
     InvalidPayloadError,
     JobFinishedError,
     JobLedgerError,
@@ -240,6 +241,11 @@ class KafkaWorker:
             raise MalformedMessage("invalid", str(error)) from None
         except StoreUnavailableError:
             raise
+        except DeploymentError as error:
+            # Not this worker's to run (a rolling deploy): the job is untouched, the
+            # message is done with, and the reconciler publishes the tick again while the
+            # job is due. Rewinding instead would stall the whole partition behind it.
+            self.engine.deployment_blocked(error)
         except JobLedgerError as error:
             # What Engine.handle does: reported and dropped (the reconciler re-publishes
             # the tick while the job is due, e.g. once a missing executor is deployed).
