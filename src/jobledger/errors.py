@@ -30,12 +30,37 @@ class ConfigError(JobLedgerError):
     pass
 
 
+class StoreMissingError(ConfigError):
+    """A command that only reads (or changes a job) was pointed at a store that does not
+    exist: it is never created by such a command, so a typo cannot pass for an empty
+    store."""
+
+
 class StoreUnavailableError(JobLedgerError):
     """The store failed mid-operation. The write may or may not have landed (a commit
     whose acknowledgement was lost): retry, and the retry sees what the store holds."""
 
     claim_id: str | None = None
     """Set by the orchestrator: the claim the interrupted tick held, for its retry."""
+
+
+class BrokenHistoryError(JobLedgerError):
+    """A job's stored events cannot be folded: one is missing, or no longer decodes.
+    Nothing is written on top of it; ``jobledger verify`` says what happened there."""
+
+    def __init__(
+        self, job_uuid: str, version: int, tenant_id: str | None = None, job_id: str | None = None
+    ) -> None:
+        label = f"{tenant_id}/{job_id}" if tenant_id is not None else f"job {job_uuid}"
+        super().__init__(f"history of {label} is broken at v{version} (run jobledger verify)")
+        self.job_uuid = job_uuid
+        self.version = version
+        self.tenant_id = tenant_id
+        self.job_id = job_id
+
+    def of(self, tenant_id: str, job_id: str) -> BrokenHistoryError:
+        """The same error, naming the job as its caller knows it."""
+        return BrokenHistoryError(self.job_uuid, self.version, tenant_id, job_id)
 
 
 class ConcurrencyError(JobLedgerError):
