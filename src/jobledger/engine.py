@@ -29,6 +29,7 @@ from jobledger.budget import parse_budget
 from jobledger.config import EngineConfig
 from jobledger.errors import (
     ApprovalAlreadyDecidedError,
+    BrokenHistoryError,
     ConcurrencyError,
     ConfigError,
     DuplicateKeyError,
@@ -50,7 +51,7 @@ from jobledger.identity import job_uuid, key_uuid
 from jobledger.job import Job
 from jobledger.keys import ConsumedKey, KeyKind
 from jobledger.orchestrator import Orchestrator, TickReport
-from jobledger.payloads import json_object
+from jobledger.payloads import json_object, text
 from jobledger.ports import (
     Clock,
     Cost,
@@ -382,6 +383,8 @@ class Engine:
         if verdict is None:
             raise InvalidPayloadError(f"decision must be approve or reject, got {decision!r}")
         _check_id("decided_by", decided_by)
+        if comment is not None:
+            text(comment, what="approval comment", max_bytes=self.config.max_payload_bytes)
 
         def decide(job: Job) -> list[ConsumedKey]:
             _check_decision(job, approval_id, decided_by, action_sha256, self.clock.now())
@@ -421,6 +424,7 @@ class Engine:
     ) -> JobView:
         """Lift a job's limits (recorded with who and why); a parked job goes on."""
         _check_id("raised_by", raised_by)
+        text(reason, what="budget raise reason", max_bytes=self.config.max_payload_bytes)
         changes = {
             k: v
             for k, v in {
@@ -450,6 +454,7 @@ class Engine:
         """Terminal. A step still running finishes, but its result is discarded and
         recorded as such; open resume tokens and approvals stop working."""
         _check_id("by", by)
+        text(reason, what="cancel reason", max_bytes=self.config.max_payload_bytes)
 
         def cancel(job: Job) -> list[ConsumedKey]:
             try:
@@ -472,7 +477,7 @@ class Engine:
     ) -> Job:
         """Load, decide, append; on a lost race decide again on the fresh job."""
         for _ in range(COMMAND_ATTEMPTS):
-            job = self.store.load(job_uuid(tenant_id, job_id))
+            job = self._fetch(tenant_id, job_id)
             if job is None:
                 if missing is not None:
                     raise missing(f"no job {job_id!r} for tenant {tenant_id!r}")
@@ -649,10 +654,16 @@ class Engine:
         return JobView.of(job), report
 
     def _load(self, tenant_id: str, job_id: str) -> Job:
-        job = self.store.load(job_uuid(tenant_id, job_id))
+        job = self._fetch(tenant_id, job_id)
         if job is None:
             raise UnknownJobError(tenant_id, job_id)
         return job
+
+    def _fetch(self, tenant_id: str, job_id: str) -> Job | None:
+        try:
+            return self.store.load(job_uuid(tenant_id, job_id))
+        except BrokenHistoryError as error:
+            raise error.of(tenant_id, job_id) from None  # the store knows only the uuid
 
     def _report(self, job: Job, event_type: str, **metadata: Any) -> None:
         self.orchestrator.report(job, event_type, **metadata)

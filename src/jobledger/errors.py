@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from jobledger.redaction import redact
+
 
 class JobLedgerError(Exception):
     """Base class of every error jobledger raises on purpose."""
@@ -39,6 +41,10 @@ class StoreMissingError(ConfigError):
 class StoreUnavailableError(JobLedgerError):
     """The store failed mid-operation. The write may or may not have landed (a commit
     whose acknowledgement was lost): retry, and the retry sees what the store holds."""
+
+    def __init__(self, message: str) -> None:
+        # Its message often quotes the driver's, which may quote the store URL.
+        super().__init__(redact(message))
 
     claim_id: str | None = None
     """Set by the orchestrator: the claim the interrupted tick held, for its retry."""

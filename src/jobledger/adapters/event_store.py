@@ -3,20 +3,28 @@
 from __future__ import annotations
 
 import logging
+import re
 from typing import Any
 from uuid import UUID
 
 from eventsourcing.application import AggregateNotFoundError, Application
+from eventsourcing.domain import OriginatorVersionError
 from eventsourcing.persistence import (
     ApplicationRecorder,
     EventStore,
     IntegrityError,
+    MapperDeserialisationError,
     PersistenceError,
 )
 
 from jobledger.adapters.locks import schema_lock
 from jobledger.adapters.store_url import StoreLocation
-from jobledger.errors import DuplicateKeyError, StoreUnavailableError, VersionConflict
+from jobledger.errors import (
+    BrokenHistoryError,
+    DuplicateKeyError,
+    StoreUnavailableError,
+    VersionConflict,
+)
 from jobledger.job import Job
 from jobledger.keys import ConsumedKey
 
@@ -96,6 +104,10 @@ class EventSourcedJobStore:
             job: object = self.partition(job_uuid).repository.get(job_uuid)
         except AggregateNotFoundError:
             return None
+        except (OriginatorVersionError, MapperDeserialisationError) as error:
+            # A gap (a deleted event) or a row that no longer decodes: the job cannot be
+            # folded, and nothing may be written on top of it.
+            raise BrokenHistoryError(str(job_uuid), _broken_at(error)) from None
         except PersistenceError as error:
             raise StoreUnavailableError(f"store error while loading a job: {error}") from error
         assert isinstance(job, Job)
@@ -142,6 +154,8 @@ class EventSourcedJobStore:
     def events(self, job_uuid: UUID, *, to_version: int | None = None) -> list[Job.Event]:
         try:
             stored = list(self.partition(job_uuid).events.get(job_uuid, lte=to_version))
+        except MapperDeserialisationError as error:
+            raise BrokenHistoryError(str(job_uuid), _broken_at(error)) from None
         except PersistenceError as error:
             raise StoreUnavailableError(f"store error while reading events: {error}") from error
         return [event for event in stored if isinstance(event, Job.Event)]
@@ -175,3 +189,14 @@ class EventSourcedJobStore:
     def close(self) -> None:
         for partition in self.partitions:
             partition.close()
+
+
+_STORED_VERSION = re.compile(r"originator_version (\d+)")
+
+
+def _broken_at(error: OriginatorVersionError | MapperDeserialisationError) -> int:
+    """The first version that cannot be folded."""
+    if isinstance(error, OriginatorVersionError):
+        return int(error.args[1])  # (the version found, the version expected)
+    found = _STORED_VERSION.search(str(error))  # eventsourcing names it only in the text
+    return int(found.group(1)) if found else 0

@@ -23,6 +23,7 @@ from jobledger.cli import output
 from jobledger.cli.config_file import load_settings
 from jobledger.cli.session import ConfigOption, JsonFlag, StoreOption, open_engine
 from jobledger.engine import Engine
+from jobledger.redaction import redact
 from jobledger.runner import EmbeddedRunner, RunnerSettings
 from jobledger.status import JobStatus
 
@@ -222,7 +223,7 @@ def _run(
         runner = EmbeddedRunner(engine, settings)
         output.console().print(
             f"jobledger {name}: {settings.workers} worker(s) on "
-            f"{output.redact(engine.config.store_url)} (Ctrl-C to stop)"
+            f"{redact(engine.config.store_url)} (Ctrl-C to stop)"
         )
         with _stop_on_signals(runner.stopping.set):
             runner.run()
@@ -267,7 +268,7 @@ def _run_kafka(engine: Engine, settings: Any, name: str) -> None:
     ]
     output.console().print(
         f"jobledger {name}: {', '.join(p for p in parts if p)} on "
-        f"{output.redact(engine.config.store_url)} and Kafka at "
+        f"{redact(engine.config.store_url)} and Kafka at "
         f"{engine.config.kafka_bootstrap_servers} (Ctrl-C to stop)"
     )
     with _stop_on_signals(runner.stopping.set):

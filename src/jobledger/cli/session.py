@@ -16,8 +16,14 @@ from eventsourcing.persistence import PersistenceError
 from jobledger.adapters.notifier import MemoryNotifier
 from jobledger.cli.config_file import Settings, load_executor, load_settings
 from jobledger.engine import Engine
-from jobledger.errors import ConfigError, JobLedgerError, StoreUnavailableError
+from jobledger.errors import (
+    BrokenHistoryError,
+    ConfigError,
+    JobLedgerError,
+    StoreUnavailableError,
+)
 from jobledger.ports import Notifier, StepExecutor
+from jobledger.redaction import redact
 from jobledger.registry import FunctionRegistry
 
 if TYPE_CHECKING:
@@ -35,7 +41,9 @@ class Exit(IntEnum):
 
 
 def exit_code(error: JobLedgerError | PersistenceError) -> Exit:
-    if isinstance(error, ConfigError | StoreUnavailableError | PersistenceError):
+    if isinstance(
+        error, ConfigError | StoreUnavailableError | BrokenHistoryError | PersistenceError
+    ):
         return Exit.UNAVAILABLE
     return Exit.REFUSED
 
@@ -43,7 +51,7 @@ def exit_code(error: JobLedgerError | PersistenceError) -> Exit:
 def report_error(error: JobLedgerError | PersistenceError) -> Exit:
     """``error: <message>`` on stderr, no traceback; the exit code for it."""
     code = exit_code(error)
-    message = str(error)
+    message = redact(str(error))  # a driver's message may quote the store URL
     if isinstance(error, PersistenceError):
         message = f"store error: {message}"
     sys.stderr.write(f"error: {message}\n")

@@ -25,7 +25,8 @@ from rich.text import Text
 from jobledger.adapters.clock import FakeClock
 from jobledger.adapters.notifier import MemoryNotifier
 from jobledger.adapters.ops import MemoryOps
-from jobledger.cli.output import history_table, money, redact, when
+from jobledger.cli.output import history_table, money, when
+from jobledger.redaction import redact
 from jobledger.config import EngineConfig
 from jobledger.demo import field_notes, mission_document
 from jobledger.demo.agent import DemoAgent, EffectsLedger, SimulatedCrash, words
