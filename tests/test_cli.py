@@ -92,7 +92,8 @@ def make_cli(tmp_path: Path, store_url: str) -> Cli:
     )
     env = {k: v for k, v in os.environ.items() if not k.startswith("JOBLEDGER_")}
     env.update(
-        PYTHONPATH=str(TESTS),
+        # The caller's path after tests/: a worktree's src/ must win over the installed one.
+        PYTHONPATH=os.pathsep.join(filter(None, [str(TESTS), os.environ.get("PYTHONPATH")])),
         COLUMNS="200",
         CLI_SUPPORT_EFFECTS=str(tmp_path / "effects.log"),
     )

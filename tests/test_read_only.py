@@ -104,7 +104,13 @@ def read_only_mount(copy: Path) -> list[str] | None:
     if os.geteuid() != 0 or shutil.which("unshare") is None:
         return None
     probe = subprocess.run(
-        ["unshare", "-m", "sh", "-c", f"mount --bind {copy} {copy} && mount -o remount,ro,bind {copy}"],
+        [
+            "unshare",
+            "-m",
+            "sh",
+            "-c",
+            f"mount --bind {copy} {copy} && mount -o remount,ro,bind {copy}",
+        ],
         capture_output=True,
     )
     if probe.returncode != 0:

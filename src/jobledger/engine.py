@@ -19,7 +19,7 @@ from uuid import uuid4
 
 from jobledger import chain
 from jobledger.adapters.clock import SystemClock
-from jobledger.adapters.event_store import EventSourcedJobStore
+from jobledger.adapters.event_store import EventSourcedJobStore, StoreMode
 from jobledger.adapters.jwt_tokens import JwtResumeTokens
 from jobledger.adapters.local_queue import LocalQueue
 from jobledger.adapters.log_spend import LogSpend
@@ -140,8 +140,11 @@ class Engine:
         cost: Cost | None = None,
         tokens: ResumeTokens | None = None,
         notifier: Notifier | None = None,
+        store_mode: StoreMode = "create",
     ) -> Engine:
-        """Open (creating if needed) the store at ``store_url`` and wire the defaults:
+        """Open (creating if needed, unless ``store_mode`` says otherwise: see
+        :data:`~jobledger.adapters.event_store.StoreMode`) the store at ``store_url`` and
+        wire the defaults:
         a local in-process queue (the Kafka ticks topic when ``transport`` is kafka), the
         system clock, JSON ops logs, spend folded from the log, and JWT resume tokens when
         a token secret is configured."""
@@ -154,6 +157,7 @@ class Engine:
             partitions=config.partitions,
             cache_size=config.cache_size,
             snapshot_interval=config.snapshot_interval,
+            mode=store_mode,
         )
         if tokens is None and config.token_secret is not None:
             tokens = JwtResumeTokens(

@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import logging
+import os
 import re
-from typing import Any
+from dataclasses import replace
+from pathlib import Path
+from typing import Any, Literal
+from urllib.parse import quote
 from uuid import UUID
 
 from eventsourcing.application import AggregateNotFoundError, Application
@@ -22,6 +26,7 @@ from jobledger.adapters.store_url import StoreLocation
 from jobledger.errors import (
     BrokenHistoryError,
     DuplicateKeyError,
+    StoreMissingError,
     StoreUnavailableError,
     VersionConflict,
 )
@@ -29,6 +34,11 @@ from jobledger.job import Job
 from jobledger.keys import ConsumedKey
 
 log = logging.getLogger(__name__)
+
+StoreMode = Literal["create", "existing", "read"]
+"""``create``: make the store and its tables if missing (the commands that write jobs).
+``existing``: the store must exist (a SQLite file is never created). ``read``: the store
+must exist and is only read: no lock, no DDL, so a store on read-only media works."""
 
 
 class LedgerPartition(Application[UUID]):
@@ -39,7 +49,10 @@ class LedgerPartition(Application[UUID]):
     what makes both the version compare-and-swap and the at-most-once keys hold.
     """
 
-    def __init__(self, location: StoreLocation, index: int, cache_size: int) -> None:
+    def __init__(
+        self, location: StoreLocation, index: int, cache_size: int, *, create: bool = True
+    ) -> None:
+        self.create_tables = create
         self.table_prefix = f"jobledger_p{index}"
         # The partition's name is its identity in tracking records (one log each).
         self.name = self.table_prefix
@@ -59,7 +72,8 @@ class LedgerPartition(Application[UUID]):
         recorder: ApplicationRecorder = factory.application_recorder_class(
             datastore=factory.datastore, events_table_name=f"{self.table_prefix}_events"
         )
-        recorder.create_table()  # type: ignore[attr-defined]
+        if self.create_tables:
+            recorder.create_table()  # type: ignore[attr-defined]
         return recorder
 
     def construct_snapshot_store(self) -> EventStore[UUID]:
@@ -67,8 +81,31 @@ class LedgerPartition(Application[UUID]):
         recorder = factory.aggregate_recorder_class(
             datastore=factory.datastore, events_table_name=f"{self.table_prefix}_snapshots"
         )
-        recorder.create_table()
+        if self.create_tables:
+            recorder.create_table()
         return EventStore(mapper=self.mapper, recorder=recorder)
+
+    def has_tables(self, *tables: str) -> bool:
+        """Whether these tables (default: this partition's events table) exist in its
+        database, asked of the catalog: a missing table and an unreachable server must
+        not look alike."""
+        factory: Any = self.factory
+        names = tables or (f"{self.table_prefix}_events",)
+        with factory.datastore.transaction(commit=False) as cursor:
+            for name in names:
+                if self.store_kind == "sqlite":
+                    cursor.execute(
+                        "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (name,)
+                    )
+                else:
+                    cursor.execute(
+                        "SELECT 1 FROM pg_catalog.pg_tables "
+                        "WHERE schemaname = %s AND tablename = %s",
+                        (factory.datastore.schema, name),
+                    )
+                if cursor.fetchone() is None:
+                    return False
+        return True
 
 
 class EventSourcedJobStore:
@@ -81,16 +118,22 @@ class EventSourcedJobStore:
         partitions: int = 1,
         cache_size: int = 10_000,
         snapshot_interval: int = 100,
+        mode: StoreMode = "create",
     ) -> None:
         self.location = location
         self.snapshot_interval = snapshot_interval
+        self.read_only = mode == "read"
+        if location.is_sqlite and mode != "create":
+            _require_file(location)
         try:
-            # Concurrent CREATE ... IF NOT EXISTS can still collide in PostgreSQL's
-            # catalog, so processes starting together create the tables one at a time.
-            with schema_lock(location):
-                self.partitions = [
-                    LedgerPartition(location, index, cache_size) for index in range(partitions)
-                ]
+            if self.read_only:
+                self.partitions = _open(_for_reading(location), partitions, cache_size, False)
+                _require_tables(location, self.partitions)
+            else:
+                # Concurrent CREATE ... IF NOT EXISTS can still collide in PostgreSQL's
+                # catalog, so processes starting together create the tables one at a time.
+                with schema_lock(location):
+                    self.partitions = _open(location, partitions, cache_size, True)
         except PersistenceError as error:
             raise StoreUnavailableError(f"cannot open the {location.kind} store: {error}") from None
 
@@ -200,3 +243,51 @@ def _broken_at(error: OriginatorVersionError | MapperDeserialisationError) -> in
         return int(error.args[1])  # (the version found, the version expected)
     found = _STORED_VERSION.search(str(error))  # eventsourcing names it only in the text
     return int(found.group(1)) if found else 0
+
+
+# ---- opening ----------------------------------------------------------------------------
+
+
+def _open(
+    location: StoreLocation, partitions: int, cache_size: int, create: bool
+) -> list[LedgerPartition]:
+    return [
+        LedgerPartition(location, index, cache_size, create=create) for index in range(partitions)
+    ]
+
+
+def _require_file(location: StoreLocation) -> None:
+    """Only the commands that write jobs create a SQLite store: for the others a missing
+    file is a mistake (a typo must not audit as an empty, intact store)."""
+    path = location.env["SQLITE_DBNAME"]
+    if not os.path.isfile(path):
+        raise StoreMissingError(f"no store at {path} (no such file)")
+
+
+def _require_tables(location: StoreLocation, partitions: list[LedgerPartition]) -> None:
+    if all(partition.has_tables() for partition in partitions):
+        return
+    if location.is_sqlite:
+        raise StoreMissingError(
+            f"no store at {location.env['SQLITE_DBNAME']} (no jobledger tables)"
+        )
+    env = location.env
+    schema = env.get("POSTGRES_SCHEMA", "public")
+    raise StoreMissingError(
+        f"no store in schema {schema!r} of database {env['POSTGRES_DBNAME']!r} on "
+        f"{env['POSTGRES_HOST']} (no jobledger tables)"
+    )
+
+
+def _for_reading(location: StoreLocation) -> StoreLocation:
+    """A SQLite file in a directory we cannot write (read-only media, an evidence copy) is
+    opened ``mode=ro&immutable=1``: SQLite could not create the WAL index beside it, and
+    immutable tells it no other process changes the file, so it needs none. Elsewhere an
+    ordinary connection that writes nothing leaves no trace (its WAL files go on close)."""
+    if not location.is_sqlite:
+        return location
+    path = Path(location.env["SQLITE_DBNAME"]).resolve()
+    if os.access(path.parent, os.W_OK) and os.access(path, os.W_OK):
+        return location
+    uri = f"file:{quote(path.as_posix())}?mode=ro&immutable=1"
+    return replace(location, env={**location.env, "SQLITE_DBNAME": uri})

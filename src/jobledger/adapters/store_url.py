@@ -98,7 +98,6 @@ def _whole(shown: str, options: dict[str, str], name: str, default: str) -> str:
     value = options.get(name, default)
     if not value.isascii() or not value.isdigit() or int(value) < 1:
         raise ConfigError(
-            f"PostgreSQL URL {shown!r}: {name} must be a whole number of at least 1, "
-            f"got {value!r}"
+            f"PostgreSQL URL {shown!r}: {name} must be a whole number of at least 1, got {value!r}"
         )
     return value

@@ -9,7 +9,14 @@ from typing import Annotated, Any
 import typer
 
 from jobledger.cli import output
-from jobledger.cli.params import BudgetOption, InputOption, JobId, Tenant, parse_moment
+from jobledger.cli.params import (
+    LARGEST,
+    BudgetOption,
+    InputOption,
+    JobId,
+    Tenant,
+    parse_moment,
+)
 from jobledger.cli.session import ConfigOption, Exit, JsonFlag, Outside, StoreOption, open_engine
 from jobledger.views import HistoryEntry, JobView
 
@@ -20,7 +27,9 @@ def submit(
     workflow: Annotated[str, typer.Argument(metavar="WORKFLOW", help="Workflow type.")],
     version: Annotated[
         int | None,
-        typer.Option("--version", min=1, help="Definition version (default: the newest)."),
+        typer.Option(
+            "--version", min=1, max=LARGEST, help="Definition version (default: the newest)."
+        ),
     ] = None,
     input: InputOption = None,
     budget: BudgetOption = None,
@@ -37,7 +46,7 @@ def submit(
     Submitting the same job again, or with a used idempotency key, returns the existing
     job unchanged (a different request for the same job is refused).
     """
-    with open_engine(store, config, purpose="submit", definitions=True) as engine:
+    with open_engine(store, config, purpose="submit", definitions=True, store="create") as engine:
         view = engine.submit(
             tenant,
             job,
@@ -55,7 +64,12 @@ def show(
     job: JobId,
     at_version: Annotated[
         int | None,
-        typer.Option("--at-version", metavar="N", help="The job as it was after event N."),
+        typer.Option(
+            "--at-version",
+            metavar="N",
+            max=LARGEST,
+            help="The job as it was after event N.",
+        ),
     ] = None,
     at: Annotated[
         datetime | None,
@@ -76,7 +90,7 @@ def show(
     """
     if at_version is not None and at is not None:
         raise typer.BadParameter("give --at-version or --at, not both")
-    with open_engine(store, config, purpose="show") as engine:
+    with open_engine(store, config, purpose="show", store="read") as engine:
         if at_version is None and at is None:
             view = engine.job(tenant, job)
         else:
@@ -101,7 +115,7 @@ def history(
     token's nonce, the signal id, the cost ceiling or a timeout. Exits 1 if the hash
     chain is broken.
     """
-    with open_engine(store, config, purpose="history") as engine:
+    with open_engine(store, config, purpose="history", store="read") as engine:
         entries = engine.history(tenant, job)
         broken = engine.verify(tenant, job)
     if json:

@@ -21,6 +21,7 @@ from rich.table import Table
 from jobledger.adapters.event_store import EventSourcedJobStore
 from jobledger.cli import output
 from jobledger.cli.config_file import load_settings
+from jobledger.cli.params import LARGEST
 from jobledger.cli.session import ConfigOption, JsonFlag, StoreOption, open_engine
 from jobledger.engine import Engine
 from jobledger.redaction import redact
@@ -51,14 +52,16 @@ def list_jobs(
         typer.Option("--status", help="Comma-separated statuses, e.g. waiting_event,failed."),
     ] = None,
     workflow: Annotated[str | None, typer.Option("--workflow", help="Workflow type.")] = None,
-    limit: Annotated[int, typer.Option("--limit", min=1, help="At most this many rows.")] = 100,
+    limit: Annotated[
+        int, typer.Option("--limit", min=1, max=LARGEST, help="At most this many rows.")
+    ] = 100,
     store: StoreOption = None,
     config: ConfigOption = None,
     json: JsonFlag = False,
 ) -> None:
     """List jobs from the status view (brought up to date with the log first)."""
     statuses = _statuses(status)
-    with open_engine(store, config, purpose="list") as engine:
+    with open_engine(store, config, purpose="list", store="read") as engine:
         views = _views(engine)
         views.catch_up()
         rows = views.jobs(tenant_id=tenant, status_in=statuses, workflow_type=workflow, limit=limit)
@@ -150,10 +153,10 @@ def projections_run(
         from jobledger.kafka_runner import KafkaRunnerSettings
 
         settings = KafkaRunnerSettings(workers=0, projections=True, outbox=True)
-        with open_engine(store, config, purpose="projections run") as engine:
+        with open_engine(store, config, purpose="projections run", store="create") as engine:
             _run_kafka(engine, settings, "projections")
         return
-    with open_engine(store, config, purpose="projections run") as engine:
+    with open_engine(store, config, purpose="projections run", store="create") as engine:
         runner = ProjectionRunner(_views(engine))
         with _stop_on_signals(runner.stop):
             output.console().print("projections: following the log (Ctrl-C to stop)")
@@ -183,7 +186,7 @@ def projections_status(
 ) -> None:
     """How far each partition's views (and, with the kafka transport, the outbox) are
     behind the log."""
-    with open_engine(store, config, purpose="projections status") as engine:
+    with open_engine(store, config, purpose="projections status", store="read") as engine:
         views = _views(engine)
         lag = views.lag()
         if engine.config.transport == "kafka":
@@ -207,7 +210,9 @@ def projections_status(
 def _run(
     store: str | None, config: Any, settings: RunnerSettings, name: str, transport: str | None
 ) -> None:
-    with open_engine(store, config, purpose=name, definitions=True, executor=True) as engine:
+    with open_engine(
+        store, config, purpose=name, definitions=True, executor=True, store="create"
+    ) as engine:
         if _use_transport(engine, transport) == "kafka":
             from jobledger.kafka_runner import KafkaRunnerSettings
 

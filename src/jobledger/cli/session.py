@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 from eventsourcing.persistence import PersistenceError
 
+from jobledger.adapters.event_store import StoreMode
 from jobledger.adapters.notifier import MemoryNotifier
 from jobledger.cli.config_file import Settings, load_executor, load_settings
 from jobledger.engine import Engine
@@ -88,17 +89,20 @@ Outside = MemoryNotifier
 
 @contextmanager
 def open_engine(
-    store: str | None,
+    store_url: str | None,
     config: Path | None,
     *,
     purpose: str,
     definitions: bool = False,
     executor: bool = False,
     notifier: Notifier | None = None,
+    store: StoreMode = "existing",
 ) -> Iterator[Engine]:
     """An engine on the configured store, closed afterwards. ``definitions`` and
-    ``executor`` say whether the command needs them (only then are they loaded)."""
-    settings = load_settings(config, store)
+    ``executor`` say whether the command needs them (only then are they loaded).
+    ``store``: only the commands that write jobs create a store; the ones that only read
+    say ``read`` (no lock, no DDL)."""
+    settings = load_settings(config, store_url)
     # Commands that run no step need no definitions (loading them costs start-up time).
     registry = _registry(settings, purpose) if definitions else FunctionRegistry()
     engine = Engine.open(
@@ -106,6 +110,7 @@ def open_engine(
         executor=_executor(settings, purpose) if executor else None,
         config=settings.engine,
         notifier=notifier,
+        store_mode=store,
     )
     try:
         yield engine

@@ -170,9 +170,7 @@ class _DefinitionLoader(yaml.SafeLoader):
         except ValueError:
             digits = len(str(self.construct_scalar(node)).lstrip("+-").replace("_", ""))
             message = f"an integer of {digits} digits is over the limit of {MAX_INT_DIGITS}"
-            raise yaml.constructor.ConstructorError(
-                None, None, message, node.start_mark
-            ) from None
+            raise yaml.constructor.ConstructorError(None, None, message, node.start_mark) from None
 
 
 def _too_much(problem: str, where: yaml.Node | yaml.Event) -> yaml.composer.ComposerError:
