@@ -10,11 +10,13 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 
-from test_cli import TICKET, Cli, make_cli
+from test_cli import JOBLEDGER, TICKET, Cli, make_cli
+from test_cli_hostile import run_in_process
 
 READS = [
     ("list",),
@@ -45,20 +47,18 @@ def listing(directory: Path) -> dict[str, tuple[int, int]]:
     }
 
 
-@pytest.mark.parametrize("args", READS + CHANGES, ids=" ".join)
 def test_a_missing_sqlite_store_is_an_error_and_is_not_created(
-    tmp_path: Path, args: tuple[str, ...]
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     cli = make_cli(tmp_path, "sqlite:///typo.db")
     (tmp_path / "ticket.yaml").write_text(TICKET)
+    monkeypatch.chdir(tmp_path)
     before = listing(tmp_path)
-
-    result = cli(*args)
-
-    assert result.returncode == 3, (args, result.stdout, result.stderr)
-    assert result.stdout == ""
-    assert result.stderr == "error: no store at typo.db (no such file)\n"
-    assert listing(tmp_path) == before  # no typo.db, no lock file
+    for args in READS + CHANGES:
+        assert cli.config is not None
+        code, out, err = run_in_process([*args, "--config", str(cli.config)], capsys)
+        assert (code, out, err) == (3, "", "error: no store at typo.db (no such file)\n"), args
+        assert listing(tmp_path) == before, args  # no typo.db, no lock file
 
 
 def test_commands_that_write_still_create_the_store(tmp_path: Path) -> None:
@@ -86,15 +86,17 @@ def evidence(tmp_path: Path) -> tuple[Cli, Path]:
     return Cli(tmp_path, config, live.env), copy
 
 
-@pytest.mark.parametrize("args", READS, ids=" ".join)
 def test_reading_writes_nothing_to_the_store_directory(
-    evidence: tuple[Cli, Path], args: tuple[str, ...]
+    evidence: tuple[Cli, Path], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     cli, copy = evidence
+    monkeypatch.chdir(cli.tmp)
     before = listing(copy)
-    out = cli.ok(*args)
-    assert "t1" in out or "jobs" in out or "verified" in out or "acme" in out
-    assert listing(copy) == before  # no lock file, no -wal/-shm left, the file untouched
+    for args in READS:
+        assert cli.config is not None
+        code, out, err = run_in_process([*args, "--config", str(cli.config)], capsys)
+        assert code == 0 and out.strip(), (args, code, out, err)
+        assert listing(copy) == before, args  # no lock file, no -wal/-shm left, file untouched
 
 
 def read_only_mount(copy: Path) -> list[str] | None:
@@ -119,9 +121,8 @@ def read_only_mount(copy: Path) -> list[str] | None:
     return ["unshare", "-m", "sh", "-c", script, "sh"]
 
 
-@pytest.mark.parametrize("args", READS, ids=" ".join)
 def test_reading_an_evidence_copy_on_a_read_only_filesystem_works(
-    evidence: tuple[Cli, Path], args: tuple[str, ...]
+    evidence: tuple[Cli, Path],
 ) -> None:
     cli, copy = evidence
     before = listing(copy)
@@ -132,19 +133,19 @@ def test_reading_an_evidence_copy_on_a_read_only_filesystem_works(
         copy.chmod(0o555)
         (copy / "jobs.db").chmod(0o444)
         prefix = []
-    try:
-        command = [*prefix, str(cli_script()), *args, "--config", str(cli.config)]
-        result = subprocess.run(
+
+    def run(args: tuple[str, ...]) -> subprocess.CompletedProcess[str]:
+        command = [*prefix, str(JOBLEDGER), *args, "--config", str(cli.config)]
+        return subprocess.run(
             command, capture_output=True, text=True, env=cli.env, cwd=cli.tmp, timeout=60
         )
+
+    try:
+        with ThreadPoolExecutor(max_workers=3) as pool:
+            results = list(pool.map(run, READS))
     finally:
         copy.chmod(0o755)
-    assert result.returncode == 0, (args, result.stdout, result.stderr)
-    assert "Traceback" not in result.stderr
+    for args, result in zip(READS, results, strict=True):
+        assert result.returncode == 0, (args, result.stdout, result.stderr)
+        assert result.stdout.strip(), args
     assert listing(copy) == before
-
-
-def cli_script() -> Path:
-    from test_cli import JOBLEDGER
-
-    return JOBLEDGER

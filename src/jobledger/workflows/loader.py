@@ -132,20 +132,23 @@ class _DefinitionLoader(yaml.SafeLoader):
         self._measured: dict[int, tuple[int, int]] = {}
         """id(node) -> (values once expanded, height); an alias returns its anchor's node."""
 
-    def compose_node(self, parent: yaml.Node | None, index: object) -> yaml.Node:
+    def compose_node(self, parent: yaml.Node | None, index: int) -> yaml.Node | None:
         self._depth += 1
         try:
             if self._depth > MAX_DEPTH:
-                raise _too_much(f"nested deeper than {MAX_DEPTH} levels", self.peek_event())
-            node = super().compose_node(parent, index)  # type: ignore[misc]
+                event: yaml.Event = self.peek_event()  # type: ignore[no-untyped-call]
+                raise _too_much(f"nested deeper than {MAX_DEPTH} levels", event.start_mark)
+            node = super().compose_node(parent, index)
         finally:
             self._depth -= 1
+        if node is None:
+            return None
         size, height = self._measure(node)
         if self._depth + height > MAX_DEPTH:  # an alias of a deep value, placed deep
-            raise _too_much(f"nested deeper than {MAX_DEPTH} levels", node)
+            raise _too_much(f"nested deeper than {MAX_DEPTH} levels", node.start_mark)
         if size > MAX_NODES:
             problem = f"the document expands to more than {MAX_NODES} nodes"
-            raise _too_much(f"{problem} (aliases repeated too often)", node)
+            raise _too_much(f"{problem} (aliases repeated too often)", node.start_mark)
         return node
 
     def _measure(self, node: yaml.Node) -> tuple[int, int]:
@@ -166,15 +169,16 @@ class _DefinitionLoader(yaml.SafeLoader):
 
     def construct_yaml_int(self, node: yaml.ScalarNode) -> int:
         try:
-            return super().construct_yaml_int(node)  # type: ignore[no-any-return]
+            return super().construct_yaml_int(node)
         except ValueError:
             digits = len(str(self.construct_scalar(node)).lstrip("+-").replace("_", ""))
             message = f"an integer of {digits} digits is over the limit of {MAX_INT_DIGITS}"
             raise yaml.constructor.ConstructorError(None, None, message, node.start_mark) from None
 
 
-def _too_much(problem: str, where: yaml.Node | yaml.Event) -> yaml.composer.ComposerError:
-    return yaml.composer.ComposerError(None, None, problem, where.start_mark)
+def _too_much(problem: str, where: Any) -> yaml.composer.ComposerError:
+    """``where``: the mark of the node or event refused."""
+    return yaml.composer.ComposerError(None, None, problem, where)
 
 
 def _unique_mapping(loader: yaml.SafeLoader, node: yaml.MappingNode) -> dict[Any, Any]:
@@ -193,10 +197,7 @@ def _unique_mapping(loader: yaml.SafeLoader, node: yaml.MappingNode) -> dict[Any
 
 _BOOL_TAG: Final = "tag:yaml.org,2002:bool"
 _DefinitionLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _unique_mapping)
-_DefinitionLoader.add_constructor(
-    "tag:yaml.org,2002:int",
-    _DefinitionLoader.construct_yaml_int,  # type: ignore[arg-type]
-)
+_DefinitionLoader.add_constructor("tag:yaml.org,2002:int", _DefinitionLoader.construct_yaml_int)
 _DefinitionLoader.yaml_implicit_resolvers = {
     first: [(tag, pattern) for tag, pattern in resolvers if tag != _BOOL_TAG]
     for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
