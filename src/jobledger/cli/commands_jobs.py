@@ -46,7 +46,7 @@ def submit(
     Submitting the same job again, or with a used idempotency key, returns the existing
     job unchanged (a different request for the same job is refused).
     """
-    with open_engine(store, config, purpose="submit", definitions=True, store="create") as engine:
+    with open_engine(store, config, purpose="submit", definitions=True, mode="create") as engine:
         view = engine.submit(
             tenant,
             job,
@@ -90,7 +90,7 @@ def show(
     """
     if at_version is not None and at is not None:
         raise typer.BadParameter("give --at-version or --at, not both")
-    with open_engine(store, config, purpose="show", store="read") as engine:
+    with open_engine(store, config, purpose="show", mode="read") as engine:
         if at_version is None and at is None:
             view = engine.job(tenant, job)
         else:
@@ -115,7 +115,7 @@ def history(
     token's nonce, the signal id, the cost ceiling or a timeout. Exits 1 if the hash
     chain is broken.
     """
-    with open_engine(store, config, purpose="history", store="read") as engine:
+    with open_engine(store, config, purpose="history", mode="read") as engine:
         entries = engine.history(tenant, job)
         broken = engine.verify(tenant, job)
     if json:

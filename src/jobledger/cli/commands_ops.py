@@ -61,7 +61,7 @@ def list_jobs(
 ) -> None:
     """List jobs from the status view (brought up to date with the log first)."""
     statuses = _statuses(status)
-    with open_engine(store, config, purpose="list", store="read") as engine:
+    with open_engine(store, config, purpose="list", mode="read") as engine:
         views = _views(engine)
         views.catch_up()
         rows = views.jobs(tenant_id=tenant, status_in=statuses, workflow_type=workflow, limit=limit)
@@ -153,10 +153,10 @@ def projections_run(
         from jobledger.kafka_runner import KafkaRunnerSettings
 
         settings = KafkaRunnerSettings(workers=0, projections=True, outbox=True)
-        with open_engine(store, config, purpose="projections run", store="create") as engine:
+        with open_engine(store, config, purpose="projections run", mode="create") as engine:
             _run_kafka(engine, settings, "projections")
         return
-    with open_engine(store, config, purpose="projections run", store="create") as engine:
+    with open_engine(store, config, purpose="projections run", mode="create") as engine:
         runner = ProjectionRunner(_views(engine))
         with _stop_on_signals(runner.stop):
             output.console().print("projections: following the log (Ctrl-C to stop)")
@@ -186,7 +186,7 @@ def projections_status(
 ) -> None:
     """How far each partition's views (and, with the kafka transport, the outbox) are
     behind the log."""
-    with open_engine(store, config, purpose="projections status", store="read") as engine:
+    with open_engine(store, config, purpose="projections status", mode="read") as engine:
         views = _views(engine)
         lag = views.lag()
         if engine.config.transport == "kafka":
@@ -211,7 +211,7 @@ def _run(
     store: str | None, config: Any, settings: RunnerSettings, name: str, transport: str | None
 ) -> None:
     with open_engine(
-        store, config, purpose=name, definitions=True, executor=True, store="create"
+        store, config, purpose=name, definitions=True, executor=True, mode="create"
     ) as engine:
         if _use_transport(engine, transport) == "kafka":
             from jobledger.kafka_runner import KafkaRunnerSettings

@@ -96,11 +96,11 @@ def open_engine(
     definitions: bool = False,
     executor: bool = False,
     notifier: Notifier | None = None,
-    store: StoreMode = "existing",
+    mode: StoreMode = "existing",
 ) -> Iterator[Engine]:
     """An engine on the configured store, closed afterwards. ``definitions`` and
     ``executor`` say whether the command needs them (only then are they loaded).
-    ``store``: only the commands that write jobs create a store; the ones that only read
+    ``mode``: only the commands that write jobs create a store; the ones that only read
     say ``read`` (no lock, no DDL)."""
     settings = load_settings(config, store_url)
     # Commands that run no step need no definitions (loading them costs start-up time).
@@ -110,7 +110,7 @@ def open_engine(
         executor=_executor(settings, purpose) if executor else None,
         config=settings.engine,
         notifier=notifier,
-        store_mode=store,
+        store_mode=mode,
     )
     try:
         yield engine
