@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import re
+from contextlib import nullcontext
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, Literal
@@ -125,14 +126,17 @@ class EventSourcedJobStore:
         self.read_only = mode == "read"
         if location.is_sqlite and mode != "create":
             _require_file(location)
+        # Concurrent CREATE ... IF NOT EXISTS can still collide in PostgreSQL's catalog, so
+        # processes starting together create the tables one at a time. A read takes the
+        # advisory lock too (it waits out a creation in progress, and its connection says
+        # plainly why a server is unreachable), but never SQLite's: that lock is a file.
+        skip_lock = self.read_only and location.is_sqlite
         try:
-            if self.read_only:
-                self.partitions = _open(_for_reading(location), partitions, cache_size, False)
-                _require_tables(location, self.partitions)
-            else:
-                # Concurrent CREATE ... IF NOT EXISTS can still collide in PostgreSQL's
-                # catalog, so processes starting together create the tables one at a time.
-                with schema_lock(location):
+            with nullcontext() if skip_lock else schema_lock(location):
+                if self.read_only:
+                    self.partitions = _open(_for_reading(location), partitions, cache_size, False)
+                    _require_tables(location, self.partitions)
+                else:
                     self.partitions = _open(location, partitions, cache_size, True)
         except PersistenceError as error:
             raise StoreUnavailableError(f"cannot open the {location.kind} store: {error}") from None
