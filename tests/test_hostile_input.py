@@ -317,6 +317,17 @@ def test_an_approval_comment_over_the_payload_limit_is_refused(make_engine: Engi
     assert engine.job("t", "j").status is JobStatus.AWAITING_APPROVAL
 
 
+def test_a_migration_reason_over_the_payload_limit_is_refused(
+    make_engine: EngineFactory,
+) -> None:
+    engine = make_engine(config=LIMIT)
+    engine.submit("t", "j", "agent3")
+    before = writes(engine)
+    with pytest.raises(InvalidPayloadError, match="migration reason is 1025 bytes"):
+        engine.migrate("t", "j", 1, by="ops", reason=TOO_LONG, force=True)
+    assert writes(engine) == before
+
+
 def test_free_text_must_be_text(make_engine: EngineFactory) -> None:
     engine = make_engine()
     engine.submit("t", "j", "agent3")

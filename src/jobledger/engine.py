@@ -630,6 +630,8 @@ class Engine:
             raise InvalidPayloadError("a forced migration needs who (by) and why (reason)")
         if by is not None:
             _check_id("by", by)
+        if reason is not None:
+            text(reason, what="migration reason", max_bytes=self.config.max_payload_bytes)
         reports: list[ReplayReport] = []
 
         def move(job: Job) -> list[ConsumedKey]:
