@@ -43,8 +43,9 @@ class StoreUnavailableError(JobLedgerError):
     whose acknowledgement was lost): retry, and the retry sees what the store holds."""
 
     def __init__(self, message: str) -> None:
-        # Its message often quotes the driver's, which may quote the store URL.
-        super().__init__(redact(message))
+        # Its message often quotes the driver's, which may quote the store URL and runs
+        # over several lines (psycopg adds a hint line): one line, password hidden.
+        super().__init__(" ".join(redact(message).split()))
 
     claim_id: str | None = None
     """Set by the orchestrator: the claim the interrupted tick held, for its retry."""

@@ -54,7 +54,7 @@ def report_error(error: JobLedgerError | PersistenceError) -> Exit:
     code = exit_code(error)
     message = redact(str(error))  # a driver's message may quote the store URL
     if isinstance(error, PersistenceError):
-        message = f"store error: {message}"
+        message = f"store error: {' '.join(message.split())}"  # the driver's, on one line
     sys.stderr.write(f"error: {message}\n")
     return code
 
