@@ -51,7 +51,11 @@ class JobViews:
     def __init__(self, store: EventSourcedJobStore) -> None:
         self.store = store
         self.dialect = _dialect(store.partitions[0])
-        self.create_tables()
+        # A store opened to read gets no lock file and no DDL, unless the views were never
+        # made (then there is no way to list without making them).
+        views = (*VIEW_TABLES, _tracking_table(self.dialect))
+        if not (store.read_only and store.partitions[0].has_tables(*views)):
+            self.create_tables()
 
     # ---- schema ----------------------------------------------------------------------
 

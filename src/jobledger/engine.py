@@ -18,11 +18,11 @@ from datetime import datetime
 from decimal import Decimal
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any
-from uuid import UUID, uuid4
+from uuid import uuid4
 
 from jobledger import chain, retry
 from jobledger.adapters.clock import SystemClock
-from jobledger.adapters.event_store import EventSourcedJobStore
+from jobledger.adapters.event_store import EventSourcedJobStore, StoreMode
 from jobledger.adapters.jwt_tokens import JwtResumeTokens
 from jobledger.adapters.local_queue import LocalQueue
 from jobledger.adapters.log_spend import LogSpend
@@ -32,6 +32,7 @@ from jobledger.budget import parse_budget
 from jobledger.config import EngineConfig
 from jobledger.errors import (
     ApprovalAlreadyDecidedError,
+    BrokenHistoryError,
     ConcurrencyError,
     ConfigError,
     DeploymentError,
@@ -54,7 +55,7 @@ from jobledger.identity import job_uuid, key_uuid
 from jobledger.job import Job
 from jobledger.keys import ConsumedKey, KeyKind
 from jobledger.orchestrator import Orchestrator, TickReport
-from jobledger.payloads import json_object
+from jobledger.payloads import json_object, text
 from jobledger.ports import (
     BlockedNote,
     BlockedNotes,
@@ -151,8 +152,11 @@ class Engine:
         cost: Cost | None = None,
         tokens: ResumeTokens | None = None,
         notifier: Notifier | None = None,
+        store_mode: StoreMode = "create",
     ) -> Engine:
-        """Open (creating if needed) the store at ``store_url`` and wire the defaults:
+        """Open (creating if needed, unless ``store_mode`` says otherwise: see
+        :data:`~jobledger.adapters.event_store.StoreMode`) the store at ``store_url`` and
+        wire the defaults:
         a local in-process queue (the Kafka ticks topic when ``transport`` is kafka), the
         system clock, JSON ops logs, spend folded from the log, and JWT resume tokens when
         a token secret is configured."""
@@ -165,6 +169,7 @@ class Engine:
             partitions=config.partitions,
             cache_size=config.cache_size,
             snapshot_interval=config.snapshot_interval,
+            mode=store_mode,
         )
         if tokens is None and config.token_secret is not None:
             tokens = JwtResumeTokens(
@@ -461,6 +466,8 @@ class Engine:
         if verdict is None:
             raise InvalidPayloadError(f"decision must be approve or reject, got {decision!r}")
         _check_id("decided_by", decided_by)
+        if comment is not None:
+            text(comment, what="approval comment", max_bytes=self.config.max_payload_bytes)
 
         def decide(job: Job) -> list[ConsumedKey]:
             _check_decision(job, approval_id, decided_by, action_sha256, self.clock.now())
@@ -500,6 +507,7 @@ class Engine:
     ) -> JobView:
         """Lift a job's limits (recorded with who and why); a parked job goes on."""
         _check_id("raised_by", raised_by)
+        text(reason, what="budget raise reason", max_bytes=self.config.max_payload_bytes)
         changes = {
             k: v
             for k, v in {
@@ -529,6 +537,7 @@ class Engine:
         """Terminal. A step still running finishes, but its result is discarded and
         recorded as such; open resume tokens and approvals stop working."""
         _check_id("by", by)
+        text(reason, what="cancel reason", max_bytes=self.config.max_payload_bytes)
 
         def cancel(job: Job) -> list[ConsumedKey]:
             try:
@@ -553,12 +562,11 @@ class Engine:
         jittered back-off (``retry.CONTENTION``): many writers to one job all land,
         instead of the losers being told no. Only contention that outlasts the budget
         (in wall-clock time) is reported, as ConcurrencyError: try again, not refused."""
-        uuid = job_uuid(tenant_id, job_id)
         backoff = retry.CONTENTION
         deadline = time.monotonic() + backoff.budget_seconds
         for attempt in itertools.count(1):
             try:
-                job = self._attempt(uuid, command, deadline)
+                job = self._attempt(tenant_id, job_id, command, deadline)
             except VersionConflict:
                 delay = backoff.delay(attempt)
                 if time.monotonic() + delay > deadline:
@@ -575,16 +583,20 @@ class Engine:
         raise ConcurrencyError(f"job {job_id!r} kept changing; try again")
 
     def _attempt(
-        self, uuid: UUID, command: Callable[[Job], list[ConsumedKey]], deadline: float
+        self,
+        tenant_id: str,
+        job_id: str,
+        command: Callable[[Job], list[ConsumedKey]],
+        deadline: float,
     ) -> Job | None:
         """One load, decide, append (None: no such job). The threads of this process take
         turns at a job, so they never race each other at the database; only another
         process can make the append lose (VersionConflict)."""
-        turn = self._turns[uuid.int % len(self._turns)]
+        turn = self._turns[job_uuid(tenant_id, job_id).int % len(self._turns)]
         if not turn.acquire(timeout=max(0.0, deadline - time.monotonic())):
             raise VersionConflict("other writers in this process held the job throughout")
         try:
-            job = self.store.load(uuid)
+            job = self._fetch(tenant_id, job_id)
             if job is None:
                 return None
             self.store.append(job, *command(job))
@@ -767,6 +779,8 @@ class Engine:
             raise InvalidPayloadError("a forced migration needs who (by) and why (reason)")
         if by is not None:
             _check_id("by", by)
+        if reason is not None:
+            text(reason, what="migration reason", max_bytes=self.config.max_payload_bytes)
         reports: list[ReplayReport] = []
 
         def move(job: Job) -> list[ConsumedKey]:
@@ -795,10 +809,16 @@ class Engine:
         return JobView.of(job), report
 
     def _load(self, tenant_id: str, job_id: str) -> Job:
-        job = self.store.load(job_uuid(tenant_id, job_id))
+        job = self._fetch(tenant_id, job_id)
         if job is None:
             raise UnknownJobError(tenant_id, job_id)
         return job
+
+    def _fetch(self, tenant_id: str, job_id: str) -> Job | None:
+        try:
+            return self.store.load(job_uuid(tenant_id, job_id))
+        except BrokenHistoryError as error:
+            raise error.of(tenant_id, job_id) from None  # the store knows only the uuid
 
     def _report(self, job: Job, event_type: str, **metadata: Any) -> None:
         self.orchestrator.report(job, event_type, **metadata)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from jobledger.redaction import redact
+
 
 class JobLedgerError(Exception):
     """Base class of every error jobledger raises on purpose."""
@@ -46,9 +48,20 @@ class WorkflowNotDeployedError(DeploymentError):
     rolling deploy, a worker not yet (or no longer) carrying that version."""
 
 
+class StoreMissingError(ConfigError):
+    """A command that only reads (or changes a job) was pointed at a store that does not
+    exist: it is never created by such a command, so a typo cannot pass for an empty
+    store."""
+
+
 class StoreUnavailableError(JobLedgerError):
     """The store failed mid-operation. The write may or may not have landed (a commit
     whose acknowledgement was lost): retry, and the retry sees what the store holds."""
+
+    def __init__(self, message: str) -> None:
+        # Its message often quotes the driver's, which may quote the store URL and runs
+        # over several lines (psycopg adds a hint line): one line, password hidden.
+        super().__init__(" ".join(redact(message).split()))
 
     claim_id: str | None = None
     """Set by the orchestrator: the claim the interrupted tick held, for its retry."""
@@ -57,6 +70,25 @@ class StoreUnavailableError(JobLedgerError):
 class StoreUnreachableError(StoreUnavailableError):
     """The store could not be opened at all: unreachable, or refusing these credentials.
     Nothing was attempted; unlike a store lost mid-operation, retrying at once rarely helps."""
+
+
+class BrokenHistoryError(JobLedgerError):
+    """A job's stored events cannot be folded: one is missing, or no longer decodes.
+    Nothing is written on top of it; ``jobledger verify`` says what happened there."""
+
+    def __init__(
+        self, job_uuid: str, version: int, tenant_id: str | None = None, job_id: str | None = None
+    ) -> None:
+        label = f"{tenant_id}/{job_id}" if tenant_id is not None else f"job {job_uuid}"
+        super().__init__(f"history of {label} is broken at v{version} (run jobledger verify)")
+        self.job_uuid = job_uuid
+        self.version = version
+        self.tenant_id = tenant_id
+        self.job_id = job_id
+
+    def of(self, tenant_id: str, job_id: str) -> BrokenHistoryError:
+        """The same error, naming the job as its caller knows it."""
+        return BrokenHistoryError(self.job_uuid, self.version, tenant_id, job_id)
 
 
 class ConcurrencyError(JobLedgerError):

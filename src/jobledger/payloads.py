@@ -1,12 +1,27 @@
-"""Boundary checks for user payloads: JSON objects only, bounded in size."""
+"""Boundary checks for user payloads: JSON objects only, bounded in size, nesting depth and
+integer length; free text bounded like payloads."""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
-from typing import Any
+import math
+import re
+from collections.abc import Callable, Mapping
+from typing import Any, Final
 
 from jobledger.errors import InvalidPayloadError
+
+MAX_DEPTH: Final = 100
+"""How deep arrays and objects may nest: far deeper than any real document, shallow enough
+that no parser or encoder on the way (json, pydantic, the stores) recurses to a crash."""
+MAX_INT_DIGITS: Final = 4300
+"""Python's own limit on converting integers to and from text (the default of
+sys.set_int_max_str_digits): a longer integer could not be read back from the store."""
+_INT_LIMIT: Final = 10**MAX_INT_DIGITS
+# A JSON string (skipped whole, brackets inside it do not count), a bracket, or a quote
+# that opens a string never closed (the rest is that string; the parser will say so).
+_JSON_TOKENS: Final = re.compile(r'"(?:[^"\\]|\\.)*"|[\[\]{}]|"', re.DOTALL)
+_DIGITS_ERROR: Final = re.compile(r"value has (\d+) digits")
 
 
 def json_object(value: Mapping[str, Any] | None, *, what: str, max_bytes: int) -> dict[str, Any]:
@@ -19,6 +34,7 @@ def json_object(value: Mapping[str, Any] | None, *, what: str, max_bytes: int) -
         return {}
     if not isinstance(value, Mapping):
         raise InvalidPayloadError(f"{what} must be a JSON object, got {type(value).__name__}")
+    _check_shape(value, what)
     try:
         encoded = json.dumps(value, allow_nan=False, separators=(",", ":"))
     except (TypeError, ValueError) as error:
@@ -28,3 +44,76 @@ def json_object(value: Mapping[str, Any] | None, *, what: str, max_bytes: int) -
         raise InvalidPayloadError(f"{what} is {size} bytes, over the limit of {max_bytes}")
     decoded: dict[str, Any] = json.loads(encoded)
     return decoded
+
+
+def text(value: object, *, what: str, max_bytes: int) -> str:
+    """Free text (a reason, a comment) bounded like a payload: it is stored in an event."""
+    if not isinstance(value, str):
+        raise InvalidPayloadError(f"{what} must be a string, got {type(value).__name__}")
+    size = len(value.encode(errors="surrogatepass"))
+    if size > max_bytes:
+        raise InvalidPayloadError(f"{what} is {size} bytes, over the limit of {max_bytes}")
+    return value
+
+
+def parse_json(
+    source: str, *, object_pairs_hook: Callable[[list[tuple[str, Any]]], Any] | None = None
+) -> Any:
+    """``json.loads`` that refuses text nested deeper than MAX_DEPTH before parsing it
+    (the parser would recurse to a RecursionError) and says plainly when an integer is
+    too long. Raises json.JSONDecodeError for malformed JSON, InvalidPayloadError (a bare
+    message, for the caller to place) for these two."""
+    depth = 0
+    for token in _JSON_TOKENS.finditer(source):
+        mark = token.group()
+        if mark in "[{":
+            depth += 1
+            if depth > MAX_DEPTH:
+                raise InvalidPayloadError(f"nested deeper than {MAX_DEPTH} levels")
+        elif mark in "]}":
+            depth -= 1
+        elif mark == '"':
+            break
+    try:
+        return json.loads(source, object_pairs_hook=object_pairs_hook)
+    except ValueError as error:
+        found = _DIGITS_ERROR.search(str(error))
+        if isinstance(error, json.JSONDecodeError) or found is None:
+            raise
+        raise InvalidPayloadError(_too_long(int(found.group(1)))) from None
+
+
+def integer_digits(value: int) -> int:
+    """How many decimal digits ``value`` has, without converting it to text."""
+    value = abs(value)
+    if value == 0:
+        return 1
+    estimate = int((value.bit_length() - 1) * math.log10(2)) + 1
+    return estimate + 1 if value >= 10**estimate else estimate
+
+
+def _too_long(digits: int) -> str:
+    return f"an integer of {digits} digits is over the limit of {MAX_INT_DIGITS}"
+
+
+def _check_shape(value: Mapping[str, Any], what: str) -> None:
+    """Depth and integer length, walked without recursion (a deep value must not crash
+    the check meant to refuse it)."""
+    pending: list[tuple[object, int]] = [(value, 1)]
+    while pending:
+        item, depth = pending.pop()
+        if isinstance(item, Mapping):
+            children: Any = item.values()
+        elif isinstance(item, list | tuple):
+            children = item
+        else:
+            if isinstance(item, int) and not isinstance(item, bool) and abs(item) >= _INT_LIMIT:
+                digits = integer_digits(item)
+                raise InvalidPayloadError(
+                    f"{what} holds an integer of {digits} digits, over the limit of "
+                    f"{MAX_INT_DIGITS}"
+                )
+            continue
+        if depth > MAX_DEPTH:
+            raise InvalidPayloadError(f"{what} is nested deeper than {MAX_DEPTH} levels")
+        pending.extend((child, depth + 1) for child in children)

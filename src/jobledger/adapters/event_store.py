@@ -3,17 +3,31 @@
 from __future__ import annotations
 
 import logging
-from typing import Any
+import os
+import re
+from contextlib import nullcontext
+from dataclasses import replace
+from pathlib import Path
+from typing import Any, Literal
+from urllib.parse import quote
 from uuid import UUID
 
 from eventsourcing.application import AggregateNotFoundError, Application
-from eventsourcing.persistence import ApplicationRecorder, EventStore, IntegrityError
+from eventsourcing.domain import OriginatorVersionError
+from eventsourcing.persistence import (
+    ApplicationRecorder,
+    EventStore,
+    IntegrityError,
+    MapperDeserialisationError,
+)
 
 from jobledger.adapters.locks import schema_lock
 from jobledger.adapters.store_errors import STORE_ERRORS, store_errors
 from jobledger.adapters.store_url import StoreLocation
 from jobledger.errors import (
+    BrokenHistoryError,
     DuplicateKeyError,
+    StoreMissingError,
     StoreUnavailableError,
     StoreUnreachableError,
     VersionConflict,
@@ -22,6 +36,11 @@ from jobledger.job import Job
 from jobledger.keys import ConsumedKey
 
 log = logging.getLogger(__name__)
+
+StoreMode = Literal["create", "existing", "read"]
+"""``create``: make the store and its tables if missing (the commands that write jobs).
+``existing``: the store must exist (a SQLite file is never created). ``read``: the store
+must exist and is only read: no lock, no DDL, so a store on read-only media works."""
 
 
 class LedgerPartition(Application[UUID]):
@@ -32,7 +51,10 @@ class LedgerPartition(Application[UUID]):
     what makes both the version compare-and-swap and the at-most-once keys hold.
     """
 
-    def __init__(self, location: StoreLocation, index: int, cache_size: int) -> None:
+    def __init__(
+        self, location: StoreLocation, index: int, cache_size: int, *, create: bool = True
+    ) -> None:
+        self.create_tables = create
         self.table_prefix = f"jobledger_p{index}"
         # The partition's name is its identity in tracking records (one log each).
         self.name = self.table_prefix
@@ -52,7 +74,8 @@ class LedgerPartition(Application[UUID]):
         recorder: ApplicationRecorder = factory.application_recorder_class(
             datastore=factory.datastore, events_table_name=f"{self.table_prefix}_events"
         )
-        recorder.create_table()  # type: ignore[attr-defined]
+        if self.create_tables:
+            recorder.create_table()  # type: ignore[attr-defined]
         return recorder
 
     def construct_snapshot_store(self) -> EventStore[UUID]:
@@ -60,8 +83,31 @@ class LedgerPartition(Application[UUID]):
         recorder = factory.aggregate_recorder_class(
             datastore=factory.datastore, events_table_name=f"{self.table_prefix}_snapshots"
         )
-        recorder.create_table()
+        if self.create_tables:
+            recorder.create_table()
         return EventStore(mapper=self.mapper, recorder=recorder)
+
+    def has_tables(self, *tables: str) -> bool:
+        """Whether these tables (default: this partition's events table) exist in its
+        database, asked of the catalog: a missing table and an unreachable server must
+        not look alike."""
+        factory: Any = self.factory
+        names = tables or (f"{self.table_prefix}_events",)
+        with factory.datastore.transaction(commit=False) as cursor:
+            for name in names:
+                if self.store_kind == "sqlite":
+                    cursor.execute(
+                        "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (name,)
+                    )
+                else:
+                    cursor.execute(
+                        "SELECT 1 FROM pg_catalog.pg_tables "
+                        "WHERE schemaname = %s AND tablename = %s",
+                        (factory.datastore.schema, name),
+                    )
+                if cursor.fetchone() is None:
+                    return False
+        return True
 
 
 class EventSourcedJobStore:
@@ -77,16 +123,25 @@ class EventSourcedJobStore:
         partitions: int = 1,
         cache_size: int = 10_000,
         snapshot_interval: int = 100,
+        mode: StoreMode = "create",
     ) -> None:
         self.location = location
         self.snapshot_interval = snapshot_interval
+        self.read_only = mode == "read"
+        if location.is_sqlite and mode != "create":
+            _require_file(location)
+        # Concurrent CREATE ... IF NOT EXISTS can still collide in PostgreSQL's catalog, so
+        # processes starting together create the tables one at a time. A read takes the
+        # advisory lock too (it waits out a creation in progress, and its connection says
+        # plainly why a server is unreachable), but never SQLite's: that lock is a file.
+        skip_lock = self.read_only and location.is_sqlite
         try:
-            # Concurrent CREATE ... IF NOT EXISTS can still collide in PostgreSQL's
-            # catalog, so processes starting together create the tables one at a time.
-            with schema_lock(location):
-                self.partitions = [
-                    LedgerPartition(location, index, cache_size) for index in range(partitions)
-                ]
+            with nullcontext() if skip_lock else schema_lock(location):
+                if self.read_only:
+                    self.partitions = _open(_for_reading(location), partitions, cache_size, False)
+                    _require_tables(location, self.partitions)
+                else:
+                    self.partitions = _open(location, partitions, cache_size, True)
         except STORE_ERRORS as error:
             raise StoreUnreachableError(f"cannot open the {location.kind} store: {error}") from None
 
@@ -101,6 +156,10 @@ class EventSourcedJobStore:
             job: object = self.partition(job_uuid).repository.get(job_uuid)
         except AggregateNotFoundError:
             return None
+        except (OriginatorVersionError, MapperDeserialisationError) as error:
+            # A gap (a deleted event) or a row that no longer decodes: the job cannot be
+            # folded, and nothing may be written on top of it.
+            raise BrokenHistoryError(str(job_uuid), _broken_at(error)) from None
         assert isinstance(job, Job)
         return job
 
@@ -147,7 +206,10 @@ class EventSourcedJobStore:
 
     @store_errors("reading events")
     def events(self, job_uuid: UUID, *, to_version: int | None = None) -> list[Job.Event]:
-        stored = list(self.partition(job_uuid).events.get(job_uuid, lte=to_version))
+        try:
+            stored = list(self.partition(job_uuid).events.get(job_uuid, lte=to_version))
+        except MapperDeserialisationError as error:
+            raise BrokenHistoryError(str(job_uuid), _broken_at(error)) from None
         return [event for event in stored if isinstance(event, Job.Event)]
 
     # ---- the steps of an append --------------------------------------------------------
@@ -180,3 +242,62 @@ class EventSourcedJobStore:
     def close(self) -> None:
         for partition in self.partitions:
             partition.close()
+
+
+_STORED_VERSION = re.compile(r"originator_version (\d+)")
+
+
+def _broken_at(error: OriginatorVersionError | MapperDeserialisationError) -> int:
+    """The first version that cannot be folded."""
+    if isinstance(error, OriginatorVersionError):
+        return int(error.args[1])  # (the version found, the version expected)
+    found = _STORED_VERSION.search(str(error))  # eventsourcing names it only in the text
+    return int(found.group(1)) if found else 0
+
+
+# ---- opening ----------------------------------------------------------------------------
+
+
+def _open(
+    location: StoreLocation, partitions: int, cache_size: int, create: bool
+) -> list[LedgerPartition]:
+    return [
+        LedgerPartition(location, index, cache_size, create=create) for index in range(partitions)
+    ]
+
+
+def _require_file(location: StoreLocation) -> None:
+    """Only the commands that write jobs create a SQLite store: for the others a missing
+    file is a mistake (a typo must not audit as an empty, intact store)."""
+    path = location.env["SQLITE_DBNAME"]
+    if not os.path.isfile(path):
+        raise StoreMissingError(f"no store at {path} (no such file)")
+
+
+def _require_tables(location: StoreLocation, partitions: list[LedgerPartition]) -> None:
+    if all(partition.has_tables() for partition in partitions):
+        return
+    if location.is_sqlite:
+        raise StoreMissingError(
+            f"no store at {location.env['SQLITE_DBNAME']} (no jobledger tables)"
+        )
+    env = location.env
+    schema = env.get("POSTGRES_SCHEMA", "public")
+    raise StoreMissingError(
+        f"no store in schema {schema!r} of database {env['POSTGRES_DBNAME']!r} on "
+        f"{env['POSTGRES_HOST']} (no jobledger tables)"
+    )
+
+
+def _for_reading(location: StoreLocation) -> StoreLocation:
+    """A SQLite file in a directory we cannot write (read-only media, an evidence copy) is
+    opened ``mode=ro&immutable=1``: SQLite could not create the WAL index beside it, and
+    immutable tells it no other process changes the file, so it needs none. Elsewhere an
+    ordinary connection that writes nothing leaves no trace (its WAL files go on close)."""
+    if not location.is_sqlite:
+        return location
+    path = Path(location.env["SQLITE_DBNAME"]).resolve()
+    if os.access(path.parent, os.W_OK) and os.access(path, os.W_OK):
+        return location
+    uri = f"file:{quote(path.as_posix())}?mode=ro&immutable=1"
+    return replace(location, env={**location.env, "SQLITE_DBNAME": uri})

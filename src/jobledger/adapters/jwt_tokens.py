@@ -6,15 +6,35 @@ import hashlib
 import secrets
 from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Annotated, Any
 
 import jwt
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, ValidationError
 
 from jobledger.errors import ExpiredTokenError, InvalidTokenError
 from jobledger.ports import IssuedToken, TokenClaims
 from jobledger.views import JobView
 
 REQUIRED_CLAIMS = ["iss", "aud", "exp", "iat", "jti", "tid", "job", "step", "evt", "wfv"]
+MAX_TOKEN_LENGTH = 4096
+"""Ours are about 400 characters; anything far longer is not one of them."""
+_LAST_MOMENT = 253_402_300_799
+"""9999-12-31T23:59:59Z, the last second a datetime can hold."""
+
+
+class _Claims(BaseModel):
+    """The claims a genuine token carries, with their types: a correctly signed token
+    holding anything else (a key that signed a bad payload) is refused, not crashed on."""
+
+    model_config = ConfigDict(extra="ignore", strict=True)
+
+    tid: StrictStr
+    job: StrictStr
+    step: StrictInt
+    evt: StrictStr
+    wfv: StrictInt
+    jti: StrictStr
+    exp: Annotated[StrictInt, Field(ge=0, le=_LAST_MOMENT)]
 
 
 class JwtResumeTokens:
@@ -79,27 +99,33 @@ class JwtResumeTokens:
         )
 
     def verify(self, token: str, *, now: datetime) -> TokenClaims:
-        claims = self._decode(token)
-        expires_at = datetime.fromtimestamp(claims["exp"], UTC)
+        claims = _typed(self._decode(token))
+        expires_at = datetime.fromtimestamp(claims.exp, UTC)
         # Expiry is judged on the engine's clock, not the host's, so fake clocks and
         # replays agree with production.
         if expires_at <= now:
             raise ExpiredTokenError(f"resume token expired at {expires_at.isoformat()}")
         return TokenClaims(
-            tenant_id=str(claims["tid"]),
-            job_id=str(claims["job"]),
-            step_number=int(claims["step"]),
-            event_name=str(claims["evt"]),
-            workflow_version=int(claims["wfv"]),
-            nonce=str(claims["jti"]),
+            tenant_id=claims.tid,
+            job_id=claims.job,
+            step_number=claims.step,
+            event_name=claims.evt,
+            workflow_version=claims.wfv,
+            nonce=claims.jti,
             expires_at=expires_at,
         )
 
     def _decode(self, token: str) -> dict[str, Any]:
+        if len(token) > MAX_TOKEN_LENGTH:
+            raise InvalidTokenError(
+                f"resume token is {len(token)} characters, over the limit of {MAX_TOKEN_LENGTH}"
+            )
         try:
             header = jwt.get_unverified_header(token)
-        except jwt.PyJWTError as error:
-            raise InvalidTokenError(f"resume token is malformed: {error}") from None
+        except (jwt.PyJWTError, RecursionError) as error:
+            # A header nested thousands deep makes the JSON parser recurse out.
+            reason = "nested too deep" if isinstance(error, RecursionError) else error
+            raise InvalidTokenError(f"resume token is malformed: {reason}") from None
         key = self.keys.get(str(header.get("kid")))
         if key is None:
             raise InvalidTokenError(f"resume token names an unknown key id {header.get('kid')!r}")
@@ -117,3 +143,24 @@ class JwtResumeTokens:
         except jwt.PyJWTError as error:
             raise InvalidTokenError(f"resume token rejected: {error}") from None
         return decoded
+
+
+def _typed(claims: dict[str, Any]) -> _Claims:
+    try:
+        return _Claims.model_validate(claims)
+    except ValidationError as error:
+        problems = "; ".join(_claim_problem(detail) for detail in error.errors())
+        raise InvalidTokenError(f"resume token claims are invalid: {problems}") from None
+
+
+def _claim_problem(detail: Any) -> str:
+    name = ".".join(str(part) for part in detail["loc"])
+    kind = detail["type"]
+    if kind == "missing":
+        return f"{name}: required"
+    if kind == "less_than_equal":
+        return f"{name}: must be at most {detail['ctx']['le']}"
+    if kind == "greater_than_equal":
+        return f"{name}: must be at least {detail['ctx']['ge']}"
+    what = "an integer" if kind.startswith("int") else "a string"
+    return f"{name}: must be {what}"

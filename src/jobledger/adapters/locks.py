@@ -51,7 +51,11 @@ def schema_lock(location: StoreLocation) -> Iterator[None]:
     beside a SQLite file (switching a new file to WAL fails at once, without waiting, if
     another process is doing the same)."""
     if location.is_sqlite:
-        fd = os.open(f"{location.env['SQLITE_DBNAME']}.schema.lock", os.O_RDWR | os.O_CREAT, 0o644)
+        path = f"{location.env['SQLITE_DBNAME']}.schema.lock"
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as error:  # a read-only directory, say: a store error, not a crash
+            raise OperationalError(f"cannot open the lock file {path}: {error.strerror}") from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
             yield

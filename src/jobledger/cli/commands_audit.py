@@ -26,7 +26,7 @@ from jobledger.audit.errors import ReplayError
 from jobledger.audit.log import events_of, read_jobs
 from jobledger.audit.tamper import JobCheck, VerifyReport, take_anchor, verify_one, verify_store
 from jobledger.cli import output
-from jobledger.cli.params import JobId, Tenant
+from jobledger.cli.params import LARGEST, JobId, Tenant
 from jobledger.cli.session import ConfigOption, Exit, JsonFlag, StoreOption, open_engine
 from jobledger.engine import Engine
 from jobledger.identity import job_uuid
@@ -89,7 +89,7 @@ def replay(
     _one_or_all(tenant, job, all_jobs)
     if (statuses or only_tenant) and not all_jobs:
         raise typer.BadParameter("--status and --tenant go with --all")
-    with open_engine(store, config, purpose="replay") as engine:
+    with open_engine(store, config, purpose="replay", mode="read") as engine:
         if not all_jobs:
             assert tenant is not None and job is not None
             report = engine.replay(tenant, job, target)
@@ -126,7 +126,10 @@ def migrate(
     tenant: Tenant,
     job: JobId,
     to_version: Annotated[
-        int, typer.Option("--to-version", metavar="V", min=1, help="The definition version.")
+        int,
+        typer.Option(
+            "--to-version", metavar="V", min=1, max=LARGEST, help="The definition version."
+        ),
     ],
     force: Annotated[
         bool, typer.Option("--force", help="Move even if replay diverges (needs --by, --reason).")
@@ -309,7 +312,7 @@ def verify(
     """
     _one_or_all(tenant, job, all_jobs)
     anchor_log = read_anchors(anchors) if anchors is not None else None
-    with open_engine(store, config, purpose="verify") as engine:
+    with open_engine(store, config, purpose="verify", mode="read") as engine:
         if all_jobs:
             with _progress(not json) as progress:
                 task = progress.add_task("verifying", total=None)
@@ -357,7 +360,7 @@ def anchor(
     """
     previous = read_anchors(file) if file.exists() else None
     with (
-        open_engine(store, config, purpose="anchor") as engine,
+        open_engine(store, config, purpose="anchor", mode="read") as engine,
         _progress(not json) as progress,
     ):
         task = progress.add_task("verifying", total=None)
@@ -468,7 +471,7 @@ def export(
     if chosen != 1 or (tenant is None) != (job is None):
         raise typer.BadParameter("give TENANT JOB, or --tenant T, or --all")
     selection = exporting.Selection(tenant_id=tenant or only_tenant, job_id=job)
-    with open_engine(store, config, purpose="export") as engine:
+    with open_engine(store, config, purpose="export", mode="read") as engine:
         summary = exporting.export_jobs(_store(engine), sys.stdout, selection, engine.clock.now())
     sys.stderr.write(f"exported {summary.jobs} job(s), {summary.events} events\n")
     if summary.broken:
@@ -495,7 +498,7 @@ def import_(
     keys they consumed. Refuses, writing nothing, a file whose chains or manifest do not
     verify, or a store that is not empty.
     """
-    with open_engine(store, config, purpose="import") as engine:
+    with open_engine(store, config, purpose="import", mode="create") as engine:
         summary = exporting.import_file(_store(engine), file)
     if json:
         output.print_json(summary)

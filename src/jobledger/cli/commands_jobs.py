@@ -10,7 +10,14 @@ import typer
 
 from jobledger.adapters.event_store import EventSourcedJobStore
 from jobledger.cli import output
-from jobledger.cli.params import BudgetOption, InputOption, JobId, Tenant, parse_moment
+from jobledger.cli.params import (
+    LARGEST,
+    BudgetOption,
+    InputOption,
+    JobId,
+    Tenant,
+    parse_moment,
+)
 from jobledger.cli.session import ConfigOption, Exit, JsonFlag, Outside, StoreOption, open_engine
 from jobledger.engine import Engine
 from jobledger.identity import job_uuid
@@ -24,7 +31,9 @@ def submit(
     workflow: Annotated[str, typer.Argument(metavar="WORKFLOW", help="Workflow type.")],
     version: Annotated[
         int | None,
-        typer.Option("--version", min=1, help="Definition version (default: the newest)."),
+        typer.Option(
+            "--version", min=1, max=LARGEST, help="Definition version (default: the newest)."
+        ),
     ] = None,
     input: InputOption = None,
     budget: BudgetOption = None,
@@ -41,7 +50,7 @@ def submit(
     Submitting the same job again, or with a used idempotency key, returns the existing
     job unchanged (a different request for the same job is refused).
     """
-    with open_engine(store, config, purpose="submit", definitions=True) as engine:
+    with open_engine(store, config, purpose="submit", definitions=True, mode="create") as engine:
         view = engine.submit(
             tenant,
             job,
@@ -59,7 +68,12 @@ def show(
     job: JobId,
     at_version: Annotated[
         int | None,
-        typer.Option("--at-version", metavar="N", help="The job as it was after event N."),
+        typer.Option(
+            "--at-version",
+            metavar="N",
+            max=LARGEST,
+            help="The job as it was after event N.",
+        ),
     ] = None,
     at: Annotated[
         datetime | None,
@@ -80,7 +94,7 @@ def show(
     """
     if at_version is not None and at is not None:
         raise typer.BadParameter("give --at-version or --at, not both")
-    with open_engine(store, config, purpose="show") as engine:
+    with open_engine(store, config, purpose="show", mode="read") as engine:
         if at_version is None and at is None:
             view = engine.job(tenant, job)
         else:
@@ -106,7 +120,7 @@ def history(
     token's nonce, the signal id, the cost ceiling or a timeout. Exits 1 if the hash
     chain is broken.
     """
-    with open_engine(store, config, purpose="history") as engine:
+    with open_engine(store, config, purpose="history", mode="read") as engine:
         entries = engine.history(tenant, job)
         broken = engine.verify(tenant, job)
     if json:

@@ -23,10 +23,12 @@ from rich.table import Table
 from jobledger.adapters.event_store import EventSourcedJobStore
 from jobledger.cli import output
 from jobledger.cli.config_file import load_settings
+from jobledger.cli.params import LARGEST
 from jobledger.cli.session import ConfigOption, JsonFlag, StoreOption, open_engine
 from jobledger.engine import Engine
 from jobledger.errors import JobLedgerError
 from jobledger.ports import BlockedNote
+from jobledger.redaction import redact
 from jobledger.runner import EmbeddedRunner, RunnerSettings
 from jobledger.status import JobStatus
 
@@ -56,14 +58,16 @@ def list_jobs(
         typer.Option("--status", help="Comma-separated statuses, e.g. waiting_event,failed."),
     ] = None,
     workflow: Annotated[str | None, typer.Option("--workflow", help="Workflow type.")] = None,
-    limit: Annotated[int, typer.Option("--limit", min=1, help="At most this many rows.")] = 100,
+    limit: Annotated[
+        int, typer.Option("--limit", min=1, max=LARGEST, help="At most this many rows.")
+    ] = 100,
     store: StoreOption = None,
     config: ConfigOption = None,
     json: JsonFlag = False,
 ) -> None:
     """List jobs from the status view (brought up to date with the log first)."""
     statuses = _statuses(status)
-    with open_engine(store, config, purpose="list") as engine:
+    with open_engine(store, config, purpose="list", mode="read") as engine:
         views = _views(engine)
         views.catch_up()
         rows = views.jobs(tenant_id=tenant, status_in=statuses, workflow_type=workflow, limit=limit)
@@ -156,10 +160,10 @@ def projections_run(
         from jobledger.kafka_runner import KafkaRunnerSettings
 
         settings = KafkaRunnerSettings(workers=0, projections=True, outbox=True)
-        with open_engine(store, config, purpose="projections run") as engine:
+        with open_engine(store, config, purpose="projections run", mode="create") as engine:
             _run_kafka(engine, settings, "projections")
         return
-    with open_engine(store, config, purpose="projections run") as engine:
+    with open_engine(store, config, purpose="projections run", mode="create") as engine:
         runner = ProjectionRunner(_views(engine))
         with _stop_on_signals(runner.stop):
             output.console().print("projections: following the log (Ctrl-C to stop)")
@@ -189,7 +193,7 @@ def projections_status(
 ) -> None:
     """How far each partition's views (and, with the kafka transport, the outbox) are
     behind the log."""
-    with open_engine(store, config, purpose="projections status") as engine:
+    with open_engine(store, config, purpose="projections status", mode="read") as engine:
         views = _views(engine)
         lag = views.lag()
         if engine.config.transport == "kafka":
@@ -214,7 +218,9 @@ def _run(
     store: str | None, config: Any, settings: RunnerSettings, name: str, transport: str | None
 ) -> None:
     with (
-        open_engine(store, config, purpose=name, definitions=True, executor=True) as engine,
+        open_engine(
+            store, config, purpose=name, definitions=True, executor=True, mode="create"
+        ) as engine,
         _reload_on_sighup(engine, load_settings(config, store).definitions),
     ):
         if _use_transport(engine, transport) == "kafka":
@@ -232,7 +238,7 @@ def _run(
         runner = EmbeddedRunner(engine, settings)
         output.console().print(
             f"jobledger {name}: {settings.workers} worker(s) on "
-            f"{output.redact(engine.config.store_url)} (Ctrl-C to stop)"
+            f"{redact(engine.config.store_url)} (Ctrl-C to stop)"
         )
         with _stop_on_signals(runner.stopping.set):
             runner.run()
@@ -277,7 +283,7 @@ def _run_kafka(engine: Engine, settings: Any, name: str) -> None:
     ]
     output.console().print(
         f"jobledger {name}: {', '.join(p for p in parts if p)} on "
-        f"{output.redact(engine.config.store_url)} and Kafka at "
+        f"{redact(engine.config.store_url)} and Kafka at "
         f"{engine.config.kafka_bootstrap_servers} (Ctrl-C to stop)"
     )
     with _stop_on_signals(runner.stopping.set):

@@ -64,6 +64,8 @@ def read_config_file(path: Path) -> dict[str, Any]:
         raise ConfigError(f"cannot read config file {str(path)!r}: {error.strerror}") from None
     except tomllib.TOMLDecodeError as error:
         raise ConfigError(f"config file {str(path)!r} is not valid TOML: {error}") from None
+    except RecursionError:  # tomllib recurses into nested arrays and tables
+        raise ConfigError(f"config file {str(path)!r} is not valid TOML: nested too deep") from None
 
 
 def engine_config(values: dict[str, Any], source: Path | None) -> EngineConfig:

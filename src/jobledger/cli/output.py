@@ -13,7 +13,6 @@ from decimal import Decimal
 from enum import Enum
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 from uuid import UUID
 
 from rich.console import Console
@@ -72,16 +71,6 @@ def when(moment: datetime | None) -> str:
         return "-"
     text = moment.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]
     return (text[:-4] if text.endswith(".000") else text) + " UTC"
-
-
-def redact(url: str) -> str:
-    """A store URL safe to print: its password replaced by ``***``."""
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    userinfo, _, host = parts.netloc.rpartition("@")
-    user = userinfo.partition(":")[0]
-    return urlunsplit(parts._replace(netloc=f"{user}:***@{host}"))
 
 
 def money(amount: Decimal | str | int | float) -> str:

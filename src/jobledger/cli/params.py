@@ -10,6 +10,13 @@ from typing import Annotated, Any
 
 import typer
 
+from jobledger.errors import InvalidPayloadError
+from jobledger.payloads import parse_json
+
+LARGEST: int = 2**63 - 1
+"""The largest number a store holds (SQLite INTEGER, PostgreSQL bigint): the upper bound
+of every count and version option, so a huge one is a usage error, not a crash."""
+
 
 class JsonObject(dict[str, Any]):
     """A JSON object read from an option (``'{"a": 1}'``, ``@file.json`` or ``@-``)."""
@@ -31,10 +38,12 @@ def read_value(value: str) -> str:
 def parse_json_object(value: str) -> JsonObject:
     text = read_value(value)
     try:
-        data = json.loads(text)
+        data = parse_json(text)
     except json.JSONDecodeError as error:
         where = f"line {error.lineno} column {error.colno}"
         raise typer.BadParameter(f"not valid JSON: {error.msg} at {where}") from None
+    except InvalidPayloadError as error:  # nested too deep, an integer too long
+        raise typer.BadParameter(str(error)) from None
     if not isinstance(data, dict):
         raise typer.BadParameter(f"must be a JSON object, got {type(data).__name__}")
     return JsonObject(data)

@@ -13,10 +13,12 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 from eventsourcing.persistence import PersistenceError
 
+from jobledger.adapters.event_store import StoreMode
 from jobledger.adapters.notifier import MemoryNotifier
 from jobledger.cli.config_file import Settings, load_executor, load_settings
 from jobledger.engine import Engine
 from jobledger.errors import (
+    BrokenHistoryError,
     ConcurrencyError,
     ConfigError,
     DuplicateKeyError,
@@ -25,6 +27,7 @@ from jobledger.errors import (
     StoreUnreachableError,
 )
 from jobledger.ports import Notifier, StepExecutor
+from jobledger.redaction import redact
 from jobledger.registry import FunctionRegistry
 
 if TYPE_CHECKING:
@@ -46,7 +49,7 @@ class Exit(IntEnum):
 
 
 def exit_code(error: JobLedgerError | PersistenceError) -> Exit:
-    if isinstance(error, ConfigError | StoreUnreachableError):
+    if isinstance(error, ConfigError | StoreUnreachableError | BrokenHistoryError):
         return Exit.UNAVAILABLE
     if isinstance(error, DuplicateKeyError):
         return Exit.REFUSED  # a used key is an answer, not a race to run again
@@ -58,9 +61,9 @@ def exit_code(error: JobLedgerError | PersistenceError) -> Exit:
 def report_error(error: JobLedgerError | PersistenceError) -> Exit:
     """``error: <message>`` on stderr, no traceback; the exit code for it."""
     code = exit_code(error)
-    message = str(error)
+    message = redact(str(error))  # a driver's message may quote the store URL
     if isinstance(error, PersistenceError):
-        message = f"store error: {message}"
+        message = f"store error: {' '.join(message.split())}"  # the driver's, on one line
     sys.stderr.write(f"error: {message}\n")
     return code
 
@@ -95,17 +98,20 @@ Outside = MemoryNotifier
 
 @contextmanager
 def open_engine(
-    store: str | None,
+    store_url: str | None,
     config: Path | None,
     *,
     purpose: str,
     definitions: bool = False,
     executor: bool = False,
     notifier: Notifier | None = None,
+    mode: StoreMode = "existing",
 ) -> Iterator[Engine]:
     """An engine on the configured store, closed afterwards. ``definitions`` and
-    ``executor`` say whether the command needs them (only then are they loaded)."""
-    settings = load_settings(config, store)
+    ``executor`` say whether the command needs them (only then are they loaded).
+    ``mode``: only the commands that write jobs create a store; the ones that only read
+    say ``read`` (no lock, no DDL)."""
+    settings = load_settings(config, store_url)
     # Commands that run no step need no definitions (loading them costs start-up time).
     registry = _registry(settings, purpose) if definitions else FunctionRegistry()
     engine = Engine.open(
@@ -113,6 +119,7 @@ def open_engine(
         executor=_executor(settings, purpose) if executor else None,
         config=settings.engine,
         notifier=notifier,
+        store_mode=mode,
     )
     try:
         yield engine

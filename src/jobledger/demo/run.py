@@ -25,13 +25,14 @@ from rich.text import Text
 from jobledger.adapters.clock import FakeClock
 from jobledger.adapters.notifier import MemoryNotifier
 from jobledger.adapters.ops import MemoryOps
-from jobledger.cli.output import history_table, money, redact, when
+from jobledger.cli.output import history_table, money, when
 from jobledger.config import EngineConfig
 from jobledger.demo import field_notes, mission_document
 from jobledger.demo.agent import DemoAgent, EffectsLedger, SimulatedCrash, words
 from jobledger.demo.outside import REVIEWER, fact_check
 from jobledger.engine import Engine
 from jobledger.errors import TokenReplayedError
+from jobledger.redaction import redact
 from jobledger.status import JobStatus
 from jobledger.views import HistoryEntry
 from jobledger.workflows import DefinitionRegistry, parse_definition

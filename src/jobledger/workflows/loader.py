@@ -18,6 +18,8 @@ import yaml
 from pydantic import ValidationError
 from pydantic_core import ErrorDetails
 
+from jobledger.errors import InvalidPayloadError
+from jobledger.payloads import MAX_DEPTH, MAX_INT_DIGITS, parse_json
 from jobledger.workflows.definition import (
     STEP_KINDS,
     DefinitionError,
@@ -26,6 +28,11 @@ from jobledger.workflows.definition import (
 )
 
 SUFFIXES: Final = (".yaml", ".yml", ".json")
+MAX_FILE_BYTES: Final = 1024 * 1024
+"""A definition is a few kilobytes; a bigger file is a mistake or an attack."""
+MAX_NODES: Final = 100_000
+"""How many values a YAML document may hold once its aliases are expanded: a few hundred
+bytes of aliases of aliases can otherwise stand for billions (the "billion laughs")."""
 _CYCLE_HINT: Final = "set max_visits on one of its steps, or gate it with await_approval/wait_event"
 
 
@@ -53,6 +60,8 @@ def load_definitions(path: str | Path) -> list[WorkflowDefinition]:
 def parse_definition(text: str, source: str) -> WorkflowDefinition:
     """Parse one document (JSON if ``source`` ends in .json, else YAML), validate its
     fields, then its graph. ``source`` names it in error messages."""
+    if len(text) > MAX_FILE_BYTES:
+        raise DefinitionError([problem(source, _too_big(len(text.encode())))])
     data = _parse_json(text, source) if source.endswith(".json") else _parse_yaml(text, source)
     if not isinstance(data, dict):
         found = "nothing" if data is None else type(data).__name__
@@ -95,15 +104,81 @@ def _definition_files(directory: Path) -> list[Path]:
 
 def _read(file: Path) -> str:
     try:
+        size = file.stat().st_size
+        if size > MAX_FILE_BYTES:  # never read it whole
+            raise DefinitionError([problem(file.name, _too_big(size))])
         return file.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as error:
         raise DefinitionError([problem(file.name, f"cannot read: {error}")]) from None
 
 
+def _too_big(size: int) -> str:
+    return f"the file is {size} bytes, over the limit of {MAX_FILE_BYTES}"
+
+
 class _DefinitionLoader(yaml.SafeLoader):
     """A SafeLoader that refuses a key given twice in one mapping (YAML would keep the
     last), and reads only true/false as booleans, as YAML 1.2 does: a step named ``no``
-    or a value ``on`` stays a string."""
+    or a value ``on`` stays a string.
+
+    It also bounds the work: nesting deeper than MAX_DEPTH (the composer recurses), more
+    than MAX_NODES values once aliases are expanded (counted per node as it is composed,
+    an alias adding the size of what it names: the bomb is refused before anything is
+    expanded), and integers too long to convert."""
+
+    def __init__(self, stream: str) -> None:
+        super().__init__(stream)
+        self._depth = 0
+        self._measured: dict[int, tuple[int, int]] = {}
+        """id(node) -> (values once expanded, height); an alias returns its anchor's node."""
+
+    def compose_node(self, parent: yaml.Node | None, index: int) -> yaml.Node | None:
+        self._depth += 1
+        try:
+            if self._depth > MAX_DEPTH:
+                event: yaml.Event = self.peek_event()  # type: ignore[no-untyped-call]
+                raise _too_much(f"nested deeper than {MAX_DEPTH} levels", event.start_mark)
+            node = super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
+        if node is None:
+            return None
+        size, height = self._measure(node)
+        if self._depth + height > MAX_DEPTH:  # an alias of a deep value, placed deep
+            raise _too_much(f"nested deeper than {MAX_DEPTH} levels", node.start_mark)
+        if size > MAX_NODES:
+            problem = f"the document expands to more than {MAX_NODES} nodes"
+            raise _too_much(f"{problem} (aliases repeated too often)", node.start_mark)
+        return node
+
+    def _measure(self, node: yaml.Node) -> tuple[int, int]:
+        known = self._measured.get(id(node))
+        if known is not None:
+            return known
+        children: list[yaml.Node] = []
+        if isinstance(node, yaml.SequenceNode):
+            children = list(node.value)
+        elif isinstance(node, yaml.MappingNode):
+            children = [part for pair in node.value for part in pair]
+        # Every child went through compose_node first, so it is measured already.
+        measured = [self._measured[id(child)] for child in children]
+        size = 1 + sum(child_size for child_size, _ in measured)
+        height = 1 + max((child_height for _, child_height in measured), default=0)
+        self._measured[id(node)] = (size, height)
+        return size, height
+
+    def construct_yaml_int(self, node: yaml.ScalarNode) -> int:
+        try:
+            return super().construct_yaml_int(node)
+        except ValueError:
+            digits = len(str(self.construct_scalar(node)).lstrip("+-").replace("_", ""))
+            message = f"an integer of {digits} digits is over the limit of {MAX_INT_DIGITS}"
+            raise yaml.constructor.ConstructorError(None, None, message, node.start_mark) from None
+
+
+def _too_much(problem: str, where: Any) -> yaml.composer.ComposerError:
+    """``where``: the mark of the node or event refused."""
+    return yaml.composer.ComposerError(None, None, problem, where)
 
 
 def _unique_mapping(loader: yaml.SafeLoader, node: yaml.MappingNode) -> dict[Any, Any]:
@@ -122,6 +197,7 @@ def _unique_mapping(loader: yaml.SafeLoader, node: yaml.MappingNode) -> dict[Any
 
 _BOOL_TAG: Final = "tag:yaml.org,2002:bool"
 _DefinitionLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _unique_mapping)
+_DefinitionLoader.add_constructor("tag:yaml.org,2002:int", _DefinitionLoader.construct_yaml_int)
 _DefinitionLoader.yaml_implicit_resolvers = {
     first: [(tag, pattern) for tag, pattern in resolvers if tag != _BOOL_TAG]
     for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
@@ -158,11 +234,11 @@ def _unique_object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
 
 def _parse_json(text: str, source: str) -> object:
     try:
-        return json.loads(text, object_pairs_hook=_unique_object)
+        return parse_json(text, object_pairs_hook=_unique_object)
     except json.JSONDecodeError as error:
         where = f"at line {error.lineno}, column {error.colno}"
         raise DefinitionError([problem(source, f"malformed JSON {where}: {error.msg}")]) from None
-    except ValueError as error:
+    except (InvalidPayloadError, ValueError) as error:
         raise DefinitionError([problem(source, f"malformed JSON: {error}")]) from None
 
 
