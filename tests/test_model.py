@@ -216,7 +216,6 @@ class CrashingStore:
                 raise WorkerCrash("died right after a successful append")
 
 
-
 @dataclass
 class Worker:
     engine: Engine

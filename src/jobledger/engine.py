@@ -62,6 +62,7 @@ from jobledger.ports import (
     Cost,
     IssuedToken,
     JobStore,
+    Leases,
     Notifier,
     Ops,
     OpsEvent,
@@ -112,6 +113,7 @@ class Engine:
         cost: Cost | None = None,
         tokens: ResumeTokens | None = None,
         notifier: Notifier | None = None,
+        leases: Leases | None = None,
     ) -> None:
         self.store = store
         self.queue = queue
@@ -135,6 +137,7 @@ class Engine:
             cost=cost,
             tokens=tokens,
             notifier=notifier,
+            leases=leases,
         )
 
     @classmethod
@@ -188,6 +191,7 @@ class Engine:
             cost=cost if cost is not None else LogSpend(store),
             tokens=tokens,
             notifier=notifier,
+            leases=store.leases,
         )
 
     # ---- submitting ------------------------------------------------------------------

@@ -9,6 +9,7 @@ from uuid import UUID
 from eventsourcing.application import AggregateNotFoundError, Application
 from eventsourcing.persistence import ApplicationRecorder, EventStore, IntegrityError
 
+from jobledger.adapters.leases import LeaseTable
 from jobledger.adapters.locks import schema_lock
 from jobledger.adapters.store_errors import STORE_ERRORS, store_errors
 from jobledger.adapters.store_url import StoreLocation
@@ -87,6 +88,9 @@ class EventSourcedJobStore:
                 self.partitions = [
                     LedgerPartition(location, index, cache_size) for index in range(partitions)
                 ]
+                # The heartbeat-renewed leases: one table per store, in its own database.
+                self.leases = LeaseTable(getattr(self.partitions[0].factory, "datastore"))  # noqa: B009
+                self.leases.create_table()
         except STORE_ERRORS as error:
             raise StoreUnreachableError(f"cannot open the {location.kind} store: {error}") from None
 
