@@ -16,7 +16,7 @@ from uuid import UUID, uuid4
 import pytest
 from projections import JobViews
 
-from conftest import CountingExecutor, EngineFactory, agent_steps
+from conftest import CountingExecutor, EngineFactory, agent_steps, default_registry
 from jobledger import (
     Engine,
     FunctionRegistry,
@@ -32,7 +32,9 @@ from jobledger.adapters.leases import LeaseTable
 from jobledger.adapters.local_queue import LocalQueue
 from jobledger.adapters.locks import lock_for
 from jobledger.adapters.ops import MemoryOps
+from jobledger.audit.errors import MigrationRefusedError
 from jobledger.identity import job_uuid, step_key
+from jobledger.job import Job
 from jobledger.ports import Lease
 from jobledger.reconciler import Reconciler
 
@@ -302,6 +304,27 @@ def test_a_worker_whose_heartbeat_stalled_past_its_lease_loses_to_the_take_over(
     assert executor.calls == {step_key(JOB, 1): 2}
 
 
+def claimed_by_hand(engine: Engine, clock: FakeClock) -> Job:
+    """A job running a step (claim "busy", a 0.3 s Claimed lease) of a worker elsewhere."""
+    engine.submit(TENANT, JOB, "agent3")
+    job = engine.store.load(job_uuid(TENANT, JOB))
+    assert job is not None
+    job.claim(
+        worker_id="w-busy",
+        claim_id="busy",
+        lease_until=clock.now() + timedelta(milliseconds=300),
+        reason="test",
+        now=clock.now(),
+    )
+    engine.store.append(job)
+    return job
+
+
+def beat(job: Job, clock: FakeClock) -> Lease:
+    """The busy worker's heartbeat: its lease for one more second."""
+    return Lease(job.id, "busy", "w-busy", job.version, clock.now() + timedelta(seconds=1))
+
+
 # ---- the reconciler sees the heartbeat -------------------------------------------------------
 
 
@@ -311,19 +334,9 @@ def test_the_reconciler_leaves_a_running_job_with_a_live_heartbeat_alone(
     """Past its Claimed lease but with a live lease row of its claim, a running job is not
     due; once the row lapses too (its worker died) it is."""
     engine = make_engine(config={"lease_ms": 300})
-    engine.submit(TENANT, JOB, "agent3")
     store = engine.store
     assert isinstance(store, EventSourcedJobStore)
-    job = store.load(job_uuid(TENANT, JOB))
-    assert job is not None
-    job.claim(
-        worker_id="w-busy",
-        claim_id="busy",
-        lease_until=clock.now() + timedelta(milliseconds=300),
-        reason="test",
-        now=clock.now(),
-    )
-    store.append(job)
+    job = claimed_by_hand(engine, clock)
     views = JobViews(store)
     reconciler = Reconciler(
         views=views,
@@ -333,12 +346,26 @@ def test_the_reconciler_leaves_a_running_job_with_a_live_heartbeat_alone(
         ops=MemoryOps(),
     )
     clock.advance(timedelta(seconds=5))  # far past the Claimed lease
-    assert store.leases.renew(
-        Lease(job.id, "busy", "w-busy", job.version, clock.now() + timedelta(seconds=1))
-    )
+    assert store.leases.renew(beat(job, clock))
     views.catch_up()
     assert reconciler.reconcile().enqueued == 0
 
     clock.advance(timedelta(seconds=1))  # the heartbeat stopped: the row lapsed
     result = reconciler.reconcile()
     assert (result.scanned, result.enqueued) == (1, 1)
+
+
+def test_a_job_whose_heartbeat_keeps_its_step_running_is_not_migrated(
+    make_engine: EngineFactory, clock: FakeClock
+) -> None:
+    registry = default_registry()
+    registry.register("agent3", 2, linear_workflow(agent_steps(3)))
+    engine = make_engine(registry=registry, config={"lease_ms": 300})
+    job = claimed_by_hand(engine, clock)
+    clock.advance(timedelta(seconds=5))  # far past the Claimed lease
+    assert leases_of(engine).renew(beat(job, clock))
+    with pytest.raises(MigrationRefusedError, match="running a step"):
+        engine.migrate(TENANT, JOB, 2)
+    clock.advance(timedelta(seconds=1))  # its worker stopped beating: nothing runs now
+    view, _ = engine.migrate(TENANT, JOB, 2)
+    assert view.workflow_version == 2
