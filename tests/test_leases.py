@@ -359,9 +359,9 @@ def test_a_job_whose_heartbeat_keeps_its_step_running_is_not_migrated(
     make_engine: EngineFactory, clock: FakeClock
 ) -> None:
     registry = default_registry()
-    registry.register("agent3", 2, linear_workflow(agent_steps(3)))
     engine = make_engine(registry=registry, config={"lease_ms": 300})
     job = claimed_by_hand(engine, clock)
+    registry.register("agent3", 2, linear_workflow(agent_steps(3)))
     clock.advance(timedelta(seconds=5))  # far past the Claimed lease
     assert leases_of(engine).renew(beat(job, clock))
     with pytest.raises(MigrationRefusedError, match="running a step"):

@@ -24,6 +24,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from uuid import UUID
 
 from jobledger.job import Job
 from jobledger.ports import Clock, Lease, Leases, Ops, OpsEvent
@@ -33,9 +34,13 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class _Kept:
-    lease: Lease
+    """A step being executed, whose claim the heartbeat keeps."""
+
+    job_uuid: UUID
     tenant_id: str
     job_id: str
+    claim_id: str
+    epoch: int
     due: float
     """When (time.monotonic) to renew it next."""
 
@@ -74,11 +79,11 @@ class Heartbeats:
     def kept(self, job: Job, claim_id: str) -> Iterator[None]:
         """Renew ``claim_id``'s lease on ``job`` while the block runs. The first beat is
         due a third of a lease in, so steps shorter than that never write a row."""
-        lease = Lease(job.id, claim_id, self.worker_id, job.version, job.lease_until or self.now())
+        kept = _Kept(job.id, job.tenant_id, job.job_id, claim_id, job.version, due=self._due_next())
         with self._wake:
             key = self._next_key
             self._next_key += 1
-            self._kept[key] = _Kept(lease, job.tenant_id, job.job_id, self._due_next())
+            self._kept[key] = kept
             if self._thread is None:
                 self._thread = threading.Thread(
                     target=self._run, name="jobledger-heartbeat", daemon=True
@@ -90,8 +95,8 @@ class Heartbeats:
             with self._wake:
                 self._kept.pop(key, None)
 
-    def beat_due(self) -> None:
-        """Renew every lease whose beat is due (the thread's work, callable by tests)."""
+    def _beat_due(self) -> None:
+        """Renew every lease whose beat is due."""
         with self._wake:
             now = time.monotonic()
             due = [(key, kept) for key, kept in self._kept.items() if kept.due <= now]
@@ -113,15 +118,11 @@ class Heartbeats:
                 if wait > 0:
                     self._wake.wait(wait)
                     continue
-            self.beat_due()
+            self._beat_due()
 
     def _beat(self, key: int, kept: _Kept) -> None:
         lease = Lease(
-            kept.lease.job_uuid,
-            kept.lease.claim_id,
-            kept.lease.worker_id,
-            kept.lease.epoch,
-            self.now() + self.lease,
+            kept.job_uuid, kept.claim_id, self.worker_id, kept.epoch, self.clock.now() + self.lease
         )
         try:
             renewed = self.leases.renew(lease)
@@ -138,12 +139,9 @@ class Heartbeats:
                 tenantId=kept.tenant_id,
                 eventType="job.lease.lost",
                 status="running",
-                metadata={"workerId": self.worker_id, "claimId": kept.lease.claim_id},
+                metadata={"workerId": self.worker_id, "claimId": kept.claim_id},
             )
         )
 
     def _due_next(self) -> float:
         return time.monotonic() + self.interval
-
-    def now(self) -> datetime:
-        return self.clock.now()
