@@ -17,6 +17,7 @@ from typing import Any
 from eventsourcing.persistence import IntegrityError, Notification, Tracking
 
 from jobledger.adapters.event_store import EventSourcedJobStore, LedgerPartition
+from jobledger.adapters.leases import LEASE_TABLE
 from jobledger.adapters.locks import schema_lock
 from jobledger.adapters.store_errors import store_errors
 from jobledger.job import Job
@@ -188,11 +189,19 @@ class JobViews:
     @store_errors("reading due jobs")
     def due(self, job_status: JobStatus, before: datetime, limit: int) -> list[StatusRow]:
         """Jobs in ``job_status`` whose due moment is at or before ``before``: an index
-        range scan, so the cost follows the number of due jobs, not of all jobs."""
+        range scan, so the cost follows the number of due jobs, not of all jobs. A running
+        job's due moment is its Claimed lease; one whose heartbeat keeps a live lease row
+        (or that a take-over is claiming right now) is not due."""
         statement = (
-            f"SELECT * FROM {self.dialect.table('jobledger_job_status')} "
-            "WHERE status = :status AND due_at <= :before ORDER BY due_at LIMIT :limit"
+            f"SELECT * FROM {self.dialect.table('jobledger_job_status')} AS s "
+            "WHERE status = :status AND due_at <= :before"
         )
+        if job_status is JobStatus.RUNNING:
+            statement += (
+                f" AND NOT EXISTS (SELECT 1 FROM {self.dialect.table(LEASE_TABLE)} AS l "
+                "WHERE l.job_uuid = s.job_uuid AND l.lease_until > :before)"
+            )
+        statement += " ORDER BY due_at LIMIT :limit"
         params = {"status": str(job_status), "before": self.dialect.ts(before), "limit": limit}
         return [status.row_from(r) for r in fetch(self.dialect, statement, params)]
 

@@ -155,7 +155,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--jobs", required=True, help="comma-separated job ids")
     parser.add_argument("--counter", required=True, type=Path, help="side-effect counter file")
     parser.add_argument("--worker-id", required=True)
-    parser.add_argument("--lease-ms", type=int, default=60_000)
+    parser.add_argument("--lease-ms", type=int, help="the claim's lease (default: the engine's)")
     parser.add_argument("--max-steps-per-tick", type=int, default=10)
     parser.add_argument("--effect-ms", type=float, default=0, help="how long a side effect takes")
     parser.add_argument("--hang-in-step", type=int, help="hang inside this step's side effect")
@@ -167,11 +167,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     deadline = time.monotonic() + args.timeout
 
+    lease = {} if args.lease_ms is None else {"lease_ms": args.lease_ms}
     config = EngineConfig(
         store_url=args.store,
         worker_id=args.worker_id,
-        lease_ms=args.lease_ms,
         max_steps_per_tick=args.max_steps_per_tick,
+        **lease,
     )
     executor = FileCountingExecutor(
         args.counter, effect_ms=args.effect_ms, hang_in_step=args.hang_in_step, marker=args.marker

@@ -38,10 +38,11 @@ from jobledger.adapters.clock import FakeClock, SystemClock
 from jobledger.adapters.event_store import EventSourcedJobStore
 from jobledger.adapters.local_queue import LocalQueue
 from jobledger.adapters.ops import MemoryOps
-from jobledger.identity import step_key
+from jobledger.identity import job_uuid, step_key
 from jobledger.job import Job
 from jobledger.keys import ConsumedKey
 from jobledger.ports import JobStore
+from jobledger.runner import EmbeddedRunner
 
 JOB = "job-1"
 AGENT_STEPS = 3  # "agent3": three side-effecting steps, then the pure step 4 "complete"
@@ -464,3 +465,54 @@ def test_two_processes_ticking_the_same_jobs_run_each_step_exactly_once(
     assert read_counts(tmp_path / "calls") == {
         step_key(job_id, n): 1 for job_id in jobs for n in range(1, steps + 1)
     }
+
+
+# ---- 4. a dead worker's job is taken over on the default lease ---------------------------
+
+
+@pytest.mark.slow
+def test_a_sigkilled_workers_job_is_finished_by_a_live_runner_within_30_s_on_the_defaults(
+    tmp_path: Path, make_engine: EngineFactory, spawn: Spawn
+) -> None:
+    """A worker on the default lease runs step 2 long enough for its heartbeat to extend
+    the lease, then is SIGKILLed. A live embedded runner on the defaults takes the job over
+    and completes it well inside 30 s of the kill (one lease after the last heartbeat,
+    plus a reconcile pass)."""
+    counter = tmp_path / "calls"
+    ops = MemoryOps()
+    engine = make_engine(
+        registry=registry(), executor=FileCountingExecutor(counter), clock=SystemClock(), ops=ops
+    )
+    engine.submit(TENANT, JOB, "agent3")
+    marker = tmp_path / "hung"
+    worker = spawn(
+        "--jobs", JOB, "--worker-id", "doomed", "--hang-in-step", "2", "--marker", str(marker)
+    )
+    wait_for(marker, worker)
+    store = engine.store
+    assert isinstance(store, EventSourcedJobStore)
+    running = engine.job(TENANT, JOB)
+    assert running.lease_until is not None
+    deadline = time.monotonic() + 15
+    while (
+        row := store.leases.get(job_uuid(TENANT, JOB))
+    ) is None or row.lease_until <= running.lease_until:
+        assert time.monotonic() < deadline, "the hung worker's heartbeat never extended its lease"
+        time.sleep(0.05)
+    worker.send_signal(signal.SIGKILL)
+    worker.communicate()
+    killed_at = time.monotonic()
+
+    runner = EmbeddedRunner(engine)
+    runner.run(
+        until=lambda: (
+            engine.job(TENANT, JOB).status.is_terminal or time.monotonic() - killed_at > 30
+        )
+    )
+
+    assert engine.job(TENANT, JOB).status is JobStatus.COMPLETED, "not finished within 30 s"
+    assert_completed_exactly_once(engine, JOB, AGENT_STEPS)
+    assert recovered_from(ops) == [(2, "doomed")]
+    expected = {step_key(JOB, n): 1 for n in range(1, AGENT_STEPS + 1)}
+    expected[step_key(JOB, 2)] = 2  # died between running step 2 and recording it
+    assert read_counts(counter) == expected

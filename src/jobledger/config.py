@@ -38,8 +38,10 @@ class EngineConfig(BaseSettings):
     """Overrides of the ceiling by tenant id (JSON in the environment variable)."""
     resume_mode: Literal["queue", "scan_only"] = "queue"
     """``scan_only`` leaves every timer to the reconciler instead of enqueueing it."""
-    lease_ms: int = Field(default=300_000, ge=1)
-    """How long a claim protects a running step before another worker may take over."""
+    lease_ms: int = Field(default=15_000, ge=1)
+    """How long a claim protects a running step without a heartbeat. While the step runs,
+    its worker renews the lease every lease_ms / 3, so a live step keeps its job however
+    long it takes, and a dead worker's job is taken over about one lease after it died."""
     max_payload_bytes: int = Field(default=256 * 1024, ge=1)
 
     cache_size: int = Field(default=10_000, ge=0)

@@ -63,6 +63,7 @@ from jobledger.ports import (
     Cost,
     IssuedToken,
     JobStore,
+    Leases,
     Notifier,
     Ops,
     OpsEvent,
@@ -113,6 +114,7 @@ class Engine:
         cost: Cost | None = None,
         tokens: ResumeTokens | None = None,
         notifier: Notifier | None = None,
+        leases: Leases | None = None,
     ) -> None:
         self.store = store
         self.queue = queue
@@ -125,6 +127,7 @@ class Engine:
         self.blocked_notes: BlockedNotes | None = None
         """Where ``handle`` notes jobs it left untouched for a deployment error (the
         runners plug in the views, so ``show`` and ``list`` say why)."""
+        self.leases = leases
         self.orchestrator = Orchestrator(
             store=store,
             queue=queue,
@@ -136,6 +139,7 @@ class Engine:
             cost=cost,
             tokens=tokens,
             notifier=notifier,
+            leases=leases,
         )
 
     @classmethod
@@ -193,6 +197,7 @@ class Engine:
             cost=cost if cost is not None else LogSpend(store),
             tokens=tokens,
             notifier=notifier,
+            leases=store.leases,
         )
 
     # ---- submitting ------------------------------------------------------------------
@@ -796,6 +801,7 @@ class Engine:
                 force=force,
                 now=now,
                 default_wait_ms=self.config.default_wait_ms,
+                kept_until=self._kept_until(job),
             )
             migration.migrate(job, report, to_version, by=by, reason=reason, now=now)
             reports.append(report)
@@ -807,6 +813,13 @@ class Engine:
             job, "job.migrated", toVersion=to_version, forced=not report.safe, by=by, reason=reason
         )
         return JobView.of(job), report
+
+    def _kept_until(self, job: Job) -> datetime | None:
+        """The lease a running job's heartbeat keeps, beyond its Claimed event's."""
+        if self.leases is None or job.status is not JobStatus.RUNNING:
+            return None
+        row = self.leases.get(job.id)
+        return row.lease_until if row is not None and row.claim_id == job.claim_id else None
 
     def _load(self, tenant_id: str, job_id: str) -> Job:
         job = self._fetch(tenant_id, job_id)

@@ -12,7 +12,7 @@ recording it, and then with the same idempotency key.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from contextlib import suppress
+from contextlib import AbstractContextManager, nullcontext, suppress
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal, InvalidOperation
@@ -33,6 +33,7 @@ from jobledger.errors import (
     VersionConflict,
     WorkflowNotDeployedError,
 )
+from jobledger.heartbeat import Heartbeats
 from jobledger.identity import job_uuid, step_key
 from jobledger.job import Job
 from jobledger.keys import ConsumedKey, KeyKind
@@ -43,6 +44,7 @@ from jobledger.ports import (
     Cost,
     IssuedToken,
     JobStore,
+    Leases,
     Notifier,
     Ops,
     OpsEvent,
@@ -125,6 +127,7 @@ class Orchestrator:
         cost: Cost | None = None,
         tokens: ResumeTokens | None = None,
         notifier: Notifier | None = None,
+        leases: Leases | None = None,
     ) -> None:
         self.store = store
         self.queue = queue
@@ -136,6 +139,12 @@ class Orchestrator:
         self.cost = cost
         self.tokens = tokens
         self.notifier = notifier
+        # Without a Leases port a claim is only its Claimed event's lease (no heartbeat).
+        self.heartbeats = (
+            Heartbeats(leases, clock, ops, lease_ms=config.lease_ms, worker_id=config.worker_id)
+            if leases is not None
+            else None
+        )
 
     # ---- the tick, as a list of steps ------------------------------------------------
 
@@ -165,6 +174,8 @@ class Orchestrator:
             return None
         if not job.holds_claim(run.claim_id, now) and not job.is_claimable(now):
             return self.stand_aside(job, run, now)
+        if self.lease_kept_elsewhere(job, run, now):
+            return Outcome.CLAIM_LOST
         if self.park_over_budget(job, now):
             return Outcome.PARKED
         resolution = self.resolve(job, run, now)
@@ -202,6 +213,22 @@ class Orchestrator:
             self.schedule(job, job.lease_until, f"lease:{job.version}", now)
             return Outcome.CLAIM_LOST
         return Outcome.IDLE
+
+    def lease_kept_elsewhere(self, job: Job, run: _Run, now: datetime) -> bool:
+        """A running job whose Claimed lease lapsed may still be alive on its worker's
+        heartbeat. Take its lease row before anything else is appended: a live row means
+        its step is running, so look again when that row's lease lapses."""
+        if (
+            self.heartbeats is None
+            or job.status is not JobStatus.RUNNING
+            or job.holds_claim(run.claim_id, now)
+        ):
+            return False
+        in_the_way = self.heartbeats.take_over(job, run.claim_id, now)
+        if in_the_way is None:
+            return False
+        self.schedule(job, in_the_way.lease_until, f"lease:{job.version}", now)
+        return True
 
     # ---- time limits and budgets ----------------------------------------------------
 
@@ -371,13 +398,20 @@ class Orchestrator:
             )
             assert self.executor is not None  # checked before the claim
             try:
-                result = self.executor.execute(request)
+                with self.heartbeat(job, run):
+                    result = self.executor.execute(request)
             except Exception as error:
                 return self.step_failed(job, resolution, error)
         try:
             return self.merge(resolution, result, started_at)
         except InvalidPayloadError as error:
             return self.step_failed(job, resolution, error)
+
+    def heartbeat(self, job: Job, run: _Run) -> AbstractContextManager[None]:
+        """Keep the claim alive while the side effect runs, however long it takes."""
+        if self.heartbeats is None:
+            return nullcontext()
+        return self.heartbeats.kept(job, run.claim_id)
 
     def merge(self, resolution: Resolution, result: object, started_at: datetime) -> StepOutcome:
         """Check what the executor returned before anything is built from it: a wrong

@@ -216,6 +216,20 @@ class BlockedNote:
     noticed_at: datetime
 
 
+@dataclass(frozen=True)
+class Lease:
+    """A running job's claim as its worker's heartbeat keeps it: one row per job, beside
+    the job's history, never in it."""
+
+    job_uuid: UUID
+    claim_id: str
+    worker_id: str
+    epoch: int
+    """A version of the job at which this claim held it (a take-over: the version its
+    ``Claimed`` will have). It orders claims, so an older one never overwrites a newer."""
+    lease_until: datetime
+
+
 # ---- the ports ---------------------------------------------------------------------------
 
 
@@ -250,6 +264,25 @@ class JobStore(Protocol):
 
     def events(self, job_uuid: UUID, *, to_version: int | None = None) -> list[Job.Event]:
         """The job's events in order (optionally only up to a version)."""
+
+
+class Leases(Protocol):
+    """The heartbeat-renewed leases of running jobs. The ``Claimed`` event holds a claim's
+    first lease; a worker still executing its step extends it here, so a live long step
+    keeps its job without a history event per heartbeat."""
+
+    def renew(self, lease: Lease) -> bool:
+        """The heartbeat: write the job's row for ``lease.claim_id`` (creating it, or
+        replacing the row of an older claim). False if a newer claim holds the row: a
+        take-over won, and the caller no longer owns the job."""
+
+    def take_over(self, lease: Lease, *, from_claim: str, now: datetime) -> Lease | None:
+        """Take the row of a running job whose claim ``from_claim`` lapsed on the log,
+        atomically, before appending the new ``Claimed``. None if taken; otherwise the
+        live row in the way (the old claim's heartbeat, or another take-over)."""
+
+    def get(self, job_uuid: UUID) -> Lease | None:
+        """The job's row, live or not."""
 
 
 class Queue(Protocol):

@@ -21,6 +21,7 @@ from eventsourcing.persistence import (
     MapperDeserialisationError,
 )
 
+from jobledger.adapters.leases import LeaseTable
 from jobledger.adapters.locks import schema_lock
 from jobledger.adapters.store_errors import STORE_ERRORS, store_errors
 from jobledger.adapters.store_url import StoreLocation
@@ -142,6 +143,11 @@ class EventSourcedJobStore:
                     _require_tables(location, self.partitions)
                 else:
                     self.partitions = _open(location, partitions, cache_size, True)
+                # The heartbeat-renewed leases: one table per store, in its own database
+                # (a reader neither creates it nor needs it).
+                self.leases = LeaseTable(getattr(self.partitions[0].factory, "datastore"))  # noqa: B009
+                if not self.read_only:
+                    self.leases.create_table()
         except STORE_ERRORS as error:
             raise StoreUnreachableError(f"cannot open the {location.kind} store: {error}") from None
 

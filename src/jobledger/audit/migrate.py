@@ -16,14 +16,17 @@ from jobledger.job import Job
 from jobledger.status import JobStatus
 
 
-def check_movable(job: Job, to_version: int, now: datetime) -> None:
+def check_movable(
+    job: Job, to_version: int, now: datetime, kept_until: datetime | None = None
+) -> None:
     """Not finished, not on that version already, and no worker mid-step (a step in
-    flight was resolved on the old version; the job moves once it parks)."""
+    flight was resolved on the old version; the job moves once it parks). ``kept_until``
+    is the lease its worker's heartbeat keeps, beyond its Claimed event's."""
     if job.status.is_terminal:
         raise MigrationRefusedError(f"job {job.job_id!r} is {job.status}: a finished job stays")
     if to_version == job.workflow_version:
         raise MigrationRefusedError(f"job {job.job_id!r} is already on v{to_version}")
-    lease = job.lease_until
+    lease = max((t for t in (job.lease_until, kept_until) if t is not None), default=None)
     if job.status is JobStatus.RUNNING and lease is not None and lease > now:
         raise MigrationRefusedError(
             f"job {job.job_id!r} is running a step (worker {job.worker_id}, lease until "
@@ -40,9 +43,10 @@ def plan(
     force: bool,
     now: datetime,
     default_wait_ms: int,
+    kept_until: datetime | None = None,
 ) -> ReplayReport:
     """Replay the job against ``to_version``; refuse on divergence unless forced."""
-    check_movable(job, to_version, now)
+    check_movable(job, to_version, now, kept_until)
     report = replay_job(events, resolver, version=to_version, default_wait_ms=default_wait_ms)
     if not report.safe and not force:
         raise MigrationRefusedError(
