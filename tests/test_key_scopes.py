@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
+from datetime import datetime
 from functools import partial
 from pathlib import Path
 
@@ -22,7 +23,9 @@ from jobledger.adapters.event_store import EventSourcedJobStore
 from jobledger.audit import export as exporting
 from jobledger.engine import SignalOutcome
 from jobledger.errors import ApprovalAlreadyDecidedError, TokenReplayedError
-from jobledger.identity import step_key
+from jobledger.identity import KEY_SCHEME, LEGACY_KEY_SCHEME, key_uuid, step_key
+from jobledger.job import Job
+from jobledger.keys import ConsumedKey, KeyKind
 from jobledger.ports import ApprovalRequest, ApprovalSpec, IssuedToken
 from jobledger.views import JobView
 
@@ -245,3 +248,84 @@ def test_the_losers_of_racing_decisions_on_one_approval_are_told_it_was_decided(
         decided = [h for h in first.history("acme", job) if h.event_type == "ApprovalDecided"]
         assert len(decided) == 1
     assert set(losers) == {ApprovalAlreadyDecidedError.__name__}
+
+
+# ---- jobs submitted before the scopes keep working ----------------------------------------
+
+# Exported by the release before this change (2 partitions): job acme/old, submitted with
+# key "submit-old", signal "evt-1" buffered, step 1 ran as "old:step:1", waiting for "go".
+EXPORT_BEFORE = Path(__file__).parent / "fixtures" / "export-before-key-scopes.jsonl"
+
+
+def legacy_registry() -> FunctionRegistry:
+    registry = FunctionRegistry()
+    steps = [
+        Resolution("run_interaction_task", JobStatus.QUEUED),
+        Resolution("wait_event", JobStatus.WAITING_EVENT, wait_event_name="go"),
+        Resolution("run_interaction_task", JobStatus.QUEUED),
+        Resolution("complete", JobStatus.COMPLETED),
+    ]
+    registry.register("legacy", 1, linear_workflow(steps))
+    return registry
+
+
+@pytest.mark.parametrize("partitions", (1, 2))
+def test_a_job_exported_before_the_change_keeps_its_keys_and_its_step_key_shape(
+    make_engine: EngineFactory, executor: CountingExecutor, partitions: int
+) -> None:
+    engine = make_engine(registry=legacy_registry(), config={"partitions": partitions})
+    exporting.import_file(store_of(engine), EXPORT_BEFORE)
+    assert engine.verify("acme", "old") is None
+    submitted = engine.history("acme", "old")[0].data
+    assert "key_scheme" not in submitted  # recorded before it existed: hashed as written
+
+    assert engine.signal("acme", "old", "noise", signal_id="evt-1") is SignalOutcome.DUPLICATE
+    assert engine.submit("acme", "x", "legacy", idempotency_key="submit-old").job_id == "old"
+    assert engine.signal("acme", "old", "go", signal_id="go-1") is SignalOutcome.RESUMED
+    engine.submit("acme", "new", "legacy")
+    engine.run_until_idle()
+
+    # The old job goes on with the keys it started with; a new job gets the new shape.
+    assert set(executor.calls) == {"old:step:3", "acme/new:step:1"}
+    assert engine.job("acme", "old").status is JobStatus.COMPLETED
+
+
+def submitted(job_id: str, now: datetime, **scheme: int) -> Job:
+    return Job.submit(
+        tenant_id="acme", job_id=job_id, workflow_type="wait", workflow_version=1, state={},
+        budget={}, mission_id=None, employee_id=None, correlation_id=None, submit_key=None,
+        timestamp=now, **scheme,
+    )  # fmt: skip
+
+
+def test_a_signal_consumed_under_its_old_per_tenant_id_is_still_a_duplicate(
+    make_engine: EngineFactory, clock: FakeClock
+) -> None:
+    """A store written before the change holds signal keys under the per-tenant id; they
+    count for the job that consumed them, and for no other job."""
+    engine = make_engine(registry=registry())
+    now = clock.now()
+    old, other = (submitted(j, now, key_scheme=LEGACY_KEY_SCHEME) for j in ("old", "other"))
+    old.buffer_signal(signal_id="evt-1", event_name="noise", payload={}, now=now)
+    old_key = ConsumedKey._create(
+        ConsumedKey.Consumed, id=key_uuid("acme", KeyKind.SIGNAL, "evt-1"), kind=KeyKind.SIGNAL,
+        key="evt-1", tenant_id="acme", job_id="old", job_uuid=old.id, timestamp=now,
+    )  # fmt: skip
+    engine.store.append(old, old_key)
+    engine.store.append(other)
+
+    assert engine.signal("acme", "old", "noise", signal_id="evt-1") is SignalOutcome.DUPLICATE
+    assert engine.signal("acme", "old", "noise", signal_id="evt-2") is SignalOutcome.BUFFERED
+    assert engine.signal("acme", "other", "noise", signal_id="evt-1") is SignalOutcome.BUFFERED
+
+
+def test_a_snapshot_taken_before_the_change_reads_as_the_legacy_key_scheme(
+    clock: FakeClock,
+) -> None:
+    snapshot = Job.Snapshot.take(submitted("old", clock.now()))
+    assert snapshot.state.pop("key_scheme") == KEY_SCHEME
+    snapshot.state.pop("class_version")  # as the previous release took it
+
+    old = snapshot.mutate(None)
+
+    assert isinstance(old, Job) and old.step_key(1) == "old:step:1"
