@@ -212,7 +212,6 @@ class CrashingStore:
                 raise WorkerCrash("died right after a successful append")
 
 
-
 @dataclass
 class Worker:
     engine: Engine
