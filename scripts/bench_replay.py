@@ -39,7 +39,7 @@ from jobledger.adapters.event_store import EventSourcedJobStore
 from jobledger.adapters.store_url import parse_store_url
 from jobledger.audit import log, tamper, time_travel
 from jobledger.audit.replay import replay_job
-from jobledger.identity import job_uuid, step_key
+from jobledger.identity import job_uuid
 from jobledger.job import Job
 from jobledger.ports import ResolveRequest
 from jobledger.status import JobStatus
@@ -98,7 +98,7 @@ def build(tenant: str, job_id: str, events: int, clock: FakeClock, flow: Workflo
         patch = {"n": job.state["n"] + 1} if resolution.step_name == "work" else {}
         job.record_step(
             step_number=step, step_type=resolution.step_type, triggered_by="workflow",
-            idempotency_key=step_key(job_id, step), started_at=now, ended_at=clock.now(),
+            idempotency_key=job.step_key(step), started_at=now, ended_at=clock.now(),
             output={"ok": True} if patch else {}, state_patch=patch, cost_usd=Decimal(0),
             transition_reason=resolution.transition_reason,
             next_status=resolution.next_status, resume_at=None, wait_event=None,

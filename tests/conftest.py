@@ -6,6 +6,7 @@ import os
 import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -50,6 +51,15 @@ def postgres_schema_url() -> Iterator[str]:
 def store_url(request: pytest.FixtureRequest, tmp_path: Any) -> Iterator[str]:
     if request.param == "sqlite":
         yield f"sqlite:///{tmp_path}/jobs.db"
+    else:
+        yield from postgres_schema_url()
+
+
+@pytest.fixture
+def fresh_store_url(store_url: str, tmp_path: Path) -> Iterator[str]:
+    """A second, empty store of the same kind."""
+    if store_url.startswith("sqlite"):
+        yield f"sqlite:///{tmp_path}/copy.db"
     else:
         yield from postgres_schema_url()
 

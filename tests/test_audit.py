@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import io
 import json
-from collections.abc import Iterator
 from dataclasses import replace
 from datetime import timedelta
 from decimal import Decimal
@@ -24,7 +23,7 @@ from audit_support import (
     definition,
     mission,
 )
-from conftest import EngineFactory, default_registry, postgres_schema_url
+from conftest import EngineFactory, default_registry
 from jobledger import (
     Engine,
     InvalidPayloadError,
@@ -62,15 +61,6 @@ T = "acme"
 def store_of(engine: Engine) -> EventSourcedJobStore:
     assert isinstance(engine.store, EventSourcedJobStore)
     return engine.store
-
-
-@pytest.fixture
-def fresh_store_url(store_url: str, tmp_path: Path) -> Iterator[str]:
-    """A second, empty store of the same kind."""
-    if store_url.startswith("sqlite"):
-        yield f"sqlite:///{tmp_path}/copy.db"
-    else:
-        yield from postgres_schema_url()
 
 
 # ---- a mission through every path ---------------------------------------------------------

@@ -154,7 +154,8 @@ def test_submit_show_tick_resume_approve_and_history(cli: Cli) -> None:
     audit = cli.ok("history", "acme", "t1")
     assert f"token nonce {issued['nonce']}" in audit and "worker cli-worker" in audit
     assert "#4 publish (run_interaction_task)" in audit and "hash chain: intact" in audit
-    assert cli.effects() == {"t1:step:1": 1, "t1:step:4": 1}  # triage and publish, once each
+    # triage and publish, once each
+    assert cli.effects() == {"acme/t1:step:1": 1, "acme/t1:step:4": 1}
 
 
 def test_signal_reject_and_cancel(cli: Cli) -> None:

@@ -180,7 +180,9 @@ def open_crashing_engine(
 ) -> Engine:
     config = {"max_steps_per_tick": point.max_steps_per_tick, "lease_ms": LEASE_MS}
     if point.name == "during_side_effect":
-        return make_engine(config=config, executor=CrashInSideEffect(executor, step_key(JOB, step)))
+        return make_engine(
+            config=config, executor=CrashInSideEffect(executor, step_key(TENANT, JOB, step))
+        )
     if point.name == "before_enqueue":
         return make_engine(config=config, queue=CrashOnContinuation(clock, step))
     engine = make_engine(config=config)
@@ -236,7 +238,7 @@ def assert_completed_exactly_once(engine: Engine, job_id: str, side_effect_steps
         entry.data["idempotency_key"] for entry in history if entry.event_type == "StepRecorded"
     )
     all_steps = range(1, side_effect_steps + 2)
-    assert recorded == {step_key(job_id, n): 1 for n in all_steps}
+    assert recorded == {step_key(TENANT, job_id, n): 1 for n in all_steps}
     assert [entry.version for entry in history] == list(range(1, len(history) + 1))
     assert view.current_step == view.total_steps_executed == side_effect_steps + 1
     assert view.state == {f"s{n}": True for n in range(1, side_effect_steps + 1)}
@@ -277,7 +279,7 @@ def test_crash_at_every_point_then_recover_on_a_fresh_engine(
     assert left.current_step == (step if point.record_landed else step - 1)
     assert left.status is (JobStatus.RUNNING if point.claim_left_behind else JobStatus.QUEUED)
     ran_before_crash = {
-        step_key(JOB, n): 1 for n in range(1, step + 1 if point.effect_ran else step)
+        step_key(TENANT, JOB, n): 1 for n in range(1, step + 1 if point.effect_ran else step)
     }
     assert executor.calls == ran_before_crash
 
@@ -293,9 +295,9 @@ def test_crash_at_every_point_then_recover_on_a_fresh_engine(
     else:
         assert recovered_from(ops) == []
     assert_completed_exactly_once(fresh, JOB, AGENT_STEPS)
-    expected_calls = {step_key(JOB, n): 1 for n in range(1, AGENT_STEPS + 1)}
+    expected_calls = {step_key(TENANT, JOB, n): 1 for n in range(1, AGENT_STEPS + 1)}
     if point.effect_ran and not point.record_landed:
-        expected_calls[step_key(JOB, step)] = 2  # the documented at-least-once window
+        expected_calls[step_key(TENANT, JOB, step)] = 2  # the documented at-least-once window
     assert executor.calls == expected_calls
 
 
@@ -322,9 +324,9 @@ def test_a_failed_commit_is_retried_by_the_same_engine_until_the_job_completes(
     engine.run_until_idle(wait_for_timers=True)
 
     assert_completed_exactly_once(engine, JOB, AGENT_STEPS)
-    expected_calls = {step_key(JOB, n): 1 for n in range(1, AGENT_STEPS + 1)}
+    expected_calls = {step_key(TENANT, JOB, n): 1 for n in range(1, AGENT_STEPS + 1)}
     if not after_write:
-        expected_calls[step_key(JOB, 2)] = 2  # ran, but its record never landed
+        expected_calls[step_key(TENANT, JOB, 2)] = 2  # ran, but its record never landed
     assert executor.calls == expected_calls
 
 
@@ -406,15 +408,15 @@ def test_sigkill_mid_step_or_after_record_then_finish_after_lease(
     left = engine.job(TENANT, JOB)
     assert (left.status, left.worker_id) == (JobStatus.RUNNING, "doomed")
     assert left.current_step == (2 if record_landed else 1)
-    assert read_counts(counter) == {step_key(JOB, 1): 1, step_key(JOB, 2): 1}
+    assert read_counts(counter) == {step_key(TENANT, JOB, 1): 1, step_key(TENANT, JOB, 2): 1}
 
     reconcile(engine, JOB, wait_for_lease=lambda: time.sleep(lease_ms / 5000))
 
     assert_completed_exactly_once(engine, JOB, AGENT_STEPS)
     assert recovered_from(ops) == [(3 if record_landed else 2, "doomed")]
-    expected = {step_key(JOB, n): 1 for n in range(1, AGENT_STEPS + 1)}
+    expected = {step_key(TENANT, JOB, n): 1 for n in range(1, AGENT_STEPS + 1)}
     if not record_landed:
-        expected[step_key(JOB, 2)] = 2  # died between running step 2 and recording it
+        expected[step_key(TENANT, JOB, 2)] = 2  # died between running step 2 and recording it
     assert read_counts(counter) == expected
 
 
@@ -463,7 +465,7 @@ def test_two_processes_ticking_the_same_jobs_run_each_step_exactly_once(
     for job_id in jobs:
         assert_completed_exactly_once(engine, job_id, steps)
     assert read_counts(tmp_path / "calls") == {
-        step_key(job_id, n): 1 for job_id in jobs for n in range(1, steps + 1)
+        step_key(TENANT, job_id, n): 1 for job_id in jobs for n in range(1, steps + 1)
     }
 
 
@@ -513,6 +515,6 @@ def test_a_sigkilled_workers_job_is_finished_by_a_live_runner_within_30_s_on_the
     assert engine.job(TENANT, JOB).status is JobStatus.COMPLETED, "not finished within 30 s"
     assert_completed_exactly_once(engine, JOB, AGENT_STEPS)
     assert recovered_from(ops) == [(2, "doomed")]
-    expected = {step_key(JOB, n): 1 for n in range(1, AGENT_STEPS + 1)}
-    expected[step_key(JOB, 2)] = 2  # died between running step 2 and recording it
+    expected = {step_key(TENANT, JOB, n): 1 for n in range(1, AGENT_STEPS + 1)}
+    expected[step_key(TENANT, JOB, 2)] = 2  # died between running step 2 and recording it
     assert read_counts(counter) == expected

@@ -171,7 +171,7 @@ def test_chaos_sigkilled_workers_on_kafka_and_postgres(
             total_events += len(history)
             steps = [e.data for e in history if e.event_type == "StepRecorded"]
             keys = Counter(step["idempotency_key"] for step in steps)
-            assert keys == {step_key(job, n): 1 for n in range(1, STEPS + 2)}, job
+            assert keys == {step_key(TENANT, job, n): 1 for n in range(1, STEPS + 2)}, job
             for step in steps[:STEPS]:
                 recorded_by[step["idempotency_key"]] = step["worker_id"]
             assert engine.verify(TENANT, job) is None

@@ -129,7 +129,7 @@ def test_run_with_kafka_runs_jobs_timers_and_the_outbox_then_stops_cleanly(
     assert runner.returncode == 0, out
     assert "stopped cleanly" in out
     effects = (ws["dir"] / "effects.log").read_text().split()
-    assert sorted(effects) == sorted(f"job-{n}:step:{s}" for n in range(3) for s in (1, 3))
+    assert sorted(effects) == sorted(f"acme/job-{n}:step:{s}" for n in range(3) for s in (1, 3))
     reasons = {t.reason for t in ticks(ws, 6)}
     assert {"create", "reconcile_waiting_time"} <= reasons
     topics: KafkaTopics = ws["topics"]

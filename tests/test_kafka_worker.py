@@ -122,7 +122,7 @@ def assert_steps_once(engine: Engine, job_id: str, side_effect_steps: int) -> No
     assert view.status is JobStatus.COMPLETED, view
     history = engine.history(TENANT, job_id)
     recorded = Counter(e.data["idempotency_key"] for e in history if e.event_type == "StepRecorded")
-    assert recorded == {step_key(job_id, n): 1 for n in range(1, side_effect_steps + 2)}
+    assert recorded == {step_key(TENANT, job_id, n): 1 for n in range(1, side_effect_steps + 2)}
     assert engine.verify(TENANT, job_id) is None
 
 
@@ -440,7 +440,7 @@ def test_a_worker_killed_between_effect_and_commit_gets_its_tick_delivered_again
         survivor.wait(timeout=30)
     assert_steps_once(engine, "job-1", 3)
     # No recorded step ran again: each side effect ran exactly once.
-    assert read_counts(counter) == {step_key("job-1", n): 1 for n in (1, 2, 3)}
+    assert read_counts(counter) == {step_key(TENANT, "job-1", n): 1 for n in (1, 2, 3)}
     history = engine.history(TENANT, "job-1")
     if point == "after_step_2_recorded":
         # The survivor took over the doomed worker's lapsed claim on step 3.

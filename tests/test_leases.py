@@ -115,7 +115,7 @@ def test_a_live_step_longer_than_several_leases_is_never_stolen(make_engine: Eng
 
     assert reports[0].outcome is Outcome.ADVANCED
     assert owner.job(TENANT, JOB).status is JobStatus.COMPLETED
-    assert executor.calls == {step_key(JOB, 1): 1}
+    assert executor.calls == {step_key(TENANT, JOB, 1): 1}
     assert executor.workers == ["w0"]
     # The other engine really looked while the step ran (well past its first lease) and
     # stood aside every time; the claims on the log are all the owner's.
@@ -301,7 +301,7 @@ def test_a_worker_whose_heartbeat_stalled_past_its_lease_loses_to_the_take_over(
         "w0"
     ]
     # The documented at-least-once window: a worker presumed dead may have run it too.
-    assert executor.calls == {step_key(JOB, 1): 2}
+    assert executor.calls == {step_key(TENANT, JOB, 1): 2}
 
 
 def claimed_by_hand(engine: Engine, clock: FakeClock) -> Job:

@@ -56,7 +56,7 @@ def test_a_job_runs_to_completion_with_one_append_per_step(
     assert report.outcome is Outcome.ADVANCED
     assert report.status is JobStatus.COMPLETED
     assert report.steps_executed == 4
-    assert executor.calls == {"j:step:1": 1, "j:step:2": 1, "j:step:3": 1}
+    assert executor.calls == {"t/j:step:1": 1, "t/j:step:2": 1, "t/j:step:3": 1}
     job = engine.job("t", "j")
     assert job.current_step == 4
     assert job.state == {"goal": "x", "s1": True, "s2": True, "s3": True}
@@ -66,14 +66,14 @@ def test_a_job_runs_to_completion_with_one_append_per_step(
     types = [h.event_type for h in engine.history("t", "j")]
     assert types == ["Submitted", "Claimed"] + ["StepRecorded", "Claimed"] * 3 + ["StepRecorded"]
     keys = [r["idempotency_key"] for r in step_records(engine, "t", "j")]
-    assert keys == ["j:step:1", "j:step:2", "j:step:3", "j:step:4"]
+    assert keys == ["t/j:step:1", "t/j:step:2", "t/j:step:3", "t/j:step:4"]
     assert engine.verify("t", "j") is None
     assert ops.types("j")[-1] == "job.completed"
     started = [e for e in ops.events if e.eventType == "job.step.started"]
     assert started[0].metadata == {
         "stepNumber": 1,
         "reason": "create",
-        "idempotencyKey": "j:step:1",
+        "idempotencyKey": "t/j:step:1",
     }
 
 
@@ -108,7 +108,7 @@ def test_a_claim_held_by_another_worker_is_left_alone(
     first.tick("t", "j")
 
     assert seen == [Outcome.CLAIM_LOST]
-    assert executor.calls["j:step:1"] == 1
+    assert executor.calls["t/j:step:1"] == 1
     assert first.job("t", "j").status is JobStatus.COMPLETED
 
 
@@ -120,7 +120,7 @@ def test_an_expired_lease_is_taken_over_and_the_step_reruns_with_the_same_key(
     outcomes: list[Outcome] = []
 
     def slow_first_step(request: StepRequest) -> None:
-        if request.step_number == 1 and executor.calls["j:step:1"] == 1:
+        if request.step_number == 1 and executor.calls["t/j:step:1"] == 1:
             clock.advance(timedelta(seconds=2))  # the first worker stalls past its lease
             outcomes.append(second.tick("t", "j", "reconciler").outcome)
         return None
@@ -131,8 +131,8 @@ def test_an_expired_lease_is_taken_over_and_the_step_reruns_with_the_same_key(
     assert outcomes == [Outcome.ADVANCED]
     # The stalled worker's late result is refused: the key was recorded by the second.
     assert report.outcome is Outcome.DUPLICATE_SKIPPED
-    assert executor.calls["j:step:1"] == 2
-    assert [r["idempotency_key"] for r in step_records(first, "t", "j")].count("j:step:1") == 1
+    assert executor.calls["t/j:step:1"] == 2
+    assert [r["idempotency_key"] for r in step_records(first, "t", "j")].count("t/j:step:1") == 1
     recovered = [e for e in ops.events if e.eventType == "job.step.recovered"]
     assert recovered[0].metadata["previousWorkerId"] == "w0"
     assert "job.step.duplicate_skipped" in ops.types("j")
@@ -206,7 +206,7 @@ def test_a_retryable_error_schedules_a_retry_with_backoff(
 
     job = engine.job("t", "j")
     assert job.status is JobStatus.COMPLETED
-    assert executor.calls["j:step:1"] == 3
+    assert executor.calls["t/j:step:1"] == 3
     retries = [h.data for h in engine.history("t", "j") if h.event_type == "RetryScheduled"]
     assert [(r["attempt"], r["error_kind"]) for r in retries] == [
         (1, "rate_limit"),
@@ -231,7 +231,7 @@ def test_exhausted_retries_fail_the_job(
 
     job = engine.job("t", "j")
     assert job.status is JobStatus.FAILED
-    assert executor.calls["j:step:1"] == 3
+    assert executor.calls["t/j:step:1"] == 3
     assert job.last_error == "step 1 failed: still down"
 
 
@@ -268,7 +268,7 @@ def test_an_infrastructure_error_while_recording_propagates_and_never_fails_the_
     clock.advance(timedelta(seconds=2))
     assert engine.tick("t", "j", "retry").status is JobStatus.COMPLETED
     # Nothing was written, so step 1 ran again under the same key: at most once recorded.
-    assert executor.calls["j:step:1"] == 2
+    assert executor.calls["t/j:step:1"] == 2
     assert [r["step_number"] for r in step_records(engine, "t", "j")] == [1, 2, 3, 4]
 
 
@@ -403,7 +403,7 @@ def test_short_waits_continue_inline_and_long_ones_are_enqueued(
     assert clock.now() - start >= timedelta(milliseconds=500)  # the short timer was honoured
     assert "job.waiting_time.inline_continued" in ops.types("j")
     [(due, reason, key)] = [p for p in pending(engine) if p[1] != "create"]
-    assert (reason, key) == ("waiting_time_resume", "3:j:step:3")
+    assert (reason, key) == ("waiting_time_resume", "3:t/j:step:3")
     assert due == engine.job("t", "j").resume_at
 
 

@@ -104,7 +104,7 @@ def test_a_signal_during_a_step_keeps_the_step_and_opens_the_wait_at_once(
     assert executor.errors == [] and executor.results == [SignalOutcome.BUFFERED]
     assert report.outcome is Outcome.ADVANCED
     assert report.status is JobStatus.COMPLETED  # no lease to wait out: one tick did it all
-    assert executor.calls == {step_key(JOB, 1): 1, step_key(JOB, 3): 1}
+    assert executor.calls == {step_key(TENANT, JOB, 1): 1, step_key(TENANT, JOB, 3): 1}
     history = event_types(worker)
     # The signal landed between the claim and the step; the step was recorded on top of it
     # and the wait it opened was resumed by the kept signal in the same append.
@@ -130,7 +130,7 @@ def test_a_budget_raise_during_a_step_keeps_the_step(make_engine: EngineFactory)
 
     assert executor.errors == []
     assert report.outcome is Outcome.ADVANCED and report.status is JobStatus.WAITING_EVENT
-    assert executor.calls == {step_key(JOB, 1): 1}
+    assert executor.calls == {step_key(TENANT, JOB, 1): 1}
     job = worker.job(TENANT, JOB)
     assert job.current_step == 2 and Decimal(job.budget["max_cost_usd"]) == Decimal(50)
     assert "BudgetRaised" in event_types(worker)
@@ -149,7 +149,7 @@ def test_many_signals_during_a_step_are_all_kept_and_the_step_recorded_once(
 
     assert executor.errors == [] and executor.results == [[SignalOutcome.BUFFERED] * 8]
     assert report.status is JobStatus.WAITING_EVENT
-    assert executor.calls == {step_key(JOB, 1): 1}
+    assert executor.calls == {step_key(TENANT, JOB, 1): 1}
     assert event_types(worker).count("SignalBuffered") == 8
 
 
@@ -217,7 +217,7 @@ def test_a_step_whose_commit_acknowledgement_was_lost_is_recognised_as_its_own(
     assert lost.fired == 1
     job = engine.job(TENANT, JOB)
     assert job.status is JobStatus.COMPLETED, job
-    assert executor.calls == {step_key(JOB, n): 1 for n in (1, 2, 3)}
+    assert executor.calls == {step_key(TENANT, JOB, n): 1 for n in (1, 2, 3)}
     history = engine.history(TENANT, JOB)
     assert [e.event_type for e in history].count("StepRecorded") == 4
     assert engine.verify(TENANT, JOB) is None

@@ -499,7 +499,7 @@ def test_a_step_result_that_arrives_after_cancel_is_discarded_and_recorded(
     assert (job.status, job.current_step) == (JobStatus.CANCELLED, 1)
     types = [h.event_type for h in engine.history("t", "j")]
     assert types[-2:] == ["Cancelled", "LateResultDiscarded"]
-    assert engine.history("t", "j")[-1].data["idempotency_key"] == "j:step:2"
+    assert engine.history("t", "j")[-1].data["idempotency_key"] == "t/j:step:2"
     with pytest.raises(JobFinishedError):
         engine.cancel("t", "j", reason="again", by="support")
     assert engine.verify("t", "j") is None

@@ -51,9 +51,9 @@ from jobledger.errors import (
     UnknownWorkflowError,
     VersionConflict,
 )
-from jobledger.identity import job_uuid, key_uuid
+from jobledger.identity import LEGACY_KEY_SCHEME, job_uuid, key_uuid
 from jobledger.job import Job
-from jobledger.keys import ConsumedKey, KeyKind
+from jobledger.keys import ConsumedKey, KeyKind, key_id
 from jobledger.orchestrator import Orchestrator, TickReport
 from jobledger.payloads import json_object, text
 from jobledger.ports import (
@@ -330,12 +330,12 @@ class Engine:
         token_sha256 = hashlib.sha256(token.encode()).hexdigest()
 
         def resume(job: Job) -> list[ConsumedKey]:
+            if self._key_used(job, KeyKind.TOKEN, claims.nonce):
+                raise DuplicateKeyError(KeyKind.TOKEN, claims.nonce)
             _check_token_fits(job, claims, token_sha256)
             job.resume(source="token", payload=data, now=self.clock.now(), nonce=claims.nonce)
             return [self._key(job, KeyKind.TOKEN, claims.nonce)]
 
-        if self._key_used(claims.tenant_id, claims.job_id, KeyKind.TOKEN, claims.nonce):
-            raise self._used_token(claims)
         try:
             job = self._apply(claims.tenant_id, claims.job_id, resume, missing=TokenMismatchError)
         except DuplicateKeyError:
@@ -432,6 +432,8 @@ class Engine:
 
         def deliver(job: Job) -> list[ConsumedKey]:
             nonlocal outcome
+            if self._key_used(job, KeyKind.SIGNAL, signal_id):
+                raise DuplicateKeyError(KeyKind.SIGNAL, signal_id)
             if job.status.is_terminal:
                 raise JobFinishedError(f"job {job_id!r} is {job.status}; signal not delivered")
             now = self.clock.now()
@@ -444,8 +446,6 @@ class Engine:
                 outcome = SignalOutcome.BUFFERED
             return [self._key(job, KeyKind.SIGNAL, signal_id)]
 
-        if self._key_used(tenant_id, job_id, KeyKind.SIGNAL, signal_id):
-            return SignalOutcome.DUPLICATE
         try:
             job = self._apply(tenant_id, job_id, deliver)
         except DuplicateKeyError:
@@ -475,14 +475,14 @@ class Engine:
             text(comment, what="approval comment", max_bytes=self.config.max_payload_bytes)
 
         def decide(job: Job) -> list[ConsumedKey]:
+            if self._key_used(job, KeyKind.APPROVAL, approval_id):
+                raise DuplicateKeyError(KeyKind.APPROVAL, approval_id)
             _check_decision(job, approval_id, decided_by, action_sha256, self.clock.now())
             job.decide_approval(
                 decision=verdict, decided_by=decided_by, comment=comment, now=self.clock.now()
             )
             return [self._key(job, KeyKind.APPROVAL, approval_id)]
 
-        if self._key_used(tenant_id, job_id, KeyKind.APPROVAL, approval_id):
-            raise ApprovalAlreadyDecidedError(f"approval {approval_id!r} was already decided")
         try:
             job = self._apply(tenant_id, job_id, decide)
         except DuplicateKeyError:
@@ -619,9 +619,18 @@ class Engine:
             timestamp=self.clock.now(),
         )
 
-    def _key_used(self, tenant_id: str, job_id: str, kind: str, key: str) -> bool:
-        found = self.store.find_key(job_uuid(tenant_id, job_id), key_uuid(tenant_id, kind, key))
-        return found is not None
+    def _key_used(self, job: Job, kind: str, key: str) -> bool:
+        """Whether the job consumed the key already. Asked of the job as loaded, before
+        deciding: a racing use that committed first is then seen here (or collides with
+        this append), so the loser is told it was a replay, not that the job moved on."""
+        if self.store.find_key(job.id, key_id(kind, job.tenant_id, job.job_id, key)):
+            return True
+        if job.key_scheme != LEGACY_KEY_SCHEME:
+            return False
+        # A job submitted before signal ids, nonces and approval ids were scoped to their
+        # job may have consumed one under its per-tenant id (never written any more).
+        legacy = self.store.find_key(job.id, key_uuid(job.tenant_id, kind, key))
+        return legacy is not None and legacy.job_uuid == job.id
 
     def _wake(self, job: Job, reason: str) -> None:
         if job.status is JobStatus.QUEUED:

@@ -8,17 +8,38 @@ from uuid import UUID, uuid5
 JOB_NAMESPACE = UUID("6f1c3f0e-8a53-4f55-9a5e-4f3c0c7e2b11")
 KEY_NAMESPACE = UUID("0d7e3b7a-52e4-4b8e-9d8f-2f3d6c1a9e42")
 
+# How a job's step keys are shaped, pinned in its Submitted event so a job keeps the
+# keys it started with: an executor de-duplicates a re-run step by the key it saw first.
+LEGACY_KEY_SCHEME = 1
+"""``{job_id}:step:{n}``: jobs submitted before step keys named their tenant."""
+KEY_SCHEME = 2
+"""``{tenant_id}/{job_id}:step:{n}``, the tenant with '%' and '/' escaped: every new job."""
+
 
 def job_uuid(tenant_id: str, job_id: str) -> UUID:
     """The tenant is part of the identity: no lookup by job id alone can cross tenants."""
     return uuid5(JOB_NAMESPACE, f"{len(tenant_id)}:{tenant_id}/{job_id}")
 
 
-def step_key(job_id: str, step_number: int) -> str:
-    """Stable across every re-delivery: never the claim version, never the tick reason."""
-    return f"{job_id}:step:{step_number}"
+def step_key(tenant_id: str, job_id: str, step_number: int, scheme: int = KEY_SCHEME) -> str:
+    """Stable across every re-delivery: never the claim version, never the tick reason.
+
+    Unique across tenants: the tenant comes first and its own '/' is escaped, so the first
+    '/' ends it and ("x/y", "z") and ("x", "y/z") get different keys."""
+    if scheme == LEGACY_KEY_SCHEME:
+        return f"{job_id}:step:{step_number}"
+    tenant = tenant_id.replace("%", "%25").replace("/", "%2F")
+    return f"{tenant}/{job_id}:step:{step_number}"
 
 
 def key_uuid(tenant_id: str, kind: str, key: str) -> UUID:
-    """The identity of the event that consumes ``key``; a second use collides in the store."""
+    """The identity of the event that consumes ``key`` once per tenant (a submit key; a
+    step key, which names its job itself); a second use collides in the store."""
     return uuid5(KEY_NAMESPACE, f"{kind}\x00{len(tenant_id)}:{tenant_id}\x00{key}")
+
+
+def job_key_uuid(tenant_id: str, job_id: str, kind: str, key: str) -> UUID:
+    """The identity of the event that consumes ``key`` once per job (a signal id, a token
+    nonce, an approval id): the same id sent to two jobs is two keys."""
+    scope = f"{len(tenant_id)}:{tenant_id}/{len(job_id)}:{job_id}"
+    return uuid5(KEY_NAMESPACE, f"{kind}\x00{scope}\x00{key}")

@@ -11,8 +11,8 @@ from eventsourcing.domain import Aggregate
 from eventsourcing.domain import Snapshot as AggregateSnapshot
 from eventsourcing.utils import get_topic
 
-from jobledger import chain
-from jobledger.identity import job_uuid
+from jobledger import chain, identity
+from jobledger.identity import KEY_SCHEME, LEGACY_KEY_SCHEME, job_uuid
 from jobledger.status import TRANSITION_STATUSES, JobStatus
 
 JSON = dict[str, Any]
@@ -29,6 +29,7 @@ class Job(Aggregate):
     employee_id: str | None
     correlation_id: str | None
     submit_key: str | None
+    key_scheme: int
     budget: JSON
     state: JSON
     status: JobStatus
@@ -49,8 +50,19 @@ class Job(Aggregate):
     inbox: list[JSON]
     chain_head: str
 
+    # Version 2 holds ``key_scheme``; older snapshots are upcast when read.
+    class_version = 2
+
     def __init__(self) -> None:
         """State is set by ``Submitted.evolve``: the events, not the constructor, define a job."""
+
+    @staticmethod
+    def upcast_v1_v2(state: JSON) -> None:
+        state["key_scheme"] = LEGACY_KEY_SCHEME
+
+    def step_key(self, step_number: int) -> str:
+        """The idempotency key of the job's step ``step_number``, in the job's own scheme."""
+        return identity.step_key(self.tenant_id, self.job_id, step_number, self.key_scheme)
 
     class Snapshot(AggregateSnapshot):
         def mutate(self, _: None) -> Job:
@@ -82,6 +94,9 @@ class Job(Aggregate):
         employee_id: str | None
         correlation_id: str | None
         submit_key: str | None
+        key_scheme: int = LEGACY_KEY_SCHEME
+        """How the job's step keys are shaped (``jobledger.identity``); absent from jobs
+        submitted before it was kept, which keep the keys they started with."""
 
         def evolve(self, job: Job) -> None:
             job.tenant_id = self.tenant_id
@@ -94,6 +109,7 @@ class Job(Aggregate):
             job.employee_id = self.employee_id
             job.correlation_id = self.correlation_id
             job.submit_key = self.submit_key
+            job.key_scheme = self.key_scheme
             job.status = JobStatus.QUEUED
             job.current_step = 0
             job.resume_at = None
@@ -394,6 +410,7 @@ class Job(Aggregate):
         correlation_id: str | None,
         submit_key: str | None,
         timestamp: datetime,
+        key_scheme: int = KEY_SCHEME,
     ) -> Job:
         fields: dict[str, Any] = {
             "originator_topic": get_topic(cls),
@@ -410,6 +427,7 @@ class Job(Aggregate):
             "employee_id": employee_id,
             "correlation_id": correlation_id,
             "submit_key": submit_key,
+            "key_scheme": key_scheme,
         }
         fields["chain_hash"] = chain.link(chain.GENESIS, cls.Submitted.__qualname__, fields)
         del fields["originator_topic"]

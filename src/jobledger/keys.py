@@ -12,7 +12,7 @@ from uuid import UUID
 
 from eventsourcing.domain import Aggregate
 
-from jobledger.identity import key_uuid
+from jobledger.identity import job_key_uuid, key_uuid
 
 
 class KeyKind:
@@ -21,6 +21,18 @@ class KeyKind:
     TOKEN = "token"
     SIGNAL = "signal"
     APPROVAL = "approval"
+
+
+JOB_SCOPED = frozenset({KeyKind.TOKEN, KeyKind.SIGNAL, KeyKind.APPROVAL})
+"""Kinds used once per job. A submit key is used once per tenant; a step key names its
+job itself (and its id must not change, or a re-run step of a stored job would not
+collide with its record)."""
+
+
+def key_id(kind: str, tenant_id: str, job_id: str, key: str) -> UUID:
+    if kind in JOB_SCOPED:
+        return job_key_uuid(tenant_id, job_id, kind, key)
+    return key_uuid(tenant_id, kind, key)
 
 
 class ConsumedKey(Aggregate):
@@ -34,6 +46,13 @@ class ConsumedKey(Aggregate):
 
     def __init__(self) -> None:
         """State is set by the ``Consumed`` event."""
+
+    @property
+    def route(self) -> UUID:
+        """Where the key lives: beside its job, so one append covers both, except a submit
+        key, which must be unique per tenant whatever the job id and so lives where its
+        own id hashes to."""
+        return self.id if self.kind == KeyKind.SUBMIT else self.job_uuid
 
     class Consumed(Aggregate.Created):
         kind: str
@@ -63,7 +82,7 @@ class ConsumedKey(Aggregate):
     ) -> ConsumedKey:
         return cls._create(
             cls.Consumed,
-            id=key_uuid(tenant_id, kind, key),
+            id=key_id(kind, tenant_id, job_id, key),
             kind=kind,
             key=key,
             tenant_id=tenant_id,

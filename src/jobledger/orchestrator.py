@@ -34,7 +34,7 @@ from jobledger.errors import (
     WorkflowNotDeployedError,
 )
 from jobledger.heartbeat import Heartbeats
-from jobledger.identity import job_uuid, step_key
+from jobledger.identity import job_uuid
 from jobledger.job import Job
 from jobledger.keys import ConsumedKey, KeyKind
 from jobledger.payloads import json_object
@@ -369,7 +369,7 @@ class Orchestrator:
                 job,
                 "job.step.recovered",
                 stepNumber=job.current_step + 1,
-                idempotencyKey=step_key(job.job_id, job.current_step + 1),
+                idempotencyKey=job.step_key(job.current_step + 1),
                 previousWorkerId=expired_holder,
             )
 
@@ -377,7 +377,7 @@ class Orchestrator:
 
     def execute(self, job: Job, run: _Run, resolution: Resolution) -> StepOutcome | Outcome:
         step_number = job.current_step + 1
-        key = step_key(job.job_id, step_number)
+        key = job.step_key(step_number)
         started_at = self.clock.now()
         self.report(
             job,
@@ -688,7 +688,7 @@ class Orchestrator:
                 inlineResumeMaxDelayMs=limit,
             )
             return None
-        key = step_key(job.job_id, job.current_step)
+        key = job.step_key(job.current_step)
         self.schedule(job, due, f"{job.current_step}:{key}", now)
         return Outcome.ADVANCED
 

@@ -15,7 +15,6 @@ from datetime import datetime, timedelta
 from decimal import Decimal
 from typing import Any
 
-from jobledger.identity import step_key
 from jobledger.job import Job
 from jobledger.ports import ApprovalSpec, IssuedToken, Resolution
 from jobledger.status import JobStatus
@@ -67,7 +66,7 @@ def decide(job: Job, resolution: Resolution, *, at: datetime, default_wait_ms: i
         )
     return Transition(
         step_number=step_number,
-        idempotency_key=step_key(job.job_id, step_number),
+        idempotency_key=job.step_key(step_number),
         step_type=resolution.step_type,
         step_name=resolution.step_name,
         triggered_by=resolution.triggered_by,

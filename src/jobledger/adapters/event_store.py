@@ -187,7 +187,7 @@ class EventSourcedJobStore:
 
     @store_errors("reserving a key")
     def reserve_key(self, key: ConsumedKey) -> None:
-        partition = self.partition(key.id)
+        partition = self.partition(key.route)
         try:
             partition.events.put(list(key.collect_events()))
         except IntegrityError:

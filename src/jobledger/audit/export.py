@@ -413,15 +413,16 @@ def consumed_keys(events: list[Job.Event]) -> list[ConsumedKey]:
 
 
 def _append(store: EventSourcedJobStore, events: list[Job.Event]) -> int:
-    """The job's events with the keys that live beside it in one transaction; a key that
-    hashes to another partition (a submit key) in its own."""
+    """The job's events with the keys that live beside it in one transaction; a submit key
+    whose id hashes to another partition in its own."""
     job_uuid = events[0].originator_id
     partition = store.partition(job_uuid)
     keys = consumed_keys(events)
     together: list[Any] = list(events)
     apart: list[ConsumedKey] = []
     for key in keys:
-        if store.colocated(key.id, job_uuid):
+        # Where the engine writes and looks for it: most keys beside their job.
+        if store.colocated(key.route, job_uuid):
             together.extend(key.collect_events())
         else:
             apart.append(key)
@@ -429,7 +430,7 @@ def _append(store: EventSourcedJobStore, events: list[Job.Event]) -> int:
         with store_errors("importing"):
             partition.events.put(together)
             for key in apart:
-                store.partition(key.id).events.put(list(key.collect_events()))
+                store.partition(key.route).events.put(list(key.collect_events()))
     except IntegrityError:
         raise ImportRefusedError(
             f"job {job_uuid} or one of its keys is already in the store (import stopped "

@@ -10,6 +10,7 @@ from collections import Counter
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 from jobledger.ports import StepRequest, StepResult
 
@@ -45,7 +46,8 @@ class EffectsLedger:
             log.write(f"{key}\t{task}\n")
             log.flush()
             os.fsync(log.fileno())
-        entry = self.outbox / f"{key.replace(':', '_')}.json"
+        # A key holds '/' (after the tenant) and ':': quoted, it is one portable file name.
+        entry = self.outbox / f"{quote(key, safe='')}.json"
         entry.write_text(json.dumps({"key": key, "task": task, "result": result}, indent=2))
 
     def executions(self) -> Counter[tuple[str, str]]:
