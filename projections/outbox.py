@@ -23,10 +23,9 @@ import logging
 import typing
 from collections import OrderedDict
 from collections.abc import Sequence
-from dataclasses import dataclass
 from datetime import datetime
 from decimal import Decimal
-from typing import Any, Protocol
+from typing import Any
 from uuid import UUID
 
 from eventsourcing.persistence import IntegrityError, Notification, PersistenceError, Tracking
@@ -37,7 +36,7 @@ from jobledger.adapters.locks import schema_lock
 from jobledger.adapters.store_errors import store_errors
 from jobledger.errors import StoreUnavailableError
 from jobledger.job import Job
-from jobledger.ports import Lock
+from jobledger.ports import EventPublisher, Lock, OutboxMessage
 from projections.job_views import Lag, _dialect
 from projections.runner import LogFollower
 
@@ -45,21 +44,6 @@ log = logging.getLogger(__name__)
 
 BATCH = 500
 _NAMES_CACHED = 100_000
-
-
-@dataclass(frozen=True)
-class OutboxMessage:
-    key: bytes
-    value: bytes
-    headers: list[tuple[str, bytes]]
-    log: str
-    position: int
-
-
-class EventPublisher(Protocol):
-    def publish(self, messages: Sequence[OutboxMessage]) -> None:
-        """Send every message (in order per key) and return only once all of them were
-        acknowledged; raise if any was not."""
 
 
 class Outbox:

@@ -641,7 +641,13 @@ class Engine:
     # ---- running ---------------------------------------------------------------------
 
     def tick(self, tenant_id: str, job_id: str, reason: str = "queue") -> TickReport:
-        return self.orchestrator.tick(Tick(tenant_id, job_id, reason))
+        return self.run_tick(Tick(tenant_id, job_id, reason))
+
+    def run_tick(self, tick: Tick) -> TickReport:
+        """One tick as delivered (an interrupted tick's claim included), every error left
+        to the caller: what a consumer that answers with offsets needs (``handle`` is the
+        local queue's, which answers by re-enqueueing)."""
+        return self.orchestrator.tick(tick)
 
     def run_until_idle(self, *, wait_for_timers: bool = False, max_ticks: int = 100_000) -> int:
         """Handle the local queue's ticks until none is due (or, with ``wait_for_timers``,
@@ -668,7 +674,7 @@ class Engine:
         turned into a failure; a deployment error leaves the job as it is (noted, warned)
         for a later tick: the reconciler sends one while the job is due."""
         try:
-            return self.orchestrator.tick(tick)
+            return self.run_tick(tick)
         except DeploymentError as error:
             self.deployment_blocked(error)
         except StoreUnavailableError as error:

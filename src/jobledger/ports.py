@@ -230,6 +230,17 @@ class Lease:
     lease_until: datetime
 
 
+@dataclass(frozen=True)
+class OutboxMessage:
+    """One job event on its way to the events topic, with where it stands in its log."""
+
+    key: bytes
+    value: bytes
+    headers: list[tuple[str, bytes]]
+    log: str
+    position: int
+
+
 # ---- the ports ---------------------------------------------------------------------------
 
 
@@ -381,6 +392,12 @@ class Lock(Protocol):
         """True if this instance holds the lock now (re-entrant, never blocks)."""
 
     def release(self) -> None: ...
+
+
+class EventPublisher(Protocol):
+    def publish(self, messages: Sequence[OutboxMessage]) -> None:
+        """Send every message (in order per key) and return only once all of them were
+        acknowledged; raise if any was not."""
 
 
 class Notifier(Protocol):

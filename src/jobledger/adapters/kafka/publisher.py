@@ -7,11 +7,11 @@ from collections.abc import Sequence
 from typing import Any
 
 from kafka.errors import KafkaError
-from projections.outbox import OutboxMessage
 
 from jobledger.adapters.kafka import clients
 from jobledger.adapters.kafka.clients import KafkaUnavailableError
 from jobledger.adapters.kafka.settings import KafkaSettings
+from jobledger.ports import OutboxMessage
 
 
 class KafkaEventPublisher:

@@ -26,10 +26,10 @@ from __future__ import annotations
 import logging
 import threading
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from kafka import ConsumerRebalanceListener, OffsetAndMetadata, TopicPartition
 from kafka.errors import KafkaError
@@ -54,11 +54,11 @@ from jobledger.errors import (
     StoreUnavailableError,
     UnknownJobError,
 )
-from jobledger.ports import OpsEvent, Tick
+from jobledger.ports import Ops, OpsEvent, Queue, Tick
 from jobledger.status import JobStatus
+from jobledger.views import JobView
 
 if TYPE_CHECKING:
-    from jobledger.engine import Engine
     from jobledger.orchestrator import TickReport
 
 log = logging.getLogger(__name__)
@@ -86,10 +86,34 @@ class WorkerStats:
     outcomes: Counter[str] = field(default_factory=Counter)
 
 
+class TickEngine(Protocol):
+    """What the worker needs of the engine (``jobledger.Engine`` is one): the adapter
+    knows the facade's shape, never the facade."""
+
+    queue: Queue
+    ops: Ops
+
+    def run_tick(self, tick: Tick) -> TickReport: ...
+
+    def deployment_blocked(self, error: DeploymentError) -> None: ...
+
+    def signal(
+        self,
+        tenant_id: str,
+        job_id: str,
+        event_name: str,
+        payload: Mapping[str, Any] | None = None,
+        *,
+        signal_id: str,
+    ) -> str: ...
+
+    def job(self, tenant_id: str, job_id: str) -> JobView: ...
+
+
 class KafkaWorker:
     def __init__(
         self,
-        engine: Engine,
+        engine: TickEngine,
         settings: KafkaSettings,
         *,
         stopping: threading.Event | None = None,
@@ -234,7 +258,7 @@ class KafkaWorker:
         tick = replace(message.tick, claim_id=self._claims.get(position))
         report: TickReport | None = None
         try:
-            report = self.engine.orchestrator.tick(tick)
+            report = self.engine.run_tick(tick)
         except UnknownJobError as error:
             raise MalformedMessage("unknown_job", str(error)) from None
         except InvalidPayloadError as error:
