@@ -474,13 +474,12 @@ class Orchestrator:
         assert self.tokens is not None  # checked before the side effect
         now = self.clock.now()
         # The token lives as long as the wait: until its timeout or the job's deadline.
-        timeout_ms = resolution.wait_timeout_ms
-        timeout_at = None if timeout_ms is None else now + timedelta(milliseconds=timeout_ms)
+        timeout_at = transition.resume_at(resolution, now, self.config.default_wait_ms)
         ends = min((m for m in (timeout_at, job.deadline_at) if m is not None), default=None)
         return self.tokens.issue(
             JobView.of(job),
             step_number=job.current_step + 1,
-            event_name=_event_name(resolution),
+            event_name=transition.event_name(resolution),
             now=now,
             lasts_until=ends,
         )
@@ -626,7 +625,7 @@ class Orchestrator:
 
     def await_event(self, job: Job, resolution: Resolution, token: IssuedToken | None) -> None:
         assert token is not None
-        name = _event_name(resolution)
+        name = transition.event_name(resolution)
         self.report(
             job,
             "job.waiting_event",
@@ -736,10 +735,6 @@ class Orchestrator:
                 metadata=metadata,
             )
         )
-
-
-def _event_name(resolution: Resolution) -> str:
-    return resolution.wait_event_name or "job.resume"
 
 
 def _mapping(value: object, what: str) -> Mapping[str, Any]:

@@ -73,10 +73,8 @@ def decide(job: Job, resolution: Resolution, *, at: datetime, default_wait_ms: i
         transition_reason=resolution.transition_reason,
         next_status=status,
         next_step=resolution.next_step,
-        resume_at=_resume_at(resolution, at, default_wait_ms),
-        wait_event_name=(resolution.wait_event_name or DEFAULT_EVENT_NAME)
-        if waits_for_event
-        else None,
+        resume_at=resume_at(resolution, at, default_wait_ms),
+        wait_event_name=event_name(resolution) if waits_for_event else None,
         on_timeout=resolution.on_timeout if waits_for_event else None,
         approval=approval,
         params=resolution.params,
@@ -150,7 +148,12 @@ def action_sha256(step_name: str | None, params: dict[str, Any], state: dict[str
 # ---- the parts of a transition ------------------------------------------------------------
 
 
-def _resume_at(resolution: Resolution, at: datetime, default_wait_ms: int) -> datetime | None:
+def event_name(resolution: Resolution) -> str:
+    """The outside event a ``waiting_event`` step waits for."""
+    return resolution.wait_event_name or DEFAULT_EVENT_NAME
+
+
+def resume_at(resolution: Resolution, at: datetime, default_wait_ms: int) -> datetime | None:
     """When a tick should next look at the job: its timer, or its wait's deadline."""
     status = resolution.next_status
     if status is JobStatus.WAITING_TIME:
