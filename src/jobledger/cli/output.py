@@ -74,7 +74,12 @@ def when(moment: datetime | None) -> str:
 
 
 def money(amount: Decimal | str | int | float) -> str:
-    return f"${Decimal(str(amount))}"
+    """Dollars with at least two decimals (``$0.40``), and every further digit the amount
+    has (``$0.0125``): a sub-cent agent step must not read as free."""
+    value = Decimal(str(amount))
+    if value == value.quantize(Decimal("0.01")):
+        value = value.quantize(Decimal("0.01"))
+    return f"${value:f}"
 
 
 # ---- a job -----------------------------------------------------------------------------
