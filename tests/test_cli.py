@@ -241,7 +241,7 @@ ERRORS = [
         ("show", "a", "b", "--config", "bad.toml"),
         [
             "error: invalid config file 'bad.toml'",
-            "partitions: Input should be greater than or equal to 1",
+            "partitions must be at least 1 (got 0)",
             "unknown setting 'colour'",
         ],
     ),

@@ -1,11 +1,16 @@
-"""The CLI's settings: flags, an optional TOML file and ``JOBLEDGER_*`` variables.
+"""The CLI's settings: flags, a TOML file and ``JOBLEDGER_*`` variables.
 
-Precedence, highest first: ``--store``; the ``--config`` file; the environment; the
-defaults of :class:`~jobledger.config.EngineConfig`. The file's keys are EngineConfig
-fields (``store_url``, ``cost_ceiling_usd``, ``token_secret``, ...) plus two of the CLI's
-own: ``definitions`` (a directory, relative to the file) and ``executor`` (``module:attr``
-of a StepExecutor, or of a class or factory that makes one). ``JOBLEDGER_DEFINITIONS`` and
-``JOBLEDGER_EXECUTOR`` set those two from the environment.
+Precedence, highest first: ``--store``; the environment; the config file; the defaults of
+:class:`~jobledger.config.EngineConfig` (a variable set for one command beats the file it
+runs beside, as in most tools). The config file is ``--config FILE``, else
+``./jobledger.toml`` when there is one, else ``$JOBLEDGER_CONFIG``. Its keys are
+EngineConfig fields (``store_url``, ``cost_ceiling_usd``, ``token_secret``, ...) plus two of
+the CLI's own: ``definitions`` (a directory) and ``executor`` (``module:attr`` of a
+StepExecutor, or of a class or factory that makes one). Every path the file names is
+relative to the file: the definitions, a SQLite store (``sqlite:///jobs.db`` is the
+``jobs.db`` beside the file) and the executor's module (imported from the file's
+directory first). ``JOBLEDGER_DEFINITIONS`` and ``JOBLEDGER_EXECUTOR`` set those two from
+the environment (relative to the current directory, as any environment path is).
 """
 
 from __future__ import annotations
@@ -14,7 +19,7 @@ import importlib
 import os
 import sys
 import tomllib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
 
@@ -25,8 +30,10 @@ from jobledger.errors import ConfigError
 from jobledger.ports import StepExecutor
 
 CLI_KEYS = ("definitions", "executor")
+ENV_CONFIG = "JOBLEDGER_CONFIG"
 ENV_DEFINITIONS = "JOBLEDGER_DEFINITIONS"
 ENV_EXECUTOR = "JOBLEDGER_EXECUTOR"
+DEFAULT_CONFIG = Path("jobledger.toml")
 
 
 @dataclass(frozen=True)
@@ -35,25 +42,64 @@ class Settings:
     definitions: Path | None
     executor: str | None
     """``module:attr``; imported only by the commands that run steps."""
+    config_file: Path | None = None
+    """The file the settings were read from (``--config``, ./jobledger.toml or
+    $JOBLEDGER_CONFIG), if any: the executor's module is imported from its directory."""
+    sources: dict[str, str] = field(default_factory=dict)
+    """Where each setting that is not a default came from: ``flag``, ``file`` or ``env``."""
+
+
+def find_config_file(config_file: Path | None) -> Path | None:
+    """``--config``, else ./jobledger.toml if present, else $JOBLEDGER_CONFIG."""
+    if config_file is not None:
+        return config_file
+    if DEFAULT_CONFIG.is_file():
+        return DEFAULT_CONFIG
+    return Path(os.environ[ENV_CONFIG]) if os.environ.get(ENV_CONFIG) else None
 
 
 def load_settings(config_file: Path | None, store_url: str | None) -> Settings:
+    config_file = find_config_file(config_file)
     values = read_config_file(config_file) if config_file is not None else {}
+    in_env = {
+        key for key in [*EngineConfig.model_fields, *CLI_KEYS] if os.environ.get(env_name(key))
+    }
+    values = {key: value for key, value in values.items() if key not in in_env}
+    sources = {key: "file" for key in values} | {key: "env" for key in in_env}
     definitions = values.pop("definitions", None)
     executor = values.pop("executor", None)
     if definitions is not None:
         assert config_file is not None
         definitions = config_file.parent / _string(definitions, "definitions", config_file)
-    elif os.environ.get(ENV_DEFINITIONS):
+    elif "definitions" in in_env:
         definitions = Path(os.environ[ENV_DEFINITIONS])
     if executor is not None:
         assert config_file is not None
         executor = _string(executor, "executor", config_file)
-    else:
-        executor = os.environ.get(ENV_EXECUTOR) or None
+    elif "executor" in in_env:
+        executor = os.environ[ENV_EXECUTOR]
     if store_url is not None:
         values["store_url"] = store_url
-    return Settings(engine_config(values, config_file), definitions, executor)
+        sources["store_url"] = "flag"
+    elif "store_url" in values and config_file is not None:
+        values["store_url"] = beside(
+            config_file, _string(values["store_url"], "store_url", config_file)
+        )
+    return Settings(engine_config(values, config_file), definitions, executor, config_file, sources)
+
+
+def env_name(setting: str) -> str:
+    return f"JOBLEDGER_{setting.upper()}"
+
+
+def beside(config_file: Path, store_url: str) -> str:
+    """A relative SQLite path in a config file is relative to the file, not to wherever
+    the command runs (else ``--config s1/tick.toml`` from the parent quietly creates a new,
+    empty ``./tick.db``)."""
+    prefix = "sqlite:///"
+    if not store_url.startswith(prefix) or store_url.startswith(prefix + "/"):
+        return store_url
+    return prefix + str((config_file.parent / store_url.removeprefix(prefix)).absolute())
 
 
 def read_config_file(path: Path) -> dict[str, Any]:
@@ -80,9 +126,26 @@ def engine_config(values: dict[str, Any], source: Path | None) -> EngineConfig:
 
 def _problem(detail: Any) -> str:
     key = ".".join(str(part) for part in detail["loc"])
-    if detail["type"] == "extra_forbidden":
+    kind, ctx = detail["type"], detail.get("ctx") or {}
+    if kind == "extra_forbidden":
         known = ", ".join([*EngineConfig.model_fields, *CLI_KEYS])
         return f"unknown setting {key!r} (known: {known})"
+    if kind == "too_short":
+        return (
+            f"{key} must be at least {ctx['min_length']} characters long "
+            f"(it is {ctx['actual_length']})"
+        )
+    if kind in ("greater_than_equal", "greater_than", "less_than_equal", "less_than"):
+        words = {"greater_than_equal": "at least", "greater_than": "more than"}
+        words |= {"less_than_equal": "at most", "less_than": "less than"}
+        bound = next(iter(ctx.values()))
+        return f"{key} must be {words[kind]} {bound} (got {detail['input']!r})"
+    if kind == "literal_error":
+        return f"{key} must be one of {ctx['expected']} (got {detail['input']!r})"
+    if kind == "string_pattern_mismatch":
+        return f"{key} {detail['input']!r} is not allowed here (pattern {ctx['pattern']})"
+    if kind.endswith("_parsing") or kind.endswith("_type"):
+        return f"{key}: {detail['msg'].lower()} (got {detail['input']!r})"
     return f"{key}: {detail['msg']}"
 
 
@@ -92,14 +155,19 @@ def _string(value: object, key: str, source: Path) -> str:
     return value
 
 
-def load_executor(spec: str) -> StepExecutor:
+def load_executor(spec: str, config_file: Path | None = None) -> StepExecutor:
     """Import ``module:attr``; a class or a factory is called with no arguments. The
-    current directory is importable, as it is for ``python -m``."""
+    config file's directory is importable first, then the current directory, as it is
+    for ``python -m``."""
     module_name, _, attr = spec.partition(":")
     if not module_name or not attr:
         raise ConfigError(f"executor {spec!r} must be an import path like 'package.module:Name'")
-    if os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())
+    roots = [os.getcwd()]
+    if config_file is not None:
+        roots.insert(0, str(config_file.parent.absolute()))
+    for root in reversed(roots):
+        if root not in sys.path:
+            sys.path.insert(0, root)
     try:
         target: Any = importlib.import_module(module_name)
     except ImportError as error:

@@ -144,4 +144,4 @@ def _executor(settings: Settings, purpose: str) -> StepExecutor:
             f"{purpose} needs a step executor: set executor = 'module:attr' in the --config "
             "file or JOBLEDGER_EXECUTOR"
         )
-    return load_executor(settings.executor)
+    return load_executor(settings.executor, settings.config_file)
