@@ -9,11 +9,17 @@ on stderr, without a traceback.
 
 from __future__ import annotations
 
+from importlib.metadata import version
+from typing import Annotated, Any
+
+import typer
+import typer.main
 from eventsourcing.persistence import PersistenceError
 from typer import Typer
 
 from jobledger.cli import (
     commands_audit,
+    commands_config,
     commands_decisions,
     commands_definitions,
     commands_demo,
@@ -25,52 +31,92 @@ from jobledger.errors import JobLedgerError
 
 __all__ = ["Exit", "app", "main"]
 
-JOBS, EVENTS, OPS, OTHER = (
-    "Jobs",
-    "Decisions and outside events",
-    "Running",
-    "Definitions and demo",
-)
-AUDIT = "Replay and audit"
-
 app = Typer(
     name="jobledger",
     help="A durable, event-sourced job engine. Every command takes --store URL and "
     "--config FILE; exit codes: 0 ok, 1 refused or invalid, 2 usage, 3 store or config, "
     "4 temporary: try again.",
     no_args_is_help=True,
-    add_completion=False,
+    add_completion=True,
     pretty_exceptions_enable=False,
-    rich_markup_mode="markdown",
+    rich_markup_mode=None,
 )
-app.command(rich_help_panel=JOBS)(commands_jobs.submit)
-app.command(rich_help_panel=JOBS)(commands_jobs.show)
-app.command(rich_help_panel=JOBS)(commands_jobs.history)
-app.command(rich_help_panel=JOBS)(commands_jobs.tick)
-app.command(rich_help_panel=EVENTS)(commands_decisions.approve)
-app.command(rich_help_panel=EVENTS)(commands_decisions.reject)
-app.command(rich_help_panel=EVENTS)(commands_decisions.resume)
-app.command(rich_help_panel=EVENTS)(commands_decisions.signal)
-app.command(rich_help_panel=EVENTS)(commands_decisions.cancel)
-app.add_typer(commands_decisions.token_app, name="token", rich_help_panel=EVENTS)
-app.add_typer(commands_definitions.app, name="definitions", rich_help_panel=OTHER)
-app.command(rich_help_panel=OTHER)(commands_demo.demo)
-app.command("list", rich_help_panel=JOBS)(commands_ops.list_jobs)
-app.command(rich_help_panel=OPS)(commands_ops.run)
-app.command(rich_help_panel=OPS)(commands_ops.worker)
-app.command(rich_help_panel=OPS)(commands_ops.reconcile)
-app.add_typer(commands_ops.projections_app, name="projections", rich_help_panel=OPS)
-app.command(rich_help_panel=AUDIT)(commands_audit.replay)
-app.command(rich_help_panel=AUDIT)(commands_audit.migrate)
-app.command(rich_help_panel=AUDIT)(commands_audit.verify)
-app.command(rich_help_panel=AUDIT)(commands_audit.anchor)
-app.command(rich_help_panel=AUDIT)(commands_audit.export)
-app.command("import", rich_help_panel=AUDIT)(commands_audit.import_)
+
+
+def _print_version(asked: bool) -> None:
+    if asked:
+        typer.echo(f"jobledger {version('jobledger')}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    show_version: Annotated[
+        bool,
+        typer.Option(
+            "--version",
+            is_eager=True,
+            callback=_print_version,
+            help="Print the version and exit.",
+        ),
+    ] = False,
+) -> None:
+    """A durable, event-sourced job engine."""
+
+
+# Registered in the order --help lists them: jobs, decisions and outside events, running,
+# replay and audit, then definitions, settings and the demo.
+app.command()(commands_jobs.submit)
+app.command()(commands_jobs.show)
+app.command("list")(commands_ops.list_jobs)
+app.command()(commands_jobs.history)
+app.command()(commands_jobs.tick)
+app.command()(commands_decisions.approve)
+app.command()(commands_decisions.reject)
+app.command()(commands_decisions.resume)
+app.command()(commands_decisions.signal)
+app.command()(commands_decisions.cancel)
+app.add_typer(commands_decisions.token_app, name="token")
+app.command()(commands_ops.run)
+app.command()(commands_ops.worker)
+app.command()(commands_ops.reconcile)
+app.add_typer(commands_ops.projections_app, name="projections")
+app.command()(commands_audit.replay)
+app.command()(commands_audit.migrate)
+app.command()(commands_audit.verify)
+app.command()(commands_audit.anchor)
+app.command()(commands_audit.export)
+app.command("import")(commands_audit.import_)
+app.add_typer(commands_definitions.app, name="definitions")
+app.add_typer(commands_config.app, name="config")
+app.command()(commands_demo.demo)
+
+
+def command() -> Any:
+    """The app as a click command whose usage line names arguments as the field's CLIs
+    do (``show [OPTIONS] TENANT JOB``), not typer 0.29's ``{TENANT}``; help is plain
+    text, as ``git`` and ``gh`` print it (typer's rich help labels flags ``<bool>``, as if
+    they took a value). tests/test_cli_help.py holds typer to both."""
+    root = typer.main.get_command(app)
+    for each in _walk(root):
+        for param in each.params:
+            if param.param_type_name == "argument" and hasattr(param, "_usage_display_name"):
+                param._usage_display_name = _plain_name(param)
+    return root
+
+
+def _plain_name(param: Any) -> Any:
+    return lambda: param.display_name_raw + ("..." if param.nargs != 1 else "")
+
+
+def _walk(command: Any) -> list[Any]:
+    children = getattr(command, "commands", {}).values()
+    return [command, *(nested for child in children for nested in _walk(child))]
 
 
 def main() -> None:
     """The console script: run the app, mapping jobledger's errors to exit codes."""
     try:
-        app(prog_name="jobledger")
+        command()(prog_name="jobledger")
     except (JobLedgerError, PersistenceError) as error:
         raise SystemExit(report_error(error)) from None

@@ -1,0 +1,71 @@
+"""``jobledger config show``: the effective settings and where each one came from."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import typer
+from pydantic import SecretStr
+from rich.table import Table
+
+from jobledger.cli.config_file import CLI_KEYS, Settings, env_name, load_settings
+from jobledger.cli.output import console, jsonable, print_json
+from jobledger.cli.session import ConfigOption, JsonFlag, StoreOption
+from jobledger.config import EngineConfig
+from jobledger.redaction import redact
+
+app = typer.Typer(help="The settings commands run with.", no_args_is_help=True)
+
+HIDDEN = "********"
+
+
+def effective(settings: Settings) -> list[dict[str, Any]]:
+    """Every setting: its value (secrets hidden, a store URL without its password) and
+    its source: ``flag``, ``env`` (the variable named), ``file`` (the file) or ``default``."""
+    rows = []
+    for name in [*EngineConfig.model_fields, *CLI_KEYS]:
+        value = getattr(settings.engine, name, None) if name not in CLI_KEYS else None
+        if name == "definitions":
+            value = settings.definitions
+        elif name == "executor":
+            value = settings.executor
+        rows.append(
+            {"setting": name, "value": shown(name, value), "source": source(settings, name)}
+        )
+    return rows
+
+
+def shown(name: str, value: Any) -> Any:
+    if isinstance(value, SecretStr):
+        return HIDDEN
+    if isinstance(value, dict) and any(isinstance(v, SecretStr) for v in value.values()):
+        return dict.fromkeys(value, HIDDEN)
+    if name == "store_url" and isinstance(value, str):
+        return redact(value)
+    return jsonable(value)
+
+
+def source(settings: Settings, name: str) -> str:
+    where = settings.sources.get(name)
+    if where == "file":
+        return f"file {settings.config_file}"
+    if where == "env":
+        return f"env {env_name(name)}"
+    return where or "default"
+
+
+@app.command("show")
+def show(store: StoreOption = None, config: ConfigOption = None, json: JsonFlag = False) -> None:
+    """Print the effective settings, each with where it came from; secrets hidden."""
+    settings = load_settings(config, store)
+    rows = effective(settings)
+    if json:
+        print_json({"config_file": settings.config_file, "settings": rows})
+        return
+    out = console()
+    out.print(f"config file: {settings.config_file or '(none found)'}")
+    table = Table("setting", "value", "source")
+    for row in rows:
+        value = row["value"]
+        table.add_row(row["setting"], "-" if value is None else str(value), row["source"])
+    out.print(table)
