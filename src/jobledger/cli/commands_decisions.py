@@ -1,15 +1,17 @@
 """What people and outside systems send a job: approve, reject, resume, signal, cancel,
-and a new resume token (token reissue)."""
+raise-budget, and a new resume token (token reissue)."""
 
 from __future__ import annotations
 
+from datetime import datetime
+from decimal import Decimal, InvalidOperation
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
 from jobledger.cli import output
-from jobledger.cli.params import JobId, PayloadOption, Tenant, read_value
+from jobledger.cli.params import LARGEST, JobId, PayloadOption, Tenant, parse_moment, read_value
 from jobledger.cli.session import ConfigOption, JsonFlag, StoreOption, open_engine
 from jobledger.engine import Engine
 from jobledger.errors import StaleApprovalError
@@ -170,6 +172,63 @@ def cancel(
     with open_engine(store, config, purpose="cancel") as engine:
         view = engine.cancel(tenant, job, reason=reason, by=by)
         _done(f"cancelled by {by}", engine, view, json)
+
+
+def _amount(value: str) -> Decimal:
+    try:
+        amount = Decimal(value)
+    except InvalidOperation:
+        raise typer.BadParameter(f"not an amount of dollars: {value!r}") from None
+    if not amount.is_finite() or amount < 0:
+        raise typer.BadParameter(f"must be a finite amount of at least 0, got {value!r}")
+    return amount
+
+
+def raise_budget(
+    tenant: Tenant,
+    job: JobId,
+    by: Annotated[str, typer.Option("--by", metavar="USER", help="Who raises it.")],
+    reason: Annotated[str, typer.Option("--reason", metavar="TEXT", help="Why (recorded).")],
+    max_steps: Annotated[
+        int | None,
+        typer.Option("--max-steps", metavar="N", min=1, max=LARGEST, help="The new step limit."),
+    ] = None,
+    max_cost: Annotated[
+        Decimal | None,
+        typer.Option(
+            "--max-cost", metavar="USD", parser=_amount, help="The new cost limit in dollars."
+        ),
+    ] = None,
+    deadline: Annotated[
+        datetime | None,
+        typer.Option(
+            "--deadline",
+            metavar="TIME",
+            parser=parse_moment,
+            help="The new deadline, ISO 8601 (UTC unless it says otherwise).",
+        ),
+    ] = None,
+    store: StoreOption = None,
+    config: ConfigOption = None,
+    json: JsonFlag = False,
+) -> None:
+    """Raise a job's budget (steps, cost, deadline), recorded with who and why.
+
+    A job parked in budget_exceeded goes on once the raise covers what stopped it.
+    """
+    if max_steps is None and max_cost is None and deadline is None:
+        raise typer.BadParameter("give at least one of --max-steps, --max-cost, --deadline")
+    with open_engine(store, config, purpose="raise-budget") as engine:
+        view = engine.raise_budget(
+            tenant,
+            job,
+            raised_by=by,
+            reason=reason,
+            max_steps=max_steps,
+            max_cost_usd=max_cost,
+            deadline_at=deadline,
+        )
+        _done(f"budget raised by {by}", engine, view, json)
 
 
 def _done(

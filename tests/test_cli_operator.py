@@ -1,0 +1,118 @@
+"""The operator's commands, run for real through the console script on a SQLite store."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+JOBLEDGER = Path(sys.executable).parent / "jobledger"
+THREE_STEPS = """
+type: chores
+version: 1
+start: one
+steps:
+  one: {kind: run_interaction_task, params: {task: one}, next: two}
+  two: {kind: run_interaction_task, params: {task: two}, next: three}
+  three: {kind: run_interaction_task, params: {task: three}, next: done}
+  done: {kind: complete}
+"""
+EXECUTOR = """
+from jobledger import StepRequest, StepResult
+
+class Chores:
+    def execute(self, request: StepRequest) -> StepResult:
+        return StepResult(output={"did": request.resolution.params["task"]}, cost_usd="0.25")
+"""
+
+
+class Operator:
+    def __init__(self, home: Path) -> None:
+        self.home = home
+        (home / "definitions").mkdir()
+        (home / "definitions" / "chores.yaml").write_text(THREE_STEPS)
+        (home / "chores_executor.py").write_text(EXECUTOR)
+        (home / "jobledger.toml").write_text(
+            'store_url = "sqlite:///jobs.db"\n'
+            'definitions = "definitions"\n'
+            'executor = "chores_executor:Chores"\n'
+        )
+
+    def __call__(self, *args: str) -> subprocess.CompletedProcess[str]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("JOBLEDGER_")}
+        env["COLUMNS"] = "120"
+        return subprocess.run(
+            [str(JOBLEDGER), *args],
+            capture_output=True,
+            text=True,
+            env=env,
+            cwd=self.home,
+            timeout=60,
+        )
+
+    def json(self, *args: str) -> Any:
+        result = self(*args, "--json")
+        assert result.returncode == 0, (args, result.stderr)
+        return json.loads(result.stdout)
+
+
+@pytest.fixture
+def operator(tmp_path: Path) -> Operator:
+    return Operator(tmp_path)
+
+
+def test_raise_budget_lets_a_parked_job_go_on(operator: Operator) -> None:
+    operator.json("submit", "t", "j", "chores", "--budget", '{"max_steps": 1, "max_cost_usd": "5"}')
+    assert operator.json("tick", "t", "j")["job"]["status"] == "budget_exceeded"
+    raised = operator.json(
+        "raise-budget",
+        "t",
+        "j",
+        "--by",
+        "ops",
+        "--reason",
+        "worth it",
+        "--max-steps",
+        "10",
+        "--max-cost",
+        "7.50",
+    )
+    assert raised["job"]["status"] == "queued"
+    assert raised["job"]["budget"]["max_steps"] == 10
+    assert operator.json("tick", "t", "j")["job"]["status"] == "completed"
+    history = operator.json("history", "t", "j")["events"]
+    [raise_event] = [e for e in history if e["event_type"] == "BudgetRaised"]
+    assert raise_event["data"]["raised_by"] == "ops"
+    assert raise_event["data"]["reason"] == "worth it"
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        ((), "give at least one of --max-steps, --max-cost, --deadline"),
+        (("--max-cost", "lots"), "not an amount of dollars: 'lots'"),
+        (("--max-cost", "-1"), "must be a finite amount of at least 0"),
+        (("--deadline", "tomorrow"), "not an ISO 8601 time: 'tomorrow'"),
+    ],
+)
+def test_raise_budget_refuses_bad_options_as_usage_errors(
+    operator: Operator, args: tuple[str, ...], says: str
+) -> None:
+    operator.json("submit", "t", "j", "chores")
+    result = operator("raise-budget", "t", "j", "--by", "ops", "--reason", "r", *args)
+    assert result.returncode == 2
+    assert says in " ".join(result.stderr.replace("│", " ").split())
+
+
+def test_raise_budget_of_an_unknown_job_says_so(operator: Operator) -> None:
+    operator.json("submit", "t", "j", "chores")
+    result = operator(
+        "raise-budget", "t", "nope", "--by", "ops", "--reason", "r", "--max-steps", "3"
+    )
+    assert result.returncode == 1
+    assert "nope" in result.stderr and "Traceback" not in result.stderr
