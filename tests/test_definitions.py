@@ -432,6 +432,21 @@ def test_definition_error_is_a_jobledger_error_listing_every_problem(tmp_path: P
     )
 
 
+def test_field_and_graph_problems_are_reported_in_one_pass(tmp_path: Path) -> None:
+    text = document(
+        "a: {kind: run_interaction_task, next: b, retry: {max_attempts: -1}}\n"
+        "b: {kind: branch, cases: [{when: {path: x, op: exists}, next: ghost}], default: a}\n"
+        "c: {kind: complete}"
+    )
+    with pytest.raises(DefinitionError) as raised:
+        load_definitions(write(tmp_path, "wf.yaml", text))
+    problems = "\n".join(raised.value.problems)
+    assert "step 'a': field 'retry.max_attempts'" in problems  # a field problem ...
+    assert "step 'b': field 'cases.0.next': unknown step 'ghost'" in problems  # ... and the graph's
+    assert "step 'c': unreachable from start step 'a'" in problems
+    assert "unbounded cycle a -> b -> a" in problems
+
+
 def test_duplicate_type_and_version_across_files_names_both(tmp_path: Path) -> None:
     write(tmp_path, "first.yaml", document("a: {kind: complete}"))
     write(

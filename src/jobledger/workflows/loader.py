@@ -10,9 +10,10 @@ import json
 import re
 from collections import deque
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from datetime import date
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, Protocol
 
 import yaml
 from pydantic import ValidationError
@@ -21,6 +22,7 @@ from pydantic_core import ErrorDetails
 from jobledger.errors import InvalidPayloadError
 from jobledger.payloads import MAX_DEPTH, MAX_INT_DIGITS, parse_json
 from jobledger.workflows.definition import (
+    GATED_KINDS,
     STEP_KINDS,
     DefinitionError,
     WorkflowDefinition,
@@ -69,7 +71,11 @@ def parse_definition(text: str, source: str) -> WorkflowDefinition:
     try:
         definition = WorkflowDefinition.model_validate(data)
     except ValidationError as error:
-        raise DefinitionError(validation_problems(error, source)) from None
+        # The graph is checked too, as far as the document names it, so one pass reports
+        # every problem (a bad field does not hide an unknown step or an endless loop).
+        raw = RawGraph.of(data)
+        graph = graph_problems(raw, source) if raw is not None else []
+        raise DefinitionError(validation_problems(error, source) + graph) from None
     check_definition(definition, source)
     return definition
 
@@ -300,7 +306,73 @@ def _shown(value: object) -> str:
 # ---- graph problems ----------------------------------------------------------------------
 
 
-def graph_problems(definition: WorkflowDefinition, source: str) -> list[str]:
+class GraphStep(Protocol):
+    def targets(self) -> tuple[tuple[str, str], ...]: ...
+
+    @property
+    def bounded(self) -> bool: ...
+
+
+class Graph(Protocol):
+    """What the graph checks read: a validated definition, or a document that failed
+    validation read as far as it names steps (``RawGraph``)."""
+
+    @property
+    def start(self) -> str: ...
+
+    @property
+    def steps(self) -> Mapping[str, GraphStep]: ...
+
+
+_TARGET_FIELDS: Final = {
+    "run_interaction_task": ("next",),
+    "wait_time": ("next",),
+    "wait_event": ("next", "on_timeout"),
+    "await_approval": ("on_approve", "on_reject", "on_expire"),
+    "branch": ("default",),
+}
+"""The fields that name a next step, by kind (a field a kind does not take is a field
+problem already, not an edge)."""
+
+
+@dataclass(frozen=True)
+class RawStep:
+    fields: Mapping[str, Any]
+
+    def targets(self) -> tuple[tuple[str, str], ...]:
+        kind = self.fields.get("kind")
+        names = _TARGET_FIELDS.get(kind, ()) if isinstance(kind, str) else ()
+        named = [(f, self.fields[f]) for f in names if f in self.fields]
+        cases = self.fields.get("cases") if kind == "branch" else None
+        if isinstance(cases, list):
+            named += [
+                (f"cases.{i}.next", case.get("next"))
+                for i, case in enumerate(cases)
+                if isinstance(case, dict)
+            ]
+        return tuple((f, target) for f, target in named if isinstance(target, str))
+
+    @property
+    def bounded(self) -> bool:
+        return "max_visits" in self.fields or self.fields.get("kind") in GATED_KINDS
+
+
+@dataclass(frozen=True)
+class RawGraph:
+    start: str
+    steps: Mapping[str, RawStep]
+
+    @classmethod
+    def of(cls, data: Mapping[str, Any]) -> RawGraph | None:
+        steps, start = data.get("steps"), data.get("start")
+        if not isinstance(steps, dict) or not isinstance(start, str):
+            return None
+        # A step that is not a mapping is a field problem; it still exists for the graph.
+        known = {str(n): RawStep(s if isinstance(s, dict) else {}) for n, s in steps.items()}
+        return cls(start, known)
+
+
+def graph_problems(definition: Graph, source: str) -> list[str]:
     """Unknown steps named by start or by a step, steps unreachable from start, and cycles
     that nothing bounds."""
     steps = definition.steps
@@ -317,7 +389,7 @@ def graph_problems(definition: WorkflowDefinition, source: str) -> list[str]:
     return problems
 
 
-def _edges(definition: WorkflowDefinition, among: Iterable[str]) -> dict[str, list[str]]:
+def _edges(definition: Graph, among: Iterable[str]) -> dict[str, list[str]]:
     """Each step of ``among`` with the steps of ``among`` it leads to."""
     nodes = set(among)
     steps = definition.steps
@@ -339,7 +411,7 @@ def _reachable(edges: Mapping[str, list[str]], roots: Iterable[str]) -> set[str]
     return seen
 
 
-def _unreachable(definition: WorkflowDefinition, source: str) -> list[str]:
+def _unreachable(definition: Graph, source: str) -> list[str]:
     reached = _reachable(_edges(definition, definition.steps), [definition.start])
     return [
         problem(source, f"unreachable from start step {definition.start!r}", name)
@@ -348,7 +420,7 @@ def _unreachable(definition: WorkflowDefinition, source: str) -> list[str]:
     ]
 
 
-def _unbounded_cycles(definition: WorkflowDefinition, source: str) -> list[str]:
+def _unbounded_cycles(definition: Graph, source: str) -> list[str]:
     """A cycle is bounded if one of its steps has max_visits or waits for the outside
     world. So: drop the bounded steps; every cycle left is unbounded (one report per
     strongly connected group, naming its shortest cycle through its first step)."""
