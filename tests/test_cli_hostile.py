@@ -152,6 +152,7 @@ ARGUMENTS: dict[tuple[str, ...], tuple[str, ...]] = {
     ("anchor",): ("--file", "anchors.jsonl"),
     ("approve",): ("acme", "t1", "--by", "lead"),
     ("cancel",): ("acme", "t1", "--reason", "r", "--by", "ops"),
+    ("config", "show"): (),
     ("definitions", "check"): (),
     ("demo",): (),
     ("export",): ("--all",),
@@ -160,6 +161,7 @@ ARGUMENTS: dict[tuple[str, ...], tuple[str, ...]] = {
     ("list",): (),
     ("migrate",): ("acme", "t1", "--to-version", "2"),
     ("projections", "rebuild"): (),
+    ("raise-budget",): ("acme", "t1", "--by", "ops", "--reason", "r", "--max-steps", "5"),
     ("projections", "run"): (),
     ("projections", "status"): (),
     ("reconcile",): ("--once",),
@@ -215,6 +217,9 @@ def test_no_command_prints_the_store_password(
             monkeypatch.setenv("JOBLEDGER_EXECUTOR", "cli_support:RecordingExecutor")
             code, out, err = run_in_process([*path, *arguments, *store], capsys)
             assert SECRET not in out + err, (path, store, out, err)
+            if path == ("config", "show"):  # it prints the URL, redacted, and opens no store
+                assert code == 0 and "***" in out, (path, err)
+                continue
             if path in (("definitions", "check"), ("demo",)) and not by_option:
                 # definitions check reads a store only when given --store; the demo picks
                 # its own unless given one.
