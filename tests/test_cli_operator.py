@@ -116,3 +116,37 @@ def test_raise_budget_of_an_unknown_job_says_so(operator: Operator) -> None:
     )
     assert result.returncode == 1
     assert "nope" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_verify_and_export_cover_every_job_by_default_and_one_tenant_on_request(
+    operator: Operator,
+) -> None:
+    for tenant, job in (("t", "a"), ("t", "b"), ("u", "c")):
+        operator.json("submit", tenant, job, "chores")
+        operator.json("tick", tenant, job)
+    everything = operator.json("verify")
+    assert everything["intact"] is True
+    assert everything["jobs"] == 3
+    one_tenant = operator.json("verify", "--tenant", "u")
+    assert one_tenant["jobs"] == 1
+    assert one_tenant["job"]["tenant"] == "u" and one_tenant["job"]["job"] == "c"
+    exported = operator("export")
+    assert exported.returncode == 0, exported.stderr
+    *events, manifest = [json.loads(line) for line in exported.stdout.splitlines()]
+    assert {(event["tenant"], event["job"]) for event in events} == {
+        ("t", "a"),
+        ("t", "b"),
+        ("u", "c"),
+    }
+    assert manifest["record"] == "manifest" and manifest["jobs"] == 3
+
+
+@pytest.mark.parametrize(
+    "args", [("verify", "t"), ("verify", "t", "a", "--all"), ("verify", "--tenant", "t", "--all")]
+)
+def test_verify_refuses_a_mixed_selection(operator: Operator, args: tuple[str, ...]) -> None:
+    result = operator(*args)
+    assert result.returncode == 2
+    assert "give TENANT JOB, or --tenant T, or --all" in " ".join(result.stderr.split()) or (
+        "not both" in result.stderr
+    )

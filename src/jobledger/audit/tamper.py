@@ -116,13 +116,20 @@ def verify_store(
     store: EventSourcedJobStore,
     anchors: AnchorLog | None = None,
     progress: Progress | None = None,
+    *,
+    tenant_id: str | None = None,
 ) -> VerifyReport:
-    """Every job in the log (and every anchored job, even if it is gone from the log)."""
+    """Every job in the log (and every anchored job, even if it is gone from the log), or
+    with ``tenant_id`` that tenant's. A job is placed by its stored ``Submitted`` (or its
+    anchored head); one that neither places is reported for every tenant, since hiding a
+    tampered history is worse than showing an unplaceable one."""
     anchored = anchors.latest_heads() if anchors is not None else {}
     uuids = sorted(set(job_uuids(store)) | set(anchored))
     checks = []
     for done, (job_uuid, records) in enumerate(read_jobs(store, uuids), start=1):
-        checks.append(check_job(job_uuid, records, anchored.get(job_uuid)))
+        check = check_job(job_uuid, records, anchored.get(job_uuid))
+        if tenant_id is None or check.tenant_id in (tenant_id, None):
+            checks.append(check)
         if progress is not None:
             progress(done, len(uuids))
     return VerifyReport(

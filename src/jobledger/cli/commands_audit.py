@@ -288,6 +288,9 @@ def _replay_summary(reports: Sequence[ReplayReport], target: WorkflowDefinition)
 def verify(
     tenant: OptionalTenant = None,
     job: OptionalJob = None,
+    only_tenant: Annotated[
+        str | None, typer.Option("--tenant", metavar="T", help="Every job of one tenant.")
+    ] = None,
     all_jobs: AllFlag = False,
     anchors: Annotated[
         Path | None,
@@ -306,20 +309,26 @@ def verify(
 ) -> None:
     """Recompute hash chains from the stored events; name each job's first broken link.
 
+    Every job unless given TENANT JOB (one job) or --tenant T (one tenant's).
+
     Reports the version, event, kind and why: an edited field, a deleted event, a
     reordered history; with --anchors also a truncated or rewritten one. Exits 1 if any
     chain (or the anchor file) is broken.
     """
-    _one_or_all(tenant, job, all_jobs)
+    if (tenant is None) != (job is None) or (tenant is not None and (all_jobs or only_tenant)):
+        raise typer.BadParameter("give TENANT JOB, or --tenant T, or --all (the default)")
+    if all_jobs and only_tenant is not None:
+        raise typer.BadParameter("give --tenant T or --all, not both")
     anchor_log = read_anchors(anchors) if anchors is not None else None
     with open_engine(store, config, purpose="verify", mode="read") as engine:
-        if all_jobs:
+        if tenant is None:
             with _progress(not json) as progress:
                 task = progress.add_task("verifying", total=None)
                 report = verify_store(
                     _store(engine),
                     anchor_log,
                     lambda done, total: progress.update(task, completed=done, total=total),
+                    tenant_id=only_tenant,
                 )
         else:
             assert tenant is not None and job is not None
@@ -463,13 +472,15 @@ def export(
 ) -> None:
     """Write job histories to stdout as canonical JSON lines, then a manifest line.
 
+    Every job unless given TENANT JOB (one job) or --tenant T (one tenant's).
+
     One line per event (tenant, job, version, type, timestamp, data, chain hash); the
     manifest has the counts, each job's head hash and the export time. Exits 1 (after
     writing everything) if a stored chain does not verify: import refuses such a file.
     """
     chosen = sum([tenant is not None or job is not None, only_tenant is not None, all_jobs])
-    if chosen != 1 or (tenant is None) != (job is None):
-        raise typer.BadParameter("give TENANT JOB, or --tenant T, or --all")
+    if chosen > 1 or (tenant is None) != (job is None):
+        raise typer.BadParameter("give TENANT JOB, or --tenant T, or --all (the default)")
     selection = exporting.Selection(tenant_id=tenant or only_tenant, job_id=job)
     with open_engine(store, config, purpose="export", mode="read") as engine:
         summary = exporting.export_jobs(_store(engine), sys.stdout, selection, engine.clock.now())
