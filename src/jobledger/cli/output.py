@@ -6,7 +6,7 @@ import dataclasses
 import json
 import os
 import sys
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from decimal import Decimal
@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import Any
 from uuid import UUID
 
-from rich.console import Console
+from rich.console import Console, ConsoleOptions, RenderableType, RenderResult
+from rich.padding import Padding
 from rich.table import Table
 from rich.text import Text
 
@@ -248,23 +249,64 @@ def history_document(entries: list[HistoryEntry]) -> list[dict[str, Any]]:
     return jsonable(rows)  # type: ignore[no-any-return]
 
 
+WIDE_HISTORY = 110
+"""Below this many columns a history table would wrap every cell into a tower of
+fragments; each event is printed as a short block instead."""
+
+
+@dataclass(frozen=True)
+class History:
+    """A job's history that fits the terminal: a table where it is wide enough, else one
+    block per event (version, time, event and who on one line; step and transition below)."""
+
+    entries: tuple[HistoryEntry, ...]
+    title: str | None = None
+    seconds: bool = False
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        if options.max_width >= WIDE_HISTORY:
+            yield self.table()
+        else:
+            yield from self.blocks()
+
+    def table(self) -> Table:
+        table = Table(title=self.title)
+        table.add_column("v", justify="right")
+        table.add_column("time (UTC)", no_wrap=True)
+        table.add_column("event", no_wrap=True)
+        table.add_column("by", overflow="fold")
+        table.add_column("step", overflow="fold")
+        table.add_column("transition", overflow="fold")
+        for entry in self.entries:
+            line = audit_line(entry)
+            table.add_row(str(entry.version), self.time(entry), entry.event_type, *line_cells(line))
+        return table
+
+    def blocks(self) -> Iterator[RenderableType]:
+        if self.title:
+            yield Text(self.title, style="bold")
+        for entry in self.entries:
+            line = audit_line(entry)
+            head = Text(f"v{entry.version}  {self.time(entry)}  ")
+            head.append(entry.event_type, style="bold")
+            head.append(f"  {line.by}")
+            yield head
+            for detail in (line.step, line.transition):
+                if detail:
+                    yield Padding(Text(detail, overflow="fold"), (0, 0, 0, 4), expand=False)
+
+    def time(self, entry: HistoryEntry) -> str:
+        return entry.timestamp.strftime("%Y-%m-%d %H:%M:%S.%f")[: -7 if self.seconds else -3]
+
+
+def line_cells(line: AuditLine) -> tuple[str, str, str]:
+    return line.by, line.step, line.transition
+
+
 def history_table(
     entries: Iterable[HistoryEntry], title: str | None = None, *, seconds: bool = False
-) -> Table:
-    table = Table(title=title)
-    table.add_column("v", justify="right")
-    table.add_column("time (UTC)", no_wrap=True)
-    table.add_column("event", no_wrap=True)
-    table.add_column("by", overflow="fold")
-    table.add_column("step", overflow="fold")
-    table.add_column("transition", overflow="fold")
-    for entry in entries:
-        line = audit_line(entry)
-        time = entry.timestamp.strftime("%Y-%m-%d %H:%M:%S.%f")[: -7 if seconds else -3]
-        table.add_row(
-            str(entry.version), time, entry.event_type, line.by, line.step, line.transition
-        )
-    return table
+) -> History:
+    return History(tuple(entries), title, seconds)
 
 
 def _step(data: Mapping[str, Any]) -> str:

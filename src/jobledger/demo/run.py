@@ -19,6 +19,7 @@ from uuid import uuid4
 
 from pydantic import SecretStr
 from rich.console import Console
+from rich.padding import Padding
 from rich.table import Table
 from rich.text import Text
 
@@ -104,7 +105,8 @@ class Demo:
         self.out.rule(Text(title, style="bold"), align="left")
 
     def say(self, text: str, style: str = "") -> None:
-        self.out.print(Text(f"  {text}", style=style))
+        # A hanging indent: a wrapped line stays under its first, not at column 0.
+        self.out.print(Padding(Text(text, style=style), (0, 0, 0, 2), expand=False))
 
     def timeline(self, engine: Engine) -> None:
         """The events appended since the last look."""
@@ -355,7 +357,7 @@ class Demo:
         self.phase("summary")
         steps = Table(title="steps")
         for column in ("#", "step", "kind", "by", "at (UTC)", "cost"):
-            steps.add_column(column)
+            steps.add_column(column, overflow="fold")  # narrow terminals wrap, never cut
         for e in engine.history(self.tenant, self.job):
             if e.event_type == "StepRecorded":
                 d = e.data
@@ -370,7 +372,7 @@ class Demo:
         self.out.print(steps)
         effects = Table(title="side effects per idempotency key")
         for column in ("key", "task", "executions", "outbox entries"):
-            effects.add_column(column)
+            effects.add_column(column, overflow="fold")
         outbox = self.ledger.outbox_entries()
         for (key, task), runs in sorted(self.ledger.executions().items()):
             effects.add_row(key, task, str(runs), str(outbox.count(key)))
@@ -382,7 +384,8 @@ class Demo:
         self.out.print()
         for check in checks:
             mark = ("PASS", "green") if check.ok else ("FAIL", "red")
-            self.out.print(Text.assemble("  ", mark, f"  {check.name:<15} {check.detail}"))
+            line = Text.assemble(mark, f"  {check.name:<15} {check.detail}")
+            self.out.print(Padding(line, (0, 0, 0, 2), expand=False))
         failed = [check.name for check in checks if not check.ok]
         if failed:
             self.out.print(f"{len(failed)} check(s) FAILED: {', '.join(failed)}", style="red")
@@ -413,9 +416,9 @@ def run_demo(*, base: EngineConfig, store_url: str | None, keep: bool, out: Cons
             engine.close()
     finally:
         if keep:
-            out.print(
-                f"\nkept {directory}; try: jobledger history {demo.tenant} {demo.job} "
-                f"--store {redact(demo.store_url)}"
-            )
+            # The command on a line of its own, never wrapped, so it pastes as it is.
+            out.print(f"\nkept {directory}; try:")
+            command = f"jobledger history {demo.tenant} {demo.job} --store {redact(demo.store_url)}"
+            out.print(command, soft_wrap=True)
         else:
             shutil.rmtree(directory, ignore_errors=True)
