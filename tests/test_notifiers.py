@@ -21,6 +21,7 @@ from jobledger.adapters.notifier import (
     SIGNATURE_HEADER,
     JsonLinesNotifier,
     MemoryNotifier,
+    Notifiers,
     WebhookNotifier,
     notifier_from_spec,
 )
@@ -196,3 +197,22 @@ def test_specs_name_the_built_in_notifiers_and_user_classes(tmp_path: Path) -> N
 def test_a_bad_notifier_spec_says_what_is_wrong(spec: str, message: str) -> None:
     with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
         notifier_from_spec(spec)
+
+
+class Exploding:
+    def waiting_for_event(self, job: JobView, event_name: str, token: IssuedToken) -> None:
+        raise RuntimeError("boom")
+
+    def approval_requested(self, job: JobView, request: ApprovalRequest) -> None:
+        raise RuntimeError("boom")
+
+
+def test_notifiers_reach_every_one_and_one_that_raises_is_logged_not_fatal(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    kept = MemoryNotifier()
+    both = Notifiers(Exploding(), kept)
+    both.waiting_for_event(job_view(), "paid", TOKEN)
+    both.approval_requested(job_view(), REQUEST)
+    assert kept.tokens == [("paid", TOKEN)] and kept.approvals == [REQUEST]
+    assert caplog.text.count("notifier Exploding failed for t/j") == 2

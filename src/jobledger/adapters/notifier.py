@@ -24,7 +24,8 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
@@ -179,6 +180,34 @@ class _Failure:
 
 def _job(notice: dict[str, Any]) -> str:
     return f"{notice['tenant_id']}/{notice['job_id']}"
+
+
+class Notifiers:
+    """Several notifiers as one, each shielded from the others: a notice goes to every
+    one of them, and one that raises is logged, not allowed to fail the tick or starve
+    the rest (a user's notifier class may raise whatever it likes)."""
+
+    def __init__(self, *notifiers: Notifier) -> None:
+        self.notifiers = notifiers
+
+    def waiting_for_event(self, job: JobView, event_name: str, token: IssuedToken) -> None:
+        for notifier in self.notifiers:
+            with _shielded(notifier, job):
+                notifier.waiting_for_event(job, event_name, token)
+
+    def approval_requested(self, job: JobView, request: ApprovalRequest) -> None:
+        for notifier in self.notifiers:
+            with _shielded(notifier, job):
+                notifier.approval_requested(job, request)
+
+
+@contextmanager
+def _shielded(notifier: Notifier, job: JobView) -> Iterator[None]:
+    try:
+        yield
+    except Exception:
+        name = type(notifier).__name__
+        log.exception("notifier %s failed for %s/%s", name, job.tenant_id, job.job_id)
 
 
 def notifier_from_spec(
