@@ -173,10 +173,10 @@ def test_a_job_waiting_for_an_event_fails_at_its_deadline(
     clock.advance(timedelta(seconds=3))
     assert reconciler.reconcile().enqueued == 1
     reconciler.stop()
-    engine.use_queue(queue)
-    engine.run_until_idle()
+    worker = make_engine(registry=waits_for_event(), queue=queue)  # fed by the reconciler
+    worker.run_until_idle()
 
-    job = engine.job("t", "j")
+    job = worker.job("t", "j")
     assert job.status is JobStatus.FAILED
     assert job.last_error is not None and job.last_error.startswith("deadline")
 

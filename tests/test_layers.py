@@ -13,7 +13,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 PROCESS = ("jobledger.engine", "jobledger.runner", "jobledger.kafka_runner", "jobledger.cli")
-PROCESS += ("jobledger.demo", "jobledger.__init__")
+PROCESS += ("jobledger.bootstrap", "jobledger.supervisor", "jobledger.demo", "jobledger.__init__")
 LAYERS = {"core": 0, "adapters": 1, "audit": 2, "projections": 3, "process": 4}
 
 

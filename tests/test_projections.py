@@ -226,10 +226,9 @@ def test_due_timers_expired_leases_and_lost_ticks_are_enqueued_once_per_due_mome
     assert [t.job_id for _, t, _ in queue.pending()].count("timer") == 1
     assert later.enqueued == 3  # the timer, and the two others re-sent after resend_after
 
-    engine.queue = queue
-    engine.orchestrator.queue = queue
-    engine.run_until_idle()
-    assert all(engine.job("t", j).status is JobStatus.COMPLETED for j in ("timer", "lost", "stuck"))
+    worker = make_engine(config={"lease_ms": 60_000}, queue=queue)  # fed by the reconciler
+    worker.run_until_idle()
+    assert all(worker.job("t", j).status is JobStatus.COMPLETED for j in ("timer", "lost", "stuck"))
 
 
 def test_two_reconcilers_never_both_act(

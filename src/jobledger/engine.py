@@ -1,7 +1,7 @@
-"""The public facade and composition root: ``from jobledger import Engine``.
+"""The public facade: ``from jobledger import Engine``.
 
-The core (job, orchestrator, registry) talks to ports only; this module is where
-configuration picks the adapters and plugs them in.
+The core (job, orchestrator, registry) talks to ports only; the composition root
+(``jobledger.bootstrap``) picks the adapters, and the engine is built from what it wired.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import logging
 import threading
 import time
 import unicodedata
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from datetime import datetime
 from decimal import Decimal
@@ -20,14 +20,9 @@ from enum import StrEnum
 from typing import TYPE_CHECKING, Any
 from uuid import uuid4
 
-from jobledger import chain, retry
-from jobledger.adapters.clock import SystemClock
-from jobledger.adapters.event_store import EventSourcedJobStore, StoreMode
-from jobledger.adapters.jwt_tokens import JwtResumeTokens
-from jobledger.adapters.local_queue import LocalQueue
-from jobledger.adapters.log_spend import LogSpend
-from jobledger.adapters.ops import LoggingOps
-from jobledger.adapters.store_url import parse_store_url
+from jobledger import bootstrap, chain, retry
+from jobledger.adapters.event_store import StoreMode
+from jobledger.bootstrap import Deps
 from jobledger.budget import parse_budget
 from jobledger.config import EngineConfig
 from jobledger.errors import (
@@ -101,46 +96,26 @@ class SignalOutcome(StrEnum):
 
 
 class Engine:
-    def __init__(
-        self,
-        *,
-        store: JobStore,
-        queue: Queue,
-        clock: Clock,
-        ops: Ops,
-        registry: WorkflowRegistry,
-        executor: StepExecutor | None,
-        config: EngineConfig,
-        cost: Cost | None = None,
-        tokens: ResumeTokens | None = None,
-        notifier: Notifier | None = None,
-        leases: Leases | None = None,
-    ) -> None:
-        self.store = store
-        self.queue = queue
-        self.clock = clock
-        self.ops = ops
-        self.registry = registry
-        self.config = config
-        self.tokens = tokens
+    """The facade: commands on jobs, the tick, the reads. Built from the wiring the
+    composition root decided (:func:`jobledger.bootstrap.build`); ``Engine.open`` does
+    both."""
+
+    def __init__(self, deps: Deps) -> None:
+        self.deps = deps
+        """What this engine was wired with, the concrete adapters included."""
+        self.store: JobStore = deps.store
+        self.queue: Queue = deps.queue
+        self.clock: Clock = deps.clock
+        self.ops: Ops = deps.ops
+        self.registry: WorkflowRegistry = deps.registry
+        self.config: EngineConfig = deps.config
+        self.tokens: ResumeTokens | None = deps.tokens
+        self.leases: Leases | None = deps.leases
         self._turns = [threading.Lock() for _ in range(_TURN_STRIPES)]
         self.blocked_notes: BlockedNotes | None = None
         """Where ``handle`` notes jobs it left untouched for a deployment error (the
-        runners plug in the views, so ``show`` and ``list`` say why)."""
-        self.leases = leases
-        self.orchestrator = Orchestrator(
-            store=store,
-            queue=queue,
-            clock=clock,
-            ops=ops,
-            registry=registry,
-            executor=executor,
-            config=config,
-            cost=cost,
-            tokens=tokens,
-            notifier=notifier,
-            leases=leases,
-        )
+        supervisor plugs in the views, so ``show`` and ``list`` say why)."""
+        self.orchestrator = Orchestrator(deps)
 
     @classmethod
     def open(
@@ -160,45 +135,26 @@ class Engine:
     ) -> Engine:
         """Open (creating if needed, unless ``store_mode`` says otherwise: see
         :data:`~jobledger.adapters.event_store.StoreMode`) the store at ``store_url`` and
-        wire the defaults:
+        wire the defaults (:func:`jobledger.bootstrap.build`):
         a local in-process queue (the Kafka ticks topic when ``transport`` is kafka), the
         system clock, JSON ops logs, spend folded from the log, and JWT resume tokens when
         a token secret is configured."""
         config = config if config is not None else EngineConfig()
         if store_url is not None:
             config = config.model_copy(update={"store_url": store_url})
-        clock = clock if clock is not None else SystemClock()
-        store = EventSourcedJobStore(
-            parse_store_url(config.store_url),
-            partitions=config.partitions,
-            cache_size=config.cache_size,
-            snapshot_interval=config.snapshot_interval,
-            mode=store_mode,
-        )
-        if tokens is None and config.token_secret is not None:
-            tokens = JwtResumeTokens(
-                secret=config.token_secret.get_secret_value(),
-                key_id=config.token_key_id,
-                ttl_seconds=config.token_ttl_seconds,
-                issuer=config.token_issuer,
-                audience=config.token_audience,
-                previous_keys={
-                    kid: key.get_secret_value() for kid, key in config.token_previous_keys.items()
-                },
-            )
-        return cls(
-            store=store,
-            queue=queue if queue is not None else _default_queue(config, clock),
-            clock=clock,
-            ops=ops if ops is not None else LoggingOps(),
+        deps = bootstrap.build(
+            config,
             registry=registry,
             executor=executor,
-            config=config,
-            cost=cost if cost is not None else LogSpend(store),
+            clock=clock,
+            queue=queue,
+            ops=ops,
+            cost=cost,
             tokens=tokens,
             notifier=notifier,
-            leases=store.leases,
+            store_mode=store_mode,
         )
+        return cls(deps)
 
     # ---- submitting ------------------------------------------------------------------
 
@@ -653,13 +609,14 @@ class Engine:
         """Handle the local queue's ticks until none is due (or, with ``wait_for_timers``,
         until none is pending at all, sleeping on the engine's clock until each is due).
         Returns how many ticks were handled."""
-        if not isinstance(self.queue, LocalQueue):
+        queue = self.deps.local_queue
+        if queue is None:
             raise ConfigError("run_until_idle drives the local queue; this engine has another")
         handled = 0
         while handled < max_ticks:
-            tick = self.queue.pop_due()
+            tick = queue.pop_due()
             if tick is None:
-                due = self.queue.next_due()
+                due = queue.next_due()
                 if due is None or not wait_for_timers:
                     return handled
                 self.clock.sleep((due - self.clock.now()).total_seconds())
@@ -780,6 +737,48 @@ class Engine:
             raise UnknownWorkflowError(f"unknown workflow {job.workflow_type!r} v{target}")
         return replay_job(events, self.registry.resolve, version=target, default_wait_ms=wait_ms)
 
+    def replay_all(
+        self,
+        definition: WorkflowDefinition,
+        *,
+        statuses: Sequence[str] = (),
+        tenant_id: str | None = None,
+        progress: Callable[[int, int], None] | None = None,
+    ) -> list[ReplayReport]:
+        """Replay every job of the definition's type (only in ``statuses``, only of
+        ``tenant_id``, when given) against it, as the status view lists them after
+        catching up with the log; sorted by tenant and job. ``progress(done, total)`` is
+        told before the first job and after each. Pure, like :meth:`replay`."""
+        from projections import JobViews
+
+        from jobledger.audit.errors import ReplayError
+        from jobledger.audit.log import events_of, read_jobs
+        from jobledger.audit.replay import replay_job
+
+        store = self.deps.store
+        views = JobViews(store)
+        views.catch_up()
+        rows = views.jobs(
+            tenant_id=tenant_id,
+            status_in=list(statuses),
+            workflow_type=definition.type,
+            limit=2**62,
+        )
+        uuids = sorted(job_uuid(row.tenant_id, row.job_id) for row in rows)
+        reports = []
+        if progress is not None:
+            progress(0, len(uuids))
+        for found, records in read_jobs(store, uuids):
+            try:
+                events = events_of(records)
+                wait_ms = self.config.default_wait_ms
+                reports.append(replay_job(events, definition, default_wait_ms=wait_ms))
+            except ReplayError as error:
+                raise ReplayError(f"job {found}: {error}") from None
+            if progress is not None:
+                progress(len(reports), len(uuids))
+        return sorted(reports, key=lambda report: (report.tenant_id, report.job_id))
+
     def migrate(
         self,
         tenant_id: str,
@@ -851,31 +850,14 @@ class Engine:
     def _report(self, job: Job, event_type: str, **metadata: Any) -> None:
         self.orchestrator.report(job, event_type, **metadata)
 
-    def use_queue(self, queue: Queue) -> None:
-        """Send ticks somewhere else from now on (the CLI's ``--transport``)."""
-        self.queue = self.orchestrator.queue = queue
-
     def close(self) -> None:
-        # The queue first: a Kafka producer flushes what it still holds.
-        for part in (self.queue, self.store):
-            close = getattr(part, "close", None)
-            if close is not None:
-                close()
+        self.deps.close()
 
     def __enter__(self) -> Engine:
         return self
 
     def __exit__(self, *_: object) -> None:
         self.close()
-
-
-def _default_queue(config: EngineConfig, clock: Clock) -> Queue:
-    if config.transport == "kafka":
-        # Imported here: an engine on the local queue never loads the Kafka client.
-        from jobledger.adapters.kafka import KafkaQueue, KafkaSettings
-
-        return KafkaQueue(KafkaSettings.of(config))
-    return LocalQueue(clock)
 
 
 def _check_id(name: str, value: object) -> None:

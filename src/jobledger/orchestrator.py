@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal, InvalidOperation
 from enum import StrEnum
-from typing import Any
+from typing import Any, Protocol
 from uuid import uuid4
 
 from jobledger import transition
@@ -113,35 +113,52 @@ class _Run:
     steps: int = 0
 
 
+class Wiring(Protocol):
+    """What the orchestrator runs with: ports only (``jobledger.bootstrap.Deps`` is one,
+    built by the composition root). Read once, when the orchestrator is made."""
+
+    @property
+    def store(self) -> JobStore: ...
+    @property
+    def queue(self) -> Queue: ...
+    @property
+    def clock(self) -> Clock: ...
+    @property
+    def ops(self) -> Ops: ...
+    @property
+    def registry(self) -> WorkflowRegistry: ...
+    @property
+    def executor(self) -> StepExecutor | None: ...
+    @property
+    def config(self) -> EngineConfig: ...
+    @property
+    def cost(self) -> Cost | None: ...
+    @property
+    def tokens(self) -> ResumeTokens | None: ...
+    @property
+    def notifier(self) -> Notifier | None: ...
+    @property
+    def leases(self) -> Leases | None: ...
+
+
 class Orchestrator:
-    def __init__(
-        self,
-        *,
-        store: JobStore,
-        queue: Queue,
-        clock: Clock,
-        ops: Ops,
-        registry: WorkflowRegistry,
-        executor: StepExecutor | None,
-        config: EngineConfig,
-        cost: Cost | None = None,
-        tokens: ResumeTokens | None = None,
-        notifier: Notifier | None = None,
-        leases: Leases | None = None,
-    ) -> None:
-        self.store = store
-        self.queue = queue
-        self.clock = clock
-        self.ops = ops
-        self.registry = registry
-        self.executor = executor
-        self.config = config
-        self.cost = cost
-        self.tokens = tokens
-        self.notifier = notifier
+    def __init__(self, wiring: Wiring) -> None:
+        self.store = wiring.store
+        self.queue = wiring.queue
+        self.clock = wiring.clock
+        self.ops = wiring.ops
+        self.registry = wiring.registry
+        self.executor = wiring.executor
+        self.config = config = wiring.config
+        self.cost = wiring.cost
+        self.tokens = wiring.tokens
+        self.notifier = wiring.notifier
         # Without a Leases port a claim is only its Claimed event's lease (no heartbeat).
+        leases = wiring.leases
         self.heartbeats = (
-            Heartbeats(leases, clock, ops, lease_ms=config.lease_ms, worker_id=config.worker_id)
+            Heartbeats(
+                leases, self.clock, self.ops, lease_ms=config.lease_ms, worker_id=config.worker_id
+            )
             if leases is not None
             else None
         )

@@ -9,13 +9,16 @@ a time; another waits on the lock and takes over if the first dies.
 
 from __future__ import annotations
 
+import logging
 import threading
-import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from jobledger.ports import Clock, DueJob, DueJobs, Lock, Ops, OpsEvent, Queue, Tick
 from jobledger.status import JobStatus
+
+log = logging.getLogger(__name__)
 
 TIMED_STATUSES = (
     JobStatus.WAITING_TIME,
@@ -103,11 +106,20 @@ class Reconciler:
     def forget_before(self, cutoff: datetime) -> None:
         self.sent = {k: v for k, v in self.sent.items() if v >= cutoff}
 
-    def run_forever(self, interval: float = 5.0) -> None:
-        while not self.stopping.is_set():
-            started = time.monotonic()
-            self.reconcile()
-            self.stopping.wait(max(0.0, interval - (time.monotonic() - started)))
+    def run_forever(
+        self, interval: float = 5.0, *, catch_up: Callable[[], object] | None = None
+    ) -> None:
+        """A pass every ``interval`` seconds until stopped (the supervisor's reconciler
+        role). ``catch_up`` brings the views up to date before each pass, when no
+        follower does. A failed pass (the store or the broker briefly away) is logged
+        and tried again next round."""
+        while not self.stopping.wait(interval):
+            try:
+                if catch_up is not None:
+                    catch_up()
+                self.reconcile()
+            except Exception:
+                log.exception("reconcile pass failed")
 
     def stop(self) -> None:
         self.stopping.set()

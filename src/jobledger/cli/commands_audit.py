@@ -14,16 +14,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-from projections import JobViews
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 from rich.table import Table
 
-from jobledger.adapters.event_store import EventSourcedJobStore
 from jobledger.audit import export as exporting
 from jobledger.audit.anchors import DEFAULT_ANCHOR_FILE, AnchorLog, FileAnchorSink, read_anchors
-from jobledger.audit.errors import ReplayError
-from jobledger.audit.log import events_of, read_jobs
 from jobledger.audit.tamper import JobCheck, VerifyReport, take_anchor, verify_one, verify_store
 from jobledger.cli import output
 from jobledger.cli.params import LARGEST, JobId, Tenant
@@ -177,29 +173,13 @@ def _replay_all(
     *,
     show: bool,
 ) -> list[ReplayReport]:
-    from jobledger.audit.replay import replay_job
-
-    store = _store(engine)
-    views = JobViews(store)
-    views.catch_up()
-    rows = views.jobs(tenant_id=tenant, status_in=statuses, workflow_type=target.type, limit=2**62)
-    uuids = sorted(job_uuid(row.tenant_id, row.job_id) for row in rows)
-    reports = []
     with _progress(show) as progress:
-        task = progress.add_task("replaying", total=len(uuids))
-        for found, records in read_jobs(store, uuids):
-            try:
-                reports.append(
-                    replay_job(
-                        events_of(records),
-                        target,
-                        default_wait_ms=engine.config.default_wait_ms,
-                    )
-                )
-            except ReplayError as error:
-                raise ReplayError(f"job {found}: {error}") from None
-            progress.advance(task)
-    return sorted(reports, key=lambda report: (report.tenant_id, report.job_id))
+        task = progress.add_task("replaying", total=None)
+
+        def advance(done: int, total: int) -> None:
+            progress.update(task, completed=done, total=total)
+
+        return engine.replay_all(target, statuses=statuses, tenant_id=tenant, progress=advance)
 
 
 def _definition(path: Path) -> WorkflowDefinition:
@@ -325,14 +305,14 @@ def verify(
             with _progress(not json) as progress:
                 task = progress.add_task("verifying", total=None)
                 report = verify_store(
-                    _store(engine),
+                    engine.deps.store,
                     anchor_log,
                     lambda done, total: progress.update(task, completed=done, total=total),
                     tenant_id=only_tenant,
                 )
         else:
             assert tenant is not None and job is not None
-            report = verify_one(_store(engine), job_uuid(tenant, job), anchor_log)
+            report = verify_one(engine.deps.store, job_uuid(tenant, job), anchor_log)
             if report.jobs[0].events == 0 and report.jobs[0].anchored_version is None:
                 engine.job(tenant, job)  # raises: no such job
     if json:
@@ -374,7 +354,7 @@ def anchor(
     ):
         task = progress.add_task("verifying", total=None)
         anchored, _ = take_anchor(
-            _store(engine),
+            engine.deps.store,
             FileAnchorSink(file),
             engine.clock.now(),
             previous,
@@ -483,7 +463,9 @@ def export(
         raise typer.BadParameter("give TENANT JOB, or --tenant T, or --all (the default)")
     selection = exporting.Selection(tenant_id=tenant or only_tenant, job_id=job)
     with open_engine(store, config, purpose="export", mode="read") as engine:
-        summary = exporting.export_jobs(_store(engine), sys.stdout, selection, engine.clock.now())
+        summary = exporting.export_jobs(
+            engine.deps.store, sys.stdout, selection, engine.clock.now()
+        )
     sys.stderr.write(f"exported {summary.jobs} job(s), {summary.events} events\n")
     if summary.broken:
         _fail(f"{len(summary.broken)} job(s) with a broken chain: {summary.broken[0]}")
@@ -510,7 +492,7 @@ def import_(
     verify, or a store that is not empty.
     """
     with open_engine(store, config, purpose="import", mode="create") as engine:
-        summary = exporting.import_file(_store(engine), file)
+        summary = exporting.import_file(engine.deps.store, file)
     if json:
         output.print_json(summary)
         return
@@ -541,11 +523,6 @@ def _statuses(raw: str | None) -> list[str]:
             param_hint="--status",
         )
     return names
-
-
-def _store(engine: Engine) -> EventSourcedJobStore:
-    assert isinstance(engine.store, EventSourcedJobStore)
-    return engine.store
 
 
 def _label(report: ReplayReport) -> str:

@@ -83,12 +83,10 @@ def _dropped_pins(
     drops that version leaves the job blocked on every worker that has it no more."""
     from projections import JobViews
 
-    from jobledger.adapters.event_store import EventSourcedJobStore
     from jobledger.cli.session import open_engine
 
     with open_engine(store, config, purpose="definitions check --store") as engine:
-        assert isinstance(engine.store, EventSourcedJobStore)
-        views = JobViews(engine.store)
+        views = JobViews(engine.deps.store)
         views.catch_up()
         pins = views.live_pins()
     defined = {definition.key for definition in definitions}

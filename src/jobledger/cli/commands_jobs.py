@@ -8,7 +8,6 @@ from typing import Annotated, Any
 
 import typer
 
-from jobledger.adapters.event_store import EventSourcedJobStore
 from jobledger.cli import output
 from jobledger.cli.params import (
     LARGEST,
@@ -194,7 +193,5 @@ def _blocked(engine: Engine, view: JobView) -> BlockedNote | None:
     """Why a worker left the job untouched, if that still applies (see projections.blocked)."""
     from projections import JobViews
 
-    if not isinstance(engine.store, EventSourcedJobStore):
-        return None
     uuid = str(job_uuid(view.tenant_id, view.job_id))
-    return JobViews(engine.store).blocked_note(uuid, view.version)
+    return JobViews(engine.deps.store).blocked_note(uuid, view.version)

@@ -10,17 +10,16 @@ from __future__ import annotations
 import logging
 import signal
 from collections.abc import Iterator
-from contextlib import contextmanager
-from datetime import timedelta
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import typer
-from projections import JobViews, ProjectionRunner, StatusRow
+from projections import JobViews, StatusRow
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 from rich.table import Table
 
-from jobledger.adapters.event_store import EventSourcedJobStore
+from jobledger.adapters.event_store import StoreMode
 from jobledger.cli import output
 from jobledger.cli.config_file import load_settings
 from jobledger.cli.params import LARGEST
@@ -29,8 +28,8 @@ from jobledger.engine import Engine
 from jobledger.errors import JobLedgerError
 from jobledger.ports import BlockedNote
 from jobledger.redaction import redact
-from jobledger.runner import EmbeddedRunner, RunnerSettings
 from jobledger.status import JobStatus
+from jobledger.supervisor import Services, Supervisor
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +48,7 @@ TransportOption = Annotated[
     ),
 ]
 TRANSPORTS = ("local", "kafka")
+Transport = Literal["local", "kafka"]
 
 
 def list_jobs(
@@ -90,7 +90,9 @@ def run(
     cleanly; after a kill -9 the next start finishes whatever was in flight. With
     --transport kafka: Kafka workers, the views, the event outbox and the reconciler.
     """
-    _run(store, config, RunnerSettings(workers=workers, projections=True), "run", transport)
+    kafka = _is_kafka(transport, store, config)
+    services = Services.of("run", kafka=kafka, workers=workers)
+    _serve("run", services, store, config, _transport_name(kafka))
 
 
 def worker(
@@ -101,7 +103,9 @@ def worker(
 ) -> None:
     """Run workers. local: fed by the reconciler (views caught up on each pass).
     kafka: consumer-group members of the ticks and signals topics, nothing else."""
-    _run(store, config, RunnerSettings(workers=workers, projections=False), "worker", transport)
+    kafka = _is_kafka(transport, store, config)
+    services = Services.of("worker", kafka=kafka, workers=workers)
+    _serve("worker", services, store, config, _transport_name(kafka))
 
 
 def reconcile(
@@ -117,25 +121,35 @@ def reconcile(
     handled, and the counts printed. With --transport kafka the due ticks are published
     to the ticks topic (the workers run them) and nothing is run here.
     """
-    if _is_kafka(transport, store, config):
-        _reconcile_kafka(once, store, config, json)
-        return
+    kafka = _is_kafka(transport, store, config)
+    services = Services.of("reconcile", kafka=kafka)
     if not once:
-        _run(store, config, RunnerSettings(workers=1, projections=False), "reconcile", transport)
+        # On Kafka nothing runs here, so neither definitions nor a store to create.
+        mode: StoreMode = "existing" if kafka else "create"
+        _serve("reconcile", services, store, config, _transport_name(kafka), mode=mode)
         return
-    with open_engine(store, config, purpose="reconcile", definitions=True, executor=True) as engine:
-        runner = EmbeddedRunner(engine)
-        runner.views.catch_up()
-        # By hand, a queued job is due now: no other process is about to tick it.
-        result = runner.reconciler.reconcile(lost_tick_after=timedelta(0))
-        handled = engine.run_until_idle()
-        runner.reconciler.stop()
-    document = {**vars(result), "handled": handled}
+    with open_engine(
+        store,
+        config,
+        purpose="reconcile",
+        definitions=not kafka,
+        executor=not kafka,
+        transport=_transport_name(kafka),
+    ) as engine:
+        result, handled = Supervisor(engine, services).reconcile_once()
+        ticks_topic = engine.config.kafka_ticks_topic
+    extra = {"published": result.enqueued} if kafka else {"handled": handled}
     if json:
-        output.print_json(document)
+        output.print_json({**vars(result), **extra})
         return
     if not result.acted:
         output.console().print("another reconciler holds the lock: nothing done")
+        return
+    if kafka:
+        output.console().print(
+            f"scanned {result.scanned}, published {result.enqueued} ticks to {ticks_topic}, "
+            f"skipped {result.skipped}"
+        )
         return
     output.console().print(
         f"scanned {result.scanned}, enqueued {result.enqueued}, skipped {result.skipped}; "
@@ -156,18 +170,8 @@ def projections_run(
     config: ConfigOption = None,
 ) -> None:
     """Follow the log and keep the views up to date until Ctrl-C."""
-    if outbox:
-        from jobledger.kafka_runner import KafkaRunnerSettings
-
-        settings = KafkaRunnerSettings(workers=0, projections=True, outbox=True)
-        with open_engine(store, config, purpose="projections run", mode="create") as engine:
-            _run_kafka(engine, settings, "projections")
-        return
-    with open_engine(store, config, purpose="projections run", mode="create") as engine:
-        runner = ProjectionRunner(_views(engine))
-        with _stop_on_signals(runner.stop):
-            output.console().print("projections: following the log (Ctrl-C to stop)")
-            runner.run_forever()
+    services = Services.of("projections", kafka=False, outbox=outbox)
+    _serve("projections", services, store, config, transport=None)
 
 
 @projections_app.command("rebuild")
@@ -214,41 +218,70 @@ def projections_status(
 # ---- plumbing ---------------------------------------------------------------------------
 
 
-def _run(
-    store: str | None, config: Any, settings: RunnerSettings, name: str, transport: str | None
+def _serve(
+    name: str,
+    services: Services,
+    store: str | None,
+    config: Any,
+    transport: Transport | None,
+    *,
+    mode: StoreMode = "create",
 ) -> None:
+    """Run the services until Ctrl-C or SIGTERM, on ``transport`` (None: as configured).
+    The engine runs steps only where there are workers: only then are the definitions
+    and the executor loaded, and SIGHUP reloads the definitions."""
+    runs_steps = services.workers > 0
+    kafka = transport == "kafka" or services.outbox
     with (
         open_engine(
-            store, config, purpose=name, definitions=True, executor=True, mode="create"
+            store,
+            config,
+            purpose=name,
+            definitions=runs_steps,
+            executor=runs_steps,
+            mode=mode,
+            transport=transport,
         ) as engine,
-        _reload_on_sighup(engine, load_settings(config, store).definitions),
+        _reload_on_sighup(engine, load_settings(config, store).definitions)
+        if runs_steps
+        else nullcontext(),
     ):
-        if _use_transport(engine, transport) == "kafka":
-            from jobledger.kafka_runner import KafkaRunnerSettings
+        supervisor = Supervisor(engine, services)
+        output.console().print(_banner(name, engine, services, kafka))
+        with _stop_on_signals(supervisor.stopping.set):
+            supervisor.run()
+        if runs_steps or kafka:
+            what = "messages" if kafka else "ticks"
+            output.console().print(f"stopped cleanly after {supervisor.handled} {what}")
 
-            everything = name == "run"
-            kafka_settings = KafkaRunnerSettings(
-                workers=settings.workers if name != "reconcile" else 0,
-                projections=everything,
-                outbox=everything,
-                reconciler=everything or name == "reconcile",
-            )
-            _run_kafka(engine, kafka_settings, name)
-            return
-        runner = EmbeddedRunner(engine, settings)
-        output.console().print(
-            f"jobledger {name}: {settings.workers} worker(s) on "
-            f"{redact(engine.config.store_url)} (Ctrl-C to stop)"
-        )
-        with _stop_on_signals(runner.stopping.set):
-            runner.run()
-        output.console().print(f"stopped cleanly after {runner.handled} ticks")
+
+def _banner(name: str, engine: Engine, services: Services, kafka: bool) -> str:
+    where = redact(engine.config.store_url)
+    if not kafka:
+        if not services.workers:
+            return "projections: following the log (Ctrl-C to stop)"
+        return f"jobledger {name}: {services.workers} worker(s) on {where} (Ctrl-C to stop)"
+    parts = [
+        f"{services.workers} Kafka worker(s)" if services.workers else "",
+        "views" if services.views else "",
+        "outbox" if services.outbox else "",
+        "reconciler" if services.reconciler else "",
+    ]
+    return (
+        f"jobledger {name}: {', '.join(p for p in parts if p)} on {where} and Kafka at "
+        f"{engine.config.kafka_bootstrap_servers} (Ctrl-C to stop)"
+    )
 
 
 def _is_kafka(transport: str | None, store: str | None, config: Any) -> bool:
+    """The --transport flag wins over the setting."""
     if transport is None:
         return load_settings(config, store).engine.transport == "kafka"
     return _check_transport(transport) == "kafka"
+
+
+def _transport_name(kafka: bool) -> Transport:
+    return "kafka" if kafka else "local"
 
 
 def _check_transport(transport: str) -> str:
@@ -258,67 +291,6 @@ def _check_transport(transport: str) -> str:
             param_hint="--transport",
         )
     return transport
-
-
-def _use_transport(engine: Engine, transport: str | None) -> str:
-    """The --transport flag wins over the setting; kafka swaps in the Kafka queue."""
-    chosen = _check_transport(transport or engine.config.transport)
-    if chosen == "kafka":
-        from jobledger.adapters.kafka import KafkaQueue, KafkaSettings
-
-        if not isinstance(engine.queue, KafkaQueue):
-            engine.use_queue(KafkaQueue(KafkaSettings.of(engine.config)))
-    return chosen
-
-
-def _run_kafka(engine: Engine, settings: Any, name: str) -> None:
-    from jobledger.kafka_runner import KafkaRunner
-
-    runner = KafkaRunner(engine, settings)
-    parts = [
-        f"{settings.workers} Kafka worker(s)" if settings.workers else "",
-        "views" if settings.projections else "",
-        "outbox" if settings.outbox else "",
-        "reconciler" if settings.reconciler else "",
-    ]
-    output.console().print(
-        f"jobledger {name}: {', '.join(p for p in parts if p)} on "
-        f"{redact(engine.config.store_url)} and Kafka at "
-        f"{engine.config.kafka_bootstrap_servers} (Ctrl-C to stop)"
-    )
-    with _stop_on_signals(runner.stopping.set):
-        runner.run()
-    output.console().print(f"stopped cleanly after {runner.handled} messages")
-
-
-def _reconcile_kafka(once: bool, store: str | None, config: Any, json: bool) -> None:
-    from jobledger.adapters.kafka import ensure_topics
-    from jobledger.kafka_runner import KafkaRunner, KafkaRunnerSettings
-
-    with open_engine(store, config, purpose="reconcile") as engine:
-        _use_transport(engine, "kafka")
-        if not once:
-            _run_kafka(engine, KafkaRunnerSettings(workers=0, reconciler=True), "reconcile")
-            return
-        runner = KafkaRunner(engine, KafkaRunnerSettings(workers=0, reconciler=True))
-        assert runner.views is not None and runner.reconciler is not None
-        if runner.kafka.create_topics:
-            ensure_topics(runner.kafka)
-        runner.views.catch_up()
-        # By hand, a queued job is due now: publish its tick.
-        result = runner.reconciler.reconcile(lost_tick_after=timedelta(0))
-        runner.reconciler.stop()
-    document = {**vars(result), "published": result.enqueued}
-    if json:
-        output.print_json(document)
-        return
-    if not result.acted:
-        output.console().print("another reconciler holds the lock: nothing done")
-        return
-    output.console().print(
-        f"scanned {result.scanned}, published {result.enqueued} ticks to "
-        f"{engine.config.kafka_ticks_topic}, skipped {result.skipped}"
-    )
 
 
 @contextmanager
@@ -378,8 +350,7 @@ def _progress(visible: bool) -> Iterator[Progress]:
 
 
 def _views(engine: Engine) -> JobViews:
-    assert isinstance(engine.store, EventSourcedJobStore)
-    return JobViews(engine.store)
+    return JobViews(engine.deps.store)
 
 
 def _statuses(raw: str | None) -> list[str]:

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from enum import IntEnum
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Literal
 
 import typer
 from eventsourcing.persistence import PersistenceError
@@ -106,18 +106,23 @@ def open_engine(
     executor: bool = False,
     notifier: Notifier | None = None,
     mode: StoreMode = "existing",
+    transport: Literal["local", "kafka"] | None = None,
 ) -> Iterator[Engine]:
     """An engine on the configured store, closed afterwards. ``definitions`` and
     ``executor`` say whether the command needs them (only then are they loaded).
     ``mode``: only the commands that write jobs create a store; the ones that only read
-    say ``read`` (no lock, no DDL)."""
+    say ``read`` (no lock, no DDL). ``transport`` (the ``--transport`` flag) wins over
+    the configured one; the queue is chosen from it when the engine is built."""
     settings = load_settings(config, store_url)
+    engine_config = settings.engine
+    if transport is not None:
+        engine_config = engine_config.model_copy(update={"transport": transport})
     # Commands that run no step need no definitions (loading them costs start-up time).
     registry = _registry(settings, purpose) if definitions else FunctionRegistry()
     engine = Engine.open(
         registry=registry,
         executor=_executor(settings, purpose) if executor else None,
-        config=settings.engine,
+        config=engine_config,
         notifier=notifier,
         store_mode=mode,
     )

@@ -1,0 +1,149 @@
+"""The composition root: the one place where configuration picks the adapters.
+
+``build(config, ...)`` opens the store and wires the ports a process runs with into a
+:class:`Deps`. The facade (:class:`jobledger.Engine`) and the orchestrator are built from
+it; the process level (the supervisor, the CLI) reads the concrete adapters it needs from
+it, typed as what was built, instead of downcasting the facade's ports.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from jobledger.adapters.clock import SystemClock
+from jobledger.adapters.event_store import EventSourcedJobStore, StoreMode
+from jobledger.adapters.jwt_tokens import JwtResumeTokens
+from jobledger.adapters.local_queue import LocalQueue
+from jobledger.adapters.log_spend import LogSpend
+from jobledger.adapters.ops import LoggingOps
+from jobledger.adapters.store_url import parse_store_url
+from jobledger.config import EngineConfig
+from jobledger.ports import (
+    Clock,
+    Cost,
+    Leases,
+    Notifier,
+    Ops,
+    Queue,
+    ResumeTokens,
+    StepExecutor,
+    WorkflowRegistry,
+)
+
+if TYPE_CHECKING:
+    from jobledger.adapters.kafka import KafkaQueue
+
+
+@dataclass(frozen=True)
+class Deps:
+    """The ports and adapters one process runs with, wired once by :func:`build`.
+
+    ``store`` is the event store itself; ``local_queue`` and ``kafka_queue`` name the
+    queue again, concretely, when it is the in-process one or the Kafka ticks topic (at
+    most one of them is set): what drains the local queue, or consumes the topic, needs
+    that adapter and not just the ``Queue`` port."""
+
+    config: EngineConfig
+    registry: WorkflowRegistry
+    executor: StepExecutor | None
+    store: EventSourcedJobStore
+    queue: Queue
+    clock: Clock
+    ops: Ops
+    cost: Cost | None
+    tokens: ResumeTokens | None
+    notifier: Notifier | None
+    local_queue: LocalQueue | None = None
+    kafka_queue: KafkaQueue | None = None
+
+    @property
+    def leases(self) -> Leases:
+        """The heartbeat-renewed leases live in the store's database."""
+        return self.store.leases
+
+    def close(self) -> None:
+        # The queue first: a Kafka producer flushes what it still holds.
+        close = getattr(self.queue, "close", None)
+        if close is not None:
+            close()
+        self.store.close()
+
+
+def build(
+    config: EngineConfig,
+    *,
+    registry: WorkflowRegistry,
+    executor: StepExecutor | None = None,
+    clock: Clock | None = None,
+    queue: Queue | None = None,
+    ops: Ops | None = None,
+    cost: Cost | None = None,
+    tokens: ResumeTokens | None = None,
+    notifier: Notifier | None = None,
+    store_mode: StoreMode = "create",
+) -> Deps:
+    """Open (creating if needed, unless ``store_mode`` says otherwise: see
+    :data:`~jobledger.adapters.event_store.StoreMode`) the store at ``config.store_url``
+    and wire the defaults for what is not given: a local in-process queue (the Kafka
+    ticks topic when ``config.transport`` is kafka), the system clock, JSON ops logs,
+    spend folded from the log, and JWT resume tokens when a token secret is configured.
+
+    The transport is decided here, once: a process that runs on Kafka says so in the
+    config it builds from (the CLI's ``--transport``), never by swapping queues later."""
+    clock = clock if clock is not None else SystemClock()
+    store = EventSourcedJobStore(
+        parse_store_url(config.store_url),
+        partitions=config.partitions,
+        cache_size=config.cache_size,
+        snapshot_interval=config.snapshot_interval,
+        mode=store_mode,
+    )
+    chosen, local_queue, kafka_queue = _queue(config, clock, queue)
+    return Deps(
+        config=config,
+        registry=registry,
+        executor=executor,
+        store=store,
+        queue=chosen,
+        clock=clock,
+        ops=ops if ops is not None else LoggingOps(),
+        cost=cost if cost is not None else LogSpend(store),
+        tokens=tokens if tokens is not None else _tokens(config),
+        notifier=notifier,
+        local_queue=local_queue,
+        kafka_queue=kafka_queue,
+    )
+
+
+def _queue(
+    config: EngineConfig, clock: Clock, given: Queue | None
+) -> tuple[Queue, LocalQueue | None, KafkaQueue | None]:
+    """The queue, and again as the in-process one or as the Kafka ticks topic. A queue
+    the caller hands in (a test's, a benchmark's) counts as the local queue only when it
+    is one; it is classified here, where it enters, not where it is used."""
+    if given is not None:
+        return given, (given if isinstance(given, LocalQueue) else None), None
+    if config.transport == "kafka":
+        # Imported here: an engine on the local queue never loads the Kafka client.
+        from jobledger.adapters.kafka import KafkaQueue, KafkaSettings
+
+        kafka = KafkaQueue(KafkaSettings.of(config))
+        return kafka, None, kafka
+    local = LocalQueue(clock)
+    return local, local, None
+
+
+def _tokens(config: EngineConfig) -> ResumeTokens | None:
+    if config.token_secret is None:
+        return None
+    return JwtResumeTokens(
+        secret=config.token_secret.get_secret_value(),
+        key_id=config.token_key_id,
+        ttl_seconds=config.token_ttl_seconds,
+        issuer=config.token_issuer,
+        audience=config.token_audience,
+        previous_keys={
+            kid: key.get_secret_value() for kid, key in config.token_previous_keys.items()
+        },
+    )
