@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -150,3 +151,70 @@ def test_verify_refuses_a_mixed_selection(operator: Operator, args: tuple[str, .
     assert "give TENANT JOB, or --tenant T, or --all" in " ".join(result.stderr.split()) or (
         "not both" in result.stderr
     )
+
+
+WAITS = """
+type: invoice
+version: 1
+start: send
+steps:
+  send: {kind: run_interaction_task, params: {task: send}, next: paid}
+  paid: {kind: wait_event, event: invoice.paid, next: review}
+  review: {kind: await_approval, approvers: [lead], on_approve: done}
+  done: {kind: complete}
+"""
+
+
+def notices(path: Path) -> list[dict[str, Any]]:
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def test_a_configured_notifier_hands_tokens_and_approvals_to_people_while_the_runner_runs(
+    operator: Operator, tmp_path: Path
+) -> None:
+    (operator.home / "definitions" / "invoice.yaml").write_text(WAITS)
+    with (operator.home / "jobledger.toml").open("a") as config:
+        config.write('notifier = "file:notices.jsonl"\n')
+        config.write('token_secret = "0123456789abcdef0123456789abcdef"\n')
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("JOBLEDGER_")}
+    # Started from another directory: the notices file is beside the config file.
+    runner = subprocess.Popen(
+        [str(JOBLEDGER), "run", "--config", str(operator.home / "jobledger.toml")],
+        cwd=elsewhere,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        operator.json("submit", "t", "inv-1", "invoice")
+        path = operator.home / "notices.jsonl"
+        [token_notice] = wait_for(lambda: notices(path), "a token notice")
+        assert token_notice["type"] == "waiting_for_event"
+        assert token_notice["event_name"] == "invoice.paid"
+        resumed = operator.json("resume", "--token", token_notice["token"], "--payload", "{}")
+        assert resumed["job"]["job_id"] == "inv-1"
+        approval = wait_for(lambda: notices(path)[1:], "an approval notice")[0]
+        assert approval["type"] == "approval_requested" and approval["approvers"] == ["lead"]
+        operator.json(
+            "approve", "t", "inv-1", "--by", "lead", "--approval", approval["approval_id"]
+        )
+        wait_for(lambda: operator.json("show", "t", "inv-1")["status"] == "completed", "completion")
+    finally:
+        runner.terminate()
+        runner.wait(timeout=30)
+    assert not (elsewhere / "notices.jsonl").exists()
+
+
+def wait_for(probe: Any, what: str, timeout: float = 30.0) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = probe()
+        if found:
+            return found
+        time.sleep(0.2)
+    raise AssertionError(f"no {what} within {timeout} s")

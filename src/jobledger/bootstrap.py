@@ -16,6 +16,7 @@ from jobledger.adapters.event_store import EventSourcedJobStore, StoreMode
 from jobledger.adapters.jwt_tokens import JwtResumeTokens
 from jobledger.adapters.local_queue import LocalQueue
 from jobledger.adapters.log_spend import LogSpend
+from jobledger.adapters.notifier import Notifiers, notifier_from_spec
 from jobledger.adapters.ops import LoggingOps
 from jobledger.adapters.store_url import parse_store_url
 from jobledger.config import EngineConfig
@@ -110,7 +111,7 @@ def build(
         ops=ops if ops is not None else LoggingOps(),
         cost=cost if cost is not None else LogSpend(store),
         tokens=tokens if tokens is not None else _tokens(config),
-        notifier=notifier,
+        notifier=_notifier(config, notifier),
         local_queue=local_queue,
         kafka_queue=kafka_queue,
     )
@@ -132,6 +133,16 @@ def _queue(
         return kafka, None, kafka
     local = LocalQueue(clock)
     return local, local, None
+
+
+def _notifier(config: EngineConfig, given: Notifier | None) -> Notifier | None:
+    """The configured notifier, beside the one the caller hands in (the CLI keeps what a
+    tick hands out, to print it); each shielded from the other's failures."""
+    if config.notifier is None:
+        return given
+    secret = config.notifier_secret.get_secret_value() if config.notifier_secret else None
+    configured = notifier_from_spec(config.notifier, secret=secret)
+    return Notifiers(*(n for n in (given, configured) if n is not None))
 
 
 def _tokens(config: EngineConfig) -> ResumeTokens | None:

@@ -57,6 +57,12 @@ class EngineConfig(BaseSettings):
     token_issuer: str = "jobledger"
     token_audience: str = "jobledger.resume"
 
+    notifier: str | None = None
+    """Where the tokens and approval requests jobs hand out go: ``stdout``, ``file:PATH``
+    (JSON lines), ``webhook:URL`` (a JSON POST) or ``package.module:Class``."""
+    notifier_secret: SecretStr | None = None
+    """Signs each webhook POST: ``X-Jobledger-Signature: sha256=<HMAC of the body>``."""
+
     transport: Literal["local", "kafka"] = "local"
     """Where ticks go: ``local`` (the in-process queue) or ``kafka`` (the ticks topic)."""
     kafka_bootstrap_servers: str = "localhost:9092"

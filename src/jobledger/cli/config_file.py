@@ -8,9 +8,10 @@ EngineConfig fields (``store_url``, ``cost_ceiling_usd``, ``token_secret``, ...)
 the CLI's own: ``definitions`` (a directory) and ``executor`` (``module:attr`` of a
 StepExecutor, or of a class or factory that makes one). Every path the file names is
 relative to the file: the definitions, a SQLite store (``sqlite:///jobs.db`` is the
-``jobs.db`` beside the file) and the executor's module (imported from the file's
-directory first). ``JOBLEDGER_DEFINITIONS`` and ``JOBLEDGER_EXECUTOR`` set those two from
-the environment (relative to the current directory, as any environment path is).
+``jobs.db`` beside the file), a ``file:`` notifier and the executor's module (imported
+from the file's directory first). ``JOBLEDGER_DEFINITIONS`` and ``JOBLEDGER_EXECUTOR``
+set those two from the environment (relative to the current directory, as any
+environment path is).
 """
 
 from __future__ import annotations
@@ -85,6 +86,9 @@ def load_settings(config_file: Path | None, store_url: str | None) -> Settings:
         values["store_url"] = beside(
             config_file, _string(values["store_url"], "store_url", config_file)
         )
+    notifier = values.get("notifier")
+    if isinstance(notifier, str) and notifier.startswith("file:") and config_file is not None:
+        values["notifier"] = "file:" + str(config_file.parent / notifier.removeprefix("file:"))
     return Settings(engine_config(values, config_file), definitions, executor, config_file, sources)
 
 
