@@ -218,3 +218,47 @@ def wait_for(probe: Any, what: str, timeout: float = 30.0) -> Any:
             return found
         time.sleep(0.2)
     raise AssertionError(f"no {what} within {timeout} s")
+
+
+BROKEN_EXECUTOR = """
+from jobledger import StepRequest, StepResult
+
+class Chores:
+    def execute(self, request: StepRequest) -> StepResult:
+        if request.job.job_id == "bad":
+            raise KeyError("no such chore")
+        return StepResult(output={"did": request.resolution.params["task"]})
+"""
+
+
+def test_the_runner_says_what_it_runs_and_logs_a_line_per_tick_and_executor_tracebacks(
+    operator: Operator,
+) -> None:
+    (operator.home / "chores_executor.py").write_text(BROKEN_EXECUTOR)
+    operator.json("submit", "t", "good", "chores")
+    operator.json("submit", "t", "bad", "chores")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("JOBLEDGER_")}
+    runner = subprocess.Popen(
+        [str(JOBLEDGER), "run", "--log-format", "json"],
+        cwd=operator.home,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        wait_for(lambda: operator.json("show", "t", "bad")["status"] == "failed", "a failure")
+        wait_for(lambda: operator.json("show", "t", "good")["status"] == "completed", "completion")
+    finally:
+        runner.terminate()
+        out, err = runner.communicate(timeout=30)
+    assert "store: sqlite:///" in out and "transport: local" in out
+    assert "definitions: chores@1" in out and "executor: chores_executor:Chores" in out
+    lines = [json.loads(line) for line in err.splitlines() if line.startswith("{")]
+    ticks = [line["message"] for line in lines if line["logger"] == "jobledger.engine"]
+    assert any(m.startswith("tick t/good (") and "now completed at step 4" in m for m in ticks)
+    assert any(m.startswith("tick t/bad (") and ": failed," in m for m in ticks)
+    [failure] = [line for line in lines if line["level"] == "error"]
+    assert failure["message"].startswith("step 1 of t/bad raised KeyError")
+    assert "Traceback" in failure["traceback"] and "no such chore" in failure["traceback"]
+    assert not [line for line in lines if line["logger"] == "jobledger.ops"]  # debug only

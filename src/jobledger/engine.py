@@ -603,7 +603,21 @@ class Engine:
         """One tick as delivered (an interrupted tick's claim included), every error left
         to the caller: what a consumer that answers with offsets needs (``handle`` is the
         local queue's, which answers by re-enqueueing)."""
-        return self.orchestrator.tick(tick)
+        started = time.perf_counter()
+        report = self.orchestrator.tick(tick)
+        log.info(
+            "tick %s/%s (%s): %s, %d step(s), now %s at step %d, v%d, %.1f ms",
+            tick.tenant_id,
+            tick.job_id,
+            tick.reason,
+            report.outcome,
+            report.steps_executed,
+            report.status,
+            report.step,
+            report.version,
+            (time.perf_counter() - started) * 1000,
+        )
+        return report
 
     def run_until_idle(self, *, wait_for_timers: bool = False, max_ticks: int = 100_000) -> int:
         """Handle the local queue's ticks until none is due (or, with ``wait_for_timers``,

@@ -11,6 +11,7 @@ recording it, and then with the same idempotency key.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager, nullcontext, suppress
 from dataclasses import dataclass
@@ -63,6 +64,8 @@ from jobledger.status import JobStatus
 from jobledger.transition import StepOutcome, Transition
 from jobledger.views import JobView
 
+log = logging.getLogger(__name__)
+
 
 class Outcome(StrEnum):
     """How a tick ended, for callers, tests and queue adapters."""
@@ -88,6 +91,8 @@ class TickReport:
     status: JobStatus
     steps_executed: int
     version: int
+    step: int = 0
+    """The job's current step when the tick ended."""
 
 
 REBASE_ATTEMPTS = 100
@@ -178,7 +183,8 @@ class Orchestrator:
             # The in-memory job holds the refused events: report what the store holds.
             outcome = lost.outcome
             run.job = self.load(tick)
-        return TickReport(outcome, run.job.status, run.steps, run.job.version)
+        job = run.job
+        return TickReport(outcome, job.status, run.steps, job.version, job.current_step)
 
     def advance(self, run: _Run) -> Outcome | None:
         """One step. Returns an outcome to stop the tick, or None to take another step."""
@@ -458,6 +464,11 @@ class Orchestrator:
         kind = error.kind if isinstance(error, StepError) else type(error).__name__
         policy = resolution.retry_policy or RetryPolicy()
         attempt = job.attempt + 1
+        where = f"step {job.current_step + 1} of {job.tenant_id}/{job.job_id}"
+        if isinstance(error, StepError):
+            log.warning("%s raised %s (%s): %s", where, type(error).__name__, kind, error)
+        else:  # not the executor's way of saying it failed: a bug, with its traceback
+            log.error("%s raised %s: %s", where, type(error).__name__, error, exc_info=error)
         if isinstance(error, StepError) and error.retryable and policy.allows(attempt, kind):
             now = self.clock.now()
             resume_at = now + timedelta(milliseconds=policy.backoff_ms(attempt))

@@ -21,7 +21,9 @@ from rich.table import Table
 
 from jobledger.adapters.event_store import StoreMode
 from jobledger.cli import output
-from jobledger.cli.config_file import load_settings
+from jobledger.cli.config_file import Settings, load_settings
+from jobledger.cli.logs import LogFormat, LogFormatOption, LogLevel, LogLevelOption
+from jobledger.cli.logs import configure as configure_logs
 from jobledger.cli.params import LARGEST
 from jobledger.cli.session import ConfigOption, JsonFlag, StoreOption, open_engine
 from jobledger.engine import Engine
@@ -83,6 +85,8 @@ def run(
     transport: TransportOption = None,
     store: StoreOption = None,
     config: ConfigOption = None,
+    log_level: LogLevelOption = LogLevel.INFO,
+    log_format: LogFormatOption = LogFormat.TEXT,
 ) -> None:
     """Run everything in one process: workers, projections and the reconciler.
 
@@ -90,6 +94,7 @@ def run(
     cleanly; after a kill -9 the next start finishes whatever was in flight. With
     --transport kafka: Kafka workers, the views, the event outbox and the reconciler.
     """
+    configure_logs(log_level, log_format)
     kafka = _is_kafka(transport, store, config)
     services = Services.of("run", kafka=kafka, workers=workers)
     _serve("run", services, store, config, _transport_name(kafka))
@@ -100,9 +105,12 @@ def worker(
     transport: TransportOption = None,
     store: StoreOption = None,
     config: ConfigOption = None,
+    log_level: LogLevelOption = LogLevel.INFO,
+    log_format: LogFormatOption = LogFormat.TEXT,
 ) -> None:
     """Run workers. local: fed by the reconciler (views caught up on each pass).
     kafka: consumer-group members of the ticks and signals topics, nothing else."""
+    configure_logs(log_level, log_format)
     kafka = _is_kafka(transport, store, config)
     services = Services.of("worker", kafka=kafka, workers=workers)
     _serve("worker", services, store, config, _transport_name(kafka))
@@ -114,6 +122,8 @@ def reconcile(
     store: StoreOption = None,
     config: ConfigOption = None,
     json: JsonFlag = False,
+    log_level: LogLevelOption = LogLevel.WARNING,
+    log_format: LogFormatOption = LogFormat.TEXT,
 ) -> None:
     """Re-enqueue what is due (timers, lapsed leases, lost ticks) and run those ticks.
 
@@ -121,6 +131,7 @@ def reconcile(
     handled, and the counts printed. With --transport kafka the due ticks are published
     to the ticks topic (the workers run them) and nothing is run here.
     """
+    configure_logs(log_level, log_format)
     kafka = _is_kafka(transport, store, config)
     services = Services.of("reconcile", kafka=kafka)
     if not once:
@@ -168,8 +179,11 @@ def projections_run(
     ] = False,
     store: StoreOption = None,
     config: ConfigOption = None,
+    log_level: LogLevelOption = LogLevel.INFO,
+    log_format: LogFormatOption = LogFormat.TEXT,
 ) -> None:
     """Follow the log and keep the views up to date until Ctrl-C."""
+    configure_logs(log_level, log_format)
     services = Services.of("projections", kafka=False, outbox=outbox)
     _serve("projections", services, store, config, transport=None)
 
@@ -248,11 +262,30 @@ def _serve(
     ):
         supervisor = Supervisor(engine, services)
         output.console().print(_banner(name, engine, services, kafka))
+        for line in _setup(engine, load_settings(config, store), runs_steps):
+            output.console().print(f"  {line}", soft_wrap=True)
         with _stop_on_signals(supervisor.stopping.set):
             supervisor.run()
         if runs_steps or kafka:
             what = "messages" if kafka else "ticks"
             output.console().print(f"stopped cleanly after {supervisor.handled} {what}")
+
+
+def _setup(engine: Engine, settings: Settings, runs_steps: bool) -> list[str]:
+    """What the process runs with, so a wrong store or a missing definition shows at once."""
+    partitions = engine.config.partitions
+    lines = [
+        f"store: {redact(engine.config.store_url)} ({partitions} partition(s)); "
+        f"transport: {engine.config.transport}"
+    ]
+    if runs_steps:
+        from jobledger.workflows import DefinitionRegistry
+
+        known = engine.registry.known() if isinstance(engine.registry, DefinitionRegistry) else []
+        names = ", ".join(f"{kind}@{version}" for kind, version in known) or "none"
+        lines.append(f"definitions: {names} (from {settings.definitions})")
+        lines.append(f"executor: {settings.executor}")
+    return lines
 
 
 def _banner(name: str, engine: Engine, services: Services, kafka: bool) -> str:

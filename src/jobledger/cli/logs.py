@@ -1,0 +1,71 @@
+"""What the running commands log, and how: ``--log-level`` and ``--log-format text|json``.
+
+One line per tick outcome at info (job, step, outcome, status, ms), executor failures at
+warning (a ``StepError``) or error (anything else, with its traceback); the ops events
+(JSON, several per step) only with ``--log-level debug``. Logs go to stderr; stdout
+stays for what a command prints.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from datetime import UTC, datetime
+from enum import StrEnum
+from typing import Annotated
+
+import typer
+
+
+class LogFormat(StrEnum):
+    TEXT = "text"
+    JSON = "json"
+
+
+class LogLevel(StrEnum):
+    DEBUG = "debug"
+    INFO = "info"
+    WARNING = "warning"
+    ERROR = "error"
+
+
+LogLevelOption = Annotated[
+    LogLevel, typer.Option("--log-level", help="The least severe log lines shown.")
+]
+LogFormatOption = Annotated[
+    LogFormat,
+    typer.Option("--log-format", help="text for people, json (a line each) for collectors."),
+]
+
+
+class JsonLines(logging.Formatter):
+    """A JSON object per line: time (UTC, ISO 8601), level, logger, message, and the
+    traceback when there is one."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        line = {
+            "time": datetime.fromtimestamp(record.created, UTC).isoformat(),
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
+        if record.exc_info:
+            line["traceback"] = self.formatException(record.exc_info)
+        return json.dumps(line, ensure_ascii=False)
+
+
+def configure(level: LogLevel, fmt: LogFormat) -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    if fmt is LogFormat.JSON:
+        handler.setFormatter(JsonLines())
+    else:
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level.upper())
+    # The Kafka client's own chatter is for its debugging, not the operator's day; so
+    # are the ops events (several per step), which the tick lines sum up.
+    logging.getLogger("kafka").setLevel(max(logging.WARNING, root.level))
+    ops = logging.getLogger("jobledger.ops")
+    ops.setLevel(logging.INFO if level is LogLevel.DEBUG else logging.WARNING)
