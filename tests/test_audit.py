@@ -155,7 +155,8 @@ def test_replay_against_its_own_definition_rebuilds_every_request_the_engine_res
         rebuilt: list[ResolveRequest] = []
         events = engine.store.events(job_uuid(T, job))
         report = replay_job(events, recording(v1, rebuilt), version=1)
-        assert report.safe and report.verdict == "safe to migrate", (job, report.verdict)
+        agrees = "safe to migrate" if not report.finished else f"{report.status}: replays the same"
+        assert report.safe and report.verdict.startswith(agrees), (job, report.verdict)
         assert all(step.outcome == "same" for step in report.steps)
         assert len(rebuilt) == len(report.steps) == engine.job(T, job).current_step
         for request in rebuilt:
@@ -163,7 +164,7 @@ def test_replay_against_its_own_definition_rebuilds_every_request_the_engine_res
             if request.reason == "replay":  # not recorded for a pure step a tick began with
                 request = replace(request, reason=original.reason)
             assert request == original, (job, request.current_step)
-        assert engine.replay(T, job, v1).verdict == "safe to migrate"
+        assert engine.replay(T, job, v1).verdict == report.verdict
         assert engine.replay(T, job).safe  # the registry's version the job is on
 
 

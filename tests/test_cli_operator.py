@@ -262,3 +262,18 @@ def test_the_runner_says_what_it_runs_and_logs_a_line_per_tick_and_executor_trac
     assert failure["message"].startswith("step 1 of t/bad raised KeyError")
     assert "Traceback" in failure["traceback"] and "no such chore" in failure["traceback"]
     assert not [line for line in lines if line["logger"] == "jobledger.ops"]  # debug only
+
+
+def test_replay_all_does_not_call_finished_jobs_safe_to_migrate(operator: Operator) -> None:
+    operator.json("submit", "t", "done", "chores")
+    operator.json("tick", "t", "done")
+    operator.json("submit", "t", "waiting", "chores")
+    definition = str(operator.home / "definitions" / "chores.yaml")
+    report = operator.json("replay", "--all", "--definition", definition)
+    jobs = {job["job"]: job for job in report["jobs"]}
+    assert jobs["done"]["verdict"] == "completed: replays the same; nothing to migrate"
+    assert jobs["done"]["migratable"] is False and jobs["done"]["safe"] is True
+    assert jobs["waiting"]["verdict"] == "safe to migrate" and jobs["waiting"]["migratable"]
+    assert (report["migratable"], report["finished"]) == (1, 1)
+    table = operator("replay", "--all", "--definition", definition).stdout
+    assert "1 of 2 jobs safe to migrate (1 finished: nothing to migrate)" in " ".join(table.split())

@@ -116,7 +116,8 @@ def test_a_signal_during_a_step_keeps_the_step_and_opens_the_wait_at_once(
     assert worker.job(TENANT, JOB).state["paid"] == 1
     assert worker.verify(TENANT, JOB) is None
     # Replay folds the input that landed mid-step as the engine did: same decisions.
-    assert worker.replay(TENANT, JOB).verdict == "safe to migrate"
+    replayed = worker.replay(TENANT, JOB)
+    assert replayed.safe and replayed.verdict == "completed: replays the same; nothing to migrate"
 
 
 def test_a_budget_raise_during_a_step_keeps_the_step(make_engine: EngineFactory) -> None:

@@ -61,6 +61,8 @@ UNKNOWN_REASON: Final = "replay"
 DEFAULT_WAIT_MS: Final[int] = EngineConfig.model_fields["default_wait_ms"].default
 """A waiting_time step without a delay of its own waits this long (the engine's default)."""
 SAFE: Final = "safe to migrate"
+FINISHED: Final = "nothing to migrate"
+"""A finished job agrees with the definition but is never migrated (migrate refuses it)."""
 SAME: Final = "same"
 OUTCOMES: Final = {
     "status": "different status",
@@ -154,7 +156,17 @@ class ReplayReport:
 
     @property
     def safe(self) -> bool:
+        """Every recorded step replays the same."""
         return all(step.same for step in self.steps)
+
+    @property
+    def finished(self) -> bool:
+        return JobStatus(self.status).is_terminal
+
+    @property
+    def migratable(self) -> bool:
+        """Safe, and not finished: ``migrate`` moves only jobs that are still going."""
+        return self.safe and not self.finished
 
     @property
     def diverged_at(self) -> StepReplay | None:
@@ -165,7 +177,7 @@ class ReplayReport:
         """``safe to migrate``, or ``diverges at step k: recorded X, would now do Y``."""
         first = self.diverged_at
         if first is None:
-            return SAFE
+            return SAFE if not self.finished else f"{self.status}: replays the same; {FINISHED}"
         verdict = (
             f"diverges at step {first.step_number}: recorded {first.recorded.describe()}, "
             f"would now do {first.replayed.describe()}"

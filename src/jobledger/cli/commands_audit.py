@@ -101,6 +101,8 @@ def replay(
                     "definition": {"type": target.type, "version": target.version},
                     "jobs": documents,
                     "safe": len(reports) - len(diverged),
+                    "migratable": sum(1 for report in reports if report.migratable),
+                    "finished": sum(1 for report in reports if report.finished),
                     "diverged": len(diverged),
                 }
             )
@@ -202,6 +204,8 @@ def _replay_document(report: ReplayReport) -> dict[str, Any]:
         "status": report.status,
         "events": report.events,
         "safe": report.safe,
+        "finished": report.finished,
+        "migratable": report.migratable,
         "verdict": report.verdict,
         "diverged_at_step": report.diverged_at.step_number if report.diverged_at else None,
         "steps": [_step_document(step) for step in report.steps],
@@ -242,10 +246,10 @@ def _print_replay(report: ReplayReport) -> None:
 
 
 def _replay_summary(reports: Sequence[ReplayReport], target: WorkflowDefinition) -> Table:
-    safe = sum(1 for report in reports if report.safe)
-    table = Table(
-        title=f"replay against {target.label}: {safe} of {len(reports)} jobs safe to migrate"
-    )
+    migratable = sum(1 for report in reports if report.migratable)
+    finished = sum(1 for report in reports if report.finished)
+    title = f"replay against {target.label}: {migratable} of {len(reports)} jobs safe to migrate"
+    table = Table(title=title + (f" ({finished} finished: nothing to migrate)" if finished else ""))
     for column in ("tenant", "job", "status", "version", "steps", "verdict"):
         table.add_column(column, overflow="fold")
     for report in reports:
