@@ -33,6 +33,7 @@ from jobledger.adapters.event_store import EventSourcedJobStore
 from jobledger.adapters.ops import MemoryOps
 from jobledger.identity import job_uuid
 from jobledger.job import Job
+from jobledger.keys import KeyKind, key_id
 from jobledger.ports import ApprovalRequest, ApprovalSpec, IssuedToken
 from jobledger.views import JobView
 
@@ -221,6 +222,17 @@ def test_a_store_written_before_loads_folds_and_verifies(store_url: str) -> None
             "waiting_time",
             "completed",
         ]
+        # Stored as strings, read as the enums the events declare.
+        events = engine.store.events(job_uuid("t", "done"))
+        assert {type(e.next_status) for e in events if isinstance(e, Job.StepRecorded)} == {
+            JobStatus
+        }
+        assert {type(e.previous_status) for e in events if isinstance(e, Job.Claimed)} == {
+            JobStatus
+        }
+        submit_key = key_id(KeyKind.SUBMIT, "t", "done", "done")
+        found = engine.store.find_key(submit_key, submit_key)
+        assert found is not None and found.kind is KeyKind.SUBMIT
         # The old rows go on: a job loaded from them takes its next commands.
         engine.decide("t", "gated", "gated:step:3:approval", "reject", "bob", "no")
         assert engine.job("t", "gated").status is JobStatus.FAILED

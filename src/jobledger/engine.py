@@ -609,7 +609,7 @@ class Engine:
         finally:
             turn.release()
 
-    def _key(self, job: Job, kind: str, key: str) -> ConsumedKey:
+    def _key(self, job: Job, kind: KeyKind, key: str) -> ConsumedKey:
         return ConsumedKey.consume(
             kind=kind,
             key=key,
@@ -619,7 +619,7 @@ class Engine:
             timestamp=self.clock.now(),
         )
 
-    def _key_used(self, job: Job, kind: str, key: str) -> bool:
+    def _key_used(self, job: Job, kind: KeyKind, key: str) -> bool:
         """Whether the job consumed the key already. Asked of the job as loaded, before
         deciding: a racing use that committed first is then seen here (or collides with
         this append), so the loser is told it was a replay, not that the job moved on."""

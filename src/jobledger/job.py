@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from copy import deepcopy
 from datetime import datetime
 from decimal import Decimal
-from typing import Any
+from enum import StrEnum
+from typing import Any, ClassVar
 
 from eventsourcing.domain import Aggregate
 from eventsourcing.domain import Snapshot as AggregateSnapshot
@@ -74,6 +76,9 @@ class Job(Aggregate):
 
     class Event(Aggregate.Event):
         chain_hash: str
+        stored_enums: ClassVar[Mapping[str, type[StrEnum]]] = {}
+        """Fields stored as an enum's string (JSON has no enums: the stored bytes and the
+        chain hash are the string's), typed again when read (``adapters.mapper``)."""
 
         def apply(self, aggregate: Any) -> None:
             assert isinstance(aggregate, Job)
@@ -134,8 +139,9 @@ class Job(Aggregate):
         claim_id: str
         lease_until: datetime
         reason: str
-        previous_status: str
+        previous_status: JobStatus
         previous_worker_id: str | None
+        stored_enums: ClassVar[Mapping[str, type[StrEnum]]] = {"previous_status": JobStatus}
 
         def evolve(self, job: Job) -> None:
             job.status = JobStatus.RUNNING
@@ -158,7 +164,7 @@ class Job(Aggregate):
         state_patch: JSON
         cost_usd: Decimal
         transition_reason: str
-        next_status: str
+        next_status: JobStatus
         resume_at: datetime | None
         wait_event: JSON | None
         worker_id: str | None
@@ -167,13 +173,14 @@ class Job(Aggregate):
         input_sha256: str | None = None
         """sha256 of what the definition handed the step (``jobledger.transition``);
         absent from steps recorded before it was kept, which replay then cannot compare."""
+        stored_enums: ClassVar[Mapping[str, type[StrEnum]]] = {"next_status": JobStatus}
 
         def evolve(self, job: Job) -> None:
             job.current_step = self.step_number
             job.cursor = self.next_step
             if self.step_name is not None:
                 job.visits = {**job.visits, self.step_name: job.visits.get(self.step_name, 0) + 1}
-            job.status = JobStatus(self.next_status)
+            job.status = self.next_status
             job.resume_at = self.resume_at
             job.wait_event = deepcopy(self.wait_event)
             job.state = {**job.state, **deepcopy(self.state_patch)}
@@ -455,7 +462,7 @@ class Job(Aggregate):
             claim_id=claim_id,
             lease_until=lease_until,
             reason=reason,
-            previous_status=str(self.status),
+            previous_status=self.status,
             previous_worker_id=self.worker_id if self.status is JobStatus.RUNNING else None,
         )
 
@@ -498,7 +505,7 @@ class Job(Aggregate):
             state_patch=state_patch,
             cost_usd=cost_usd,
             transition_reason=transition_reason,
-            next_status=str(next_status),
+            next_status=next_status,
             resume_at=resume_at,
             wait_event=wait_event,
             worker_id=worker_id,

@@ -78,7 +78,7 @@ class Decision:
 
     step_type: str
     step_name: str | None
-    next_status: str
+    next_status: JobStatus
     next_step: str | None
     wait: Mapping[str, Any] | None = None
     """The wait it opened (all values strings or lists, for JSON): ``resume_at`` for a
@@ -209,7 +209,9 @@ def replay_job(
             )
         elif job is not None and isinstance(event, Job.Failed) and event.cause == "definition":
             request = _request(job, claim, tick_reasons, target, event.timestamp)
-            recorded = Decision("(resolution)", job.cursor, "failed", None, error=event.error)
+            recorded = Decision(
+                "(resolution)", job.cursor, JobStatus.FAILED, None, error=event.error
+            )
             replayed = _replayed(resolver, request, job, event.timestamp, default_wait_ms)
             differences = () if replayed.error is not None else _differences(recorded, replayed)
             replays.append(
@@ -291,7 +293,7 @@ def _request(
         budget = claim.budget
         if claim.event.reason != "continuation":
             # Resolved before this claim was taken for it: the job was as the claim found it.
-            status = JobStatus(claim.event.previous_status)
+            status = claim.event.previous_status
             reason = claim.event.reason
         else:
             reason = tick_reasons.get(claim.event.claim_id, UNKNOWN_REASON)
@@ -324,7 +326,7 @@ def _approval_after(
 
 def _recorded(step: Job.StepRecorded, approval: Job.ApprovalRequested | None) -> Decision:
     wait: dict[str, Any] | None = None
-    status = JobStatus(step.next_status)
+    status = step.next_status
     if status is JobStatus.WAITING_TIME:
         wait = {"resume_at": _iso(step.resume_at)}
     elif status is JobStatus.WAITING_EVENT:
@@ -359,7 +361,7 @@ def _replayed(
     try:
         resolution = resolver(request)
     except Exception as error:
-        return Decision("(resolution)", request.cursor, "failed", None, error=str(error))
+        return Decision("(resolution)", request.cursor, JobStatus.FAILED, None, error=str(error))
     step = transition.decide(job, resolution, at=at, default_wait_ms=default_wait_ms)
     wait: dict[str, Any] | None = None
     if step.next_status is JobStatus.WAITING_TIME:
@@ -381,7 +383,7 @@ def _replayed(
     return Decision(
         step.step_type,
         step.step_name,
-        str(step.next_status),
+        step.next_status,
         step.next_step,
         wait,
         input_sha256=step.input_sha256,
