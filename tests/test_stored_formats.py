@@ -13,6 +13,7 @@ import itertools
 import json
 import os
 from datetime import timedelta
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 from uuid import UUID
@@ -35,6 +36,7 @@ from jobledger.identity import job_uuid
 from jobledger.job import Job
 from jobledger.keys import KeyKind, key_id
 from jobledger.ports import ApprovalRequest, ApprovalSpec, IssuedToken
+from jobledger.substate import ApprovalGate, BufferedSignal, EventWait, JobBudget
 from jobledger.views import JobView
 
 GOLDEN = Path(__file__).parent / "fixtures" / "stored-formats.jsonl"
@@ -233,6 +235,17 @@ def test_a_store_written_before_loads_folds_and_verifies(store_url: str) -> None
         submit_key = key_id(KeyKind.SUBMIT, "t", "done", "done")
         found = engine.store.find_key(submit_key, submit_key)
         assert found is not None and found.kind is KeyKind.SUBMIT
+        # The parts of a job's state are value objects, from events and snapshots alike.
+        loaded = engine.store.load(job_uuid("t", "waiting"))
+        assert loaded is not None and isinstance(loaded.budget, JobBudget)
+        assert loaded.budget.max_cost_usd == Decimal("5.50")
+        assert isinstance(loaded.wait_event, EventWait)
+        assert loaded.wait_event.name == "invoice.paid" and loaded.wait_event.on_timeout is None
+        assert loaded.inbox == (BufferedSignal("waiting-noise", "noise", {"early": True}),)
+        gate = engine.store.load(job_uuid("t", "gated"))
+        assert gate is not None and isinstance(gate.pending_approval, ApprovalGate)
+        assert gate.pending_approval.approvers == ("ann", "bob")
+        assert gate.wait_event is None
         # The old rows go on: a job loaded from them takes its next commands.
         engine.decide("t", "gated", "gated:step:3:approval", "reject", "bob", "no")
         assert engine.job("t", "gated").status is JobStatus.FAILED

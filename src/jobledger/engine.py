@@ -350,7 +350,7 @@ class Engine:
         """A consumed nonce: used to resume the job, or voided by a reissue."""
         job = self.store.load(job_uuid(claims.tenant_id, claims.job_id))
         wait = job.wait_event if job is not None else None
-        if wait is not None and claims.nonce in wait.get("superseded_nonces", []):
+        if wait is not None and claims.nonce in wait.superseded_nonces:
             return TokenMismatchError(
                 "the resume token was superseded by a reissued one; use the new token"
             )
@@ -379,7 +379,7 @@ class Engine:
             token = tokens.issue(
                 JobView.of(job),
                 step_number=job.current_step,
-                event_name=wait["name"],
+                event_name=wait.name,
                 now=now,
                 lasts_until=job.wait_ends_at,
             )
@@ -391,7 +391,7 @@ class Engine:
                 now=now,
             )
             issued[:] = [token]
-            return [self._key(job, KeyKind.TOKEN, wait["nonce"])]
+            return [self._key(job, KeyKind.TOKEN, wait.nonce)]
 
         try:
             job = self._apply(tenant_id, job_id, reissue)
@@ -410,7 +410,7 @@ class Engine:
         )
         notifier = self.orchestrator.notifier
         if notifier is not None and job.wait_event is not None:
-            notifier.waiting_for_event(JobView.of(job), job.wait_event["name"], token)
+            notifier.waiting_for_event(JobView.of(job), job.wait_event.name, token)
         return token
 
     def signal(
@@ -438,7 +438,7 @@ class Engine:
                 raise JobFinishedError(f"job {job_id!r} is {job.status}; signal not delivered")
             now = self.clock.now()
             waiting = job.status is JobStatus.WAITING_EVENT and job.wait_event is not None
-            if waiting and job.wait_event and job.wait_event["name"] == event_name:
+            if waiting and job.wait_event and job.wait_event.name == event_name:
                 job.resume(source="signal", payload=data, now=now, signal_id=signal_id)
                 outcome = SignalOutcome.RESUMED
             else:
@@ -524,7 +524,7 @@ class Engine:
         }
 
         def raise_(job: Job) -> list[ConsumedKey]:
-            budget = parse_budget({**job.budget, **changes}, now=self.clock.now())
+            budget = parse_budget({**job.budget.to_dict(), **changes}, now=self.clock.now())
             try:
                 job.raise_budget(
                     raised_by=raised_by, reason=reason, budget=budget, now=self.clock.now()
@@ -899,11 +899,11 @@ def _check_token_fits(job: Job, claims: TokenClaims, token_sha256: str) -> None:
         raise TokenMismatchError(
             f"the token is for step {claims.step_number}; the job waits at step {job.current_step}"
         )
-    if claims.event_name != wait["name"]:
+    if claims.event_name != wait.name:
         raise TokenMismatchError(
-            f"the token is for event {claims.event_name!r}; the job waits for {wait['name']!r}"
+            f"the token is for event {claims.event_name!r}; the job waits for {wait.name!r}"
         )
-    if claims.nonce != wait["nonce"] or token_sha256 != wait["token_sha256"]:
+    if claims.nonce != wait.nonce or token_sha256 != wait.token_sha256:
         raise TokenMismatchError("the token is not the one issued for this wait")
 
 
@@ -915,20 +915,20 @@ def _check_decision(
     pending = job.pending_approval
     if job.status is not JobStatus.AWAITING_APPROVAL or pending is None:
         raise StaleApprovalError(f"job {job.job_id!r} is {job.status}, not awaiting approval")
-    if pending["approval_id"] != approval_id:
+    if pending.approval_id != approval_id:
         raise StaleApprovalError(
             f"approval {approval_id!r} is not the open request; the open one is "
-            f"{pending['approval_id']!r}"
+            f"{pending.approval_id!r}"
         )
-    if action_sha256 is not None and action_sha256 != pending["action_sha256"]:
+    if action_sha256 is not None and action_sha256 != pending.action_sha256:
         raise StaleApprovalError("the action to approve changed since it was shown")
-    expires_at = pending["expires_at"]
+    expires_at = pending.expires_at
     if expires_at is not None and now >= expires_at:
         raise StaleApprovalError(f"approval {approval_id!r} expired at {expires_at.isoformat()}")
-    if pending["approvers"] and decided_by not in pending["approvers"]:
+    if pending.approvers and decided_by not in pending.approvers:
         raise UnauthorisedDeciderError(
             f"{decided_by!r} may not decide approval {approval_id!r}; allowed: "
-            f"{', '.join(pending['approvers'])}"
+            f"{', '.join(pending.approvers)}"
         )
 
 

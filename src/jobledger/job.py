@@ -16,6 +16,7 @@ from eventsourcing.utils import get_topic
 from jobledger import chain, identity
 from jobledger.identity import KEY_SCHEME, LEGACY_KEY_SCHEME, job_uuid
 from jobledger.status import TRANSITION_STATUSES, JobStatus
+from jobledger.substate import ApprovalGate, BufferedSignal, EventWait, JobBudget
 
 JSON = dict[str, Any]
 
@@ -32,12 +33,12 @@ class Job(Aggregate):
     correlation_id: str | None
     submit_key: str | None
     key_scheme: int
-    budget: JSON
+    budget: JobBudget
     state: JSON
     status: JobStatus
     current_step: int
     resume_at: datetime | None
-    wait_event: JSON | None
+    wait_event: EventWait | None
     claim_id: str | None
     worker_id: str | None
     lease_until: datetime | None
@@ -48,8 +49,8 @@ class Job(Aggregate):
     completed_at: datetime | None
     cursor: str | None
     visits: dict[str, int]
-    pending_approval: JSON | None
-    inbox: list[JSON]
+    pending_approval: ApprovalGate | None
+    inbox: tuple[BufferedSignal, ...]
     chain_head: str
 
     # Version 2 holds ``key_scheme``; older snapshots are upcast when read.
@@ -67,11 +68,29 @@ class Job(Aggregate):
         return identity.step_key(self.tenant_id, self.job_id, step_number, self.key_scheme)
 
     class Snapshot(AggregateSnapshot):
+        """Snapshots store the job's parts as the JSON objects they always were."""
+
+        @classmethod
+        def take(cls, aggregate: Any) -> Job.Snapshot:
+            snapshot = super().take(aggregate)
+            state = snapshot.state  # a fresh dict, in the job's own key order
+            state["budget"] = aggregate.budget.to_dict()
+            wait, approval = aggregate.wait_event, aggregate.pending_approval
+            state["wait_event"] = None if wait is None else wait.to_dict()
+            state["pending_approval"] = None if approval is None else approval.to_dict()
+            state["inbox"] = [signal.to_dict() for signal in aggregate.inbox]
+            return snapshot
+
         def mutate(self, _: None) -> Job:
             job = super().mutate(None)
             assert isinstance(job, Job)
             # JSON has no enums: the snapshot stored the status as its string value.
             job.status = JobStatus(job.status)
+            job.budget = JobBudget.from_dict(vars(job)["budget"])
+            wait, approval = vars(job)["wait_event"], vars(job)["pending_approval"]
+            job.wait_event = None if wait is None else EventWait.from_dict(wait)
+            job.pending_approval = None if approval is None else ApprovalGate.from_dict(approval)
+            job.inbox = tuple(BufferedSignal.from_dict(m) for m in vars(job)["inbox"])
             return job
 
     class Event(Aggregate.Event):
@@ -109,7 +128,7 @@ class Job(Aggregate):
             job.workflow_type = self.workflow_type
             job.workflow_version = self.workflow_version
             job.state = deepcopy(self.state)
-            job.budget = deepcopy(self.budget)
+            job.budget = JobBudget.from_dict(self.budget)
             job.mission_id = self.mission_id
             job.employee_id = self.employee_id
             job.correlation_id = self.correlation_id
@@ -130,7 +149,7 @@ class Job(Aggregate):
             job.cursor = None
             job.visits = {}
             job.pending_approval = None
-            job.inbox = []
+            job.inbox = ()
 
     class Claimed(Event):
         """A worker took a lease on the job to execute its next step."""
@@ -182,7 +201,9 @@ class Job(Aggregate):
                 job.visits = {**job.visits, self.step_name: job.visits.get(self.step_name, 0) + 1}
             job.status = self.next_status
             job.resume_at = self.resume_at
-            job.wait_event = deepcopy(self.wait_event)
+            job.wait_event = (
+                None if self.wait_event is None else EventWait.from_dict(self.wait_event)
+            )
             job.state = {**job.state, **deepcopy(self.state_patch)}
             job.total_steps_executed += 1
             job.total_cost_usd += self.cost_usd
@@ -248,17 +269,17 @@ class Job(Aggregate):
         on_expire: str | None
 
         def evolve(self, job: Job) -> None:
-            job.pending_approval = {
-                "approval_id": self.approval_id,
-                "step_number": self.step_number,
-                "attempt": self.attempt,
-                "action_sha256": self.action_sha256,
-                "approvers": list(self.approvers),
-                "expires_at": self.expires_at,
-                "on_approve": self.on_approve,
-                "on_reject": self.on_reject,
-                "on_expire": self.on_expire,
-            }
+            job.pending_approval = ApprovalGate(
+                approval_id=self.approval_id,
+                step_number=self.step_number,
+                attempt=self.attempt,
+                action_sha256=self.action_sha256,
+                approvers=tuple(self.approvers),
+                expires_at=self.expires_at,
+                on_approve=self.on_approve,
+                on_reject=self.on_reject,
+                on_expire=self.on_expire,
+            )
 
     class ApprovalDecided(Event):
         approval_id: str
@@ -285,14 +306,8 @@ class Job(Aggregate):
         payload: JSON
 
         def evolve(self, job: Job) -> None:
-            job.inbox = [
-                *job.inbox,
-                {
-                    "signal_id": self.signal_id,
-                    "event_name": self.event_name,
-                    "payload": deepcopy(self.payload),
-                },
-            ]
+            signal = BufferedSignal(self.signal_id, self.event_name, deepcopy(self.payload))
+            job.inbox = (*job.inbox, signal)
 
     class Resumed(Event):
         """The outside event a job waited for arrived (by token or by signal)."""
@@ -305,7 +320,7 @@ class Job(Aggregate):
 
         def evolve(self, job: Job) -> None:
             job.state = {**job.state, **deepcopy(self.payload)}
-            job.inbox = [m for m in job.inbox if m["signal_id"] != self.signal_id]
+            job.inbox = tuple(m for m in job.inbox if m.signal_id != self.signal_id)
             job.wait_event = None
             job.resume_at = None
             job.status = JobStatus.QUEUED
@@ -321,16 +336,10 @@ class Job(Aggregate):
         reissued_by: str
 
         def evolve(self, job: Job) -> None:
-            wait = job.wait_event or {}
-            job.wait_event = {
-                **wait,
-                "nonce": self.nonce,
-                "token_sha256": self.token_sha256,
-                "expires_at": self.expires_at.isoformat(),
-                # Kept for the wait's life, so the old token is refused as superseded
-                # rather than as "already used".
-                "superseded_nonces": [*wait.get("superseded_nonces", []), self.previous_nonce],
-            }
+            assert job.wait_event is not None, "a token is reissued for an open wait"
+            job.wait_event = job.wait_event.reissued(
+                nonce=self.nonce, token_sha256=self.token_sha256, expires_at=self.expires_at
+            )
 
     class WaitTimedOut(Event):
         event_name: str
@@ -359,7 +368,7 @@ class Job(Aggregate):
         budget: JSON
 
         def evolve(self, job: Job) -> None:
-            job.budget = deepcopy(self.budget)
+            job.budget = JobBudget.from_dict(self.budget)
             if job.status is JobStatus.BUDGET_EXCEEDED:
                 job.status = JobStatus.QUEUED
                 job.resume_at = None
@@ -578,11 +587,11 @@ class Job(Aggregate):
     ) -> None:
         assert self.pending_approval is not None
         approval = self.pending_approval
-        next_step = approval["on_approve"] if decision == "approved" else approval["on_reject"]
+        next_step = approval.next_step(decision == "approved")
         self._append(
             Job.ApprovalDecided,
             now,
-            approval_id=approval["approval_id"],
+            approval_id=approval.approval_id,
             decision=decision,
             decided_by=decided_by,
             comment=comment,
@@ -601,12 +610,12 @@ class Job(Aggregate):
         self._append(
             Job.ApprovalExpired,
             now,
-            approval_id=approval["approval_id"],
-            next_step=approval["on_expire"],
+            approval_id=approval.approval_id,
+            next_step=approval.on_expire,
         )
-        if approval["on_expire"] is None:
+        if approval.on_expire is None:
             self.fail(
-                error=f"approval {approval['approval_id']} expired undecided",
+                error=f"approval {approval.approval_id} expired undecided",
                 cause="approval_expired",
                 now=now,
             )
@@ -631,19 +640,19 @@ class Job(Aggregate):
         self._append(
             Job.Resumed,
             now,
-            event_name=self.wait_event["name"],
+            event_name=self.wait_event.name,
             source=source,
             nonce=nonce,
             signal_id=signal_id,
             payload=payload,
         )
 
-    def buffered_signal(self) -> JSON | None:
+    def buffered_signal(self) -> BufferedSignal | None:
         """The oldest kept signal for the event this job now waits for, if any."""
         if self.wait_event is None:
             return None
-        name = self.wait_event["name"]
-        return next((m for m in self.inbox if m["event_name"] == name), None)
+        name = self.wait_event.name
+        return next((m for m in self.inbox if m.event_name == name), None)
 
     def reissue_token(
         self,
@@ -662,13 +671,13 @@ class Job(Aggregate):
             nonce=nonce,
             token_sha256=token_sha256,
             expires_at=expires_at,
-            previous_nonce=self.wait_event["nonce"],
+            previous_nonce=self.wait_event.nonce,
             reissued_by=reissued_by,
         )
 
     def time_out_wait(self, *, now: datetime) -> None:
         assert self.wait_event is not None
-        name, on_timeout = self.wait_event["name"], self.wait_event.get("on_timeout")
+        name, on_timeout = self.wait_event.name, self.wait_event.on_timeout
         self._append(Job.WaitTimedOut, now, event_name=name, next_step=on_timeout)
         if on_timeout is None:
             self.fail(error=f"timed out waiting for {name!r}", cause="wait_timeout", now=now)
@@ -757,8 +766,7 @@ class Job(Aggregate):
 
     @property
     def deadline_at(self) -> datetime | None:
-        deadline = self.budget.get("deadline_at")
-        return datetime.fromisoformat(deadline) if isinstance(deadline, str) else None
+        return self.budget.deadline_at
 
     @property
     def due_at(self) -> datetime | None:

@@ -220,7 +220,7 @@ def replay_job(
                 )
             )
         if isinstance(event, Job.Claimed):
-            claim = _Claim(event, job.budget if job is not None else {})
+            claim = _Claim(event, job.budget.to_dict() if job is not None else {})
             if event.reason != "continuation":
                 tick_reasons[event.claim_id] = event.reason
         try:
@@ -288,7 +288,7 @@ def _request(
 ) -> ResolveRequest:
     status = job.status
     reason = UNKNOWN_REASON
-    budget: Mapping[str, Any] = job.budget
+    budget: Mapping[str, Any] = job.budget.to_dict()
     if claim is not None:
         budget = claim.budget
         if claim.event.reason != "continuation":
