@@ -51,6 +51,7 @@ from jobledger.config import EngineConfig
 from jobledger.job import Job
 from jobledger.ports import Resolution, ResolveRequest
 from jobledger.status import JobStatus
+from jobledger.substate import EventWait
 from jobledger.workflows.definition import WorkflowDefinition
 from jobledger.workflows.resolver import resolve
 
@@ -330,11 +331,11 @@ def _recorded(step: Job.StepRecorded, approval: Job.ApprovalRequested | None) ->
     if status is JobStatus.WAITING_TIME:
         wait = {"resume_at": _iso(step.resume_at)}
     elif status is JobStatus.WAITING_EVENT:
-        opened = step.wait_event or {}
+        opened = EventWait.from_dict(step.wait_event) if step.wait_event else None
         wait = {
-            "event": opened.get("name"),
+            "event": opened.name if opened else None,
             "timeout_at": _iso(step.resume_at),
-            "on_timeout": opened.get("on_timeout"),
+            "on_timeout": opened.on_timeout if opened else None,
         }
     elif status is JobStatus.AWAITING_APPROVAL:
         wait = {
