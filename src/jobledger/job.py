@@ -14,6 +14,13 @@ from eventsourcing.domain import Snapshot as AggregateSnapshot
 from eventsourcing.utils import get_topic
 
 from jobledger import chain, identity
+from jobledger.errors import (
+    JobFinishedError,
+    JobNotWaitingError,
+    StaleApprovalError,
+    TokenMismatchError,
+    UnauthorisedDeciderError,
+)
 from jobledger.identity import KEY_SCHEME, LEGACY_KEY_SCHEME, job_uuid
 from jobledger.status import TRANSITION_STATUSES, JobStatus
 from jobledger.substate import ApprovalGate, BufferedSignal, EventWait, JobBudget
@@ -549,8 +556,7 @@ class Job(Aggregate):
         )
 
     def fail(self, *, error: str, cause: str, now: datetime) -> None:
-        if self.status.is_terminal:
-            raise ValueError(f"job {self.job_id!r} is already {self.status}")
+        self._check_not_finished()
         self._append(Job.Failed, now, step_number=self.current_step + 1, error=error, cause=cause)
 
     def request_approval(
@@ -583,10 +589,30 @@ class Job(Aggregate):
         )
 
     def decide_approval(
-        self, *, decision: str, decided_by: str, comment: str | None, now: datetime
+        self,
+        *,
+        approval_id: str,
+        decision: str,
+        decided_by: str,
+        comment: str | None,
+        action_sha256: str | None,
+        now: datetime,
     ) -> None:
-        assert self.pending_approval is not None
-        approval = self.pending_approval
+        """Approve or reject the open request: the one named, on the action that was
+        shown (when its hash is given), before it expires, by someone allowed."""
+        approval = self._open_gate(approval_id)
+        if action_sha256 is not None and action_sha256 != approval.action_sha256:
+            raise StaleApprovalError("the action to approve changed since it was shown")
+        expires_at = approval.expires_at
+        if expires_at is not None and now >= expires_at:
+            raise StaleApprovalError(
+                f"approval {approval_id!r} expired at {expires_at.isoformat()}"
+            )
+        if approval.approvers and decided_by not in approval.approvers:
+            raise UnauthorisedDeciderError(
+                f"{decided_by!r} may not decide approval {approval_id!r}; allowed: "
+                f"{', '.join(approval.approvers)}"
+            )
         next_step = approval.next_step(decision == "approved")
         self._append(
             Job.ApprovalDecided,
@@ -620,6 +646,20 @@ class Job(Aggregate):
                 now=now,
             )
 
+    def deliver_signal(
+        self, *, signal_id: str, event_name: str, payload: JSON, now: datetime
+    ) -> bool:
+        """Resume the job if it waits for this event (True), else keep the signal until a
+        wait for it opens (False)."""
+        if self.status.is_terminal:
+            raise JobFinishedError(f"job {self.job_id!r} is {self.status}; signal not delivered")
+        wait = self.wait_event
+        if self.status is JobStatus.WAITING_EVENT and wait is not None and wait.name == event_name:
+            self.resume(source="signal", payload=payload, now=now, signal_id=signal_id)
+            return True
+        self.buffer_signal(signal_id=signal_id, event_name=event_name, payload=payload, now=now)
+        return False
+
     def buffer_signal(
         self, *, signal_id: str, event_name: str, payload: JSON, now: datetime
     ) -> None:
@@ -647,6 +687,31 @@ class Job(Aggregate):
             payload=payload,
         )
 
+    def resume_by_token(
+        self,
+        *,
+        step_number: int,
+        event_name: str,
+        nonce: str,
+        token_sha256: str,
+        payload: JSON,
+        now: datetime,
+    ) -> None:
+        """Resume with a verified token: it must be the one issued for the wait the job
+        is in right now (its step, its event, its nonce and exact bytes)."""
+        wait = self.open_wait()
+        if step_number != self.current_step:
+            raise TokenMismatchError(
+                f"the token is for step {step_number}; the job waits at step {self.current_step}"
+            )
+        if event_name != wait.name:
+            raise TokenMismatchError(
+                f"the token is for event {event_name!r}; the job waits for {wait.name!r}"
+            )
+        if nonce != wait.nonce or token_sha256 != wait.token_sha256:
+            raise TokenMismatchError("the token is not the one issued for this wait")
+        self.resume(source="token", payload=payload, now=now, nonce=nonce)
+
     def buffered_signal(self) -> BufferedSignal | None:
         """The oldest kept signal for the event this job now waits for, if any."""
         if self.wait_event is None:
@@ -663,15 +728,14 @@ class Job(Aggregate):
         reissued_by: str,
         now: datetime,
     ) -> None:
-        if self.status is not JobStatus.WAITING_EVENT or self.wait_event is None:
-            raise ValueError(f"job {self.job_id!r} is {self.status}, not waiting for an event")
+        wait = self.open_wait()
         self._append(
             Job.ResumeTokenReissued,
             now,
             nonce=nonce,
             token_sha256=token_sha256,
             expires_at=expires_at,
-            previous_nonce=self.wait_event.nonce,
+            previous_nonce=wait.nonce,
             reissued_by=reissued_by,
         )
 
@@ -693,13 +757,11 @@ class Job(Aggregate):
         )
 
     def raise_budget(self, *, raised_by: str, reason: str, budget: JSON, now: datetime) -> None:
-        if self.status.is_terminal:
-            raise ValueError(f"job {self.job_id!r} is already {self.status}")
+        self._check_not_finished()
         self._append(Job.BudgetRaised, now, raised_by=raised_by, reason=reason, budget=budget)
 
     def cancel(self, *, reason: str, cancelled_by: str, now: datetime) -> None:
-        if self.status.is_terminal:
-            raise ValueError(f"job {self.job_id!r} is already {self.status}")
+        self._check_not_finished()
         self._append(Job.Cancelled, now, reason=reason, cancelled_by=cancelled_by)
 
     def discard_late_result(
@@ -724,8 +786,7 @@ class Job(Aggregate):
         replay_verdict: str,
         now: datetime,
     ) -> None:
-        if self.status.is_terminal:
-            raise ValueError(f"job {self.job_id!r} is already {self.status}")
+        self._check_not_finished()
         if to_version == self.workflow_version:
             raise ValueError(f"job {self.job_id!r} is already on v{to_version}")
         self._append(
@@ -738,6 +799,37 @@ class Job(Aggregate):
             reason=reason,
             replay_verdict=replay_verdict,
         )
+
+    # ---- the preconditions commands share ---------------------------------------------
+
+    def open_wait(self) -> EventWait:
+        """The event wait the job is in, for a command that acts on it (its tokens die
+        with the job, and mean nothing while it is not waiting)."""
+        if self.status.is_terminal:
+            raise JobFinishedError(f"job {self.job_id!r} is {self.status}; its tokens are void")
+        if self.status is not JobStatus.WAITING_EVENT or self.wait_event is None:
+            raise JobNotWaitingError(
+                f"job {self.job_id!r} is {self.status}, not waiting for an event"
+            )
+        return self.wait_event
+
+    def _open_gate(self, approval_id: str) -> ApprovalGate:
+        """The approval request open now, if it is the one named."""
+        if self.status.is_terminal:
+            raise JobFinishedError(f"job {self.job_id!r} is {self.status}; approvals are void")
+        gate = self.pending_approval
+        if self.status is not JobStatus.AWAITING_APPROVAL or gate is None:
+            raise StaleApprovalError(f"job {self.job_id!r} is {self.status}, not awaiting approval")
+        if gate.approval_id != approval_id:
+            raise StaleApprovalError(
+                f"approval {approval_id!r} is not the open request; the open one is "
+                f"{gate.approval_id!r}"
+            )
+        return gate
+
+    def _check_not_finished(self) -> None:
+        if self.status.is_terminal:
+            raise JobFinishedError(f"job {self.job_id!r} is already {self.status}")
 
     # ---- queries ----------------------------------------------------------------------
 
