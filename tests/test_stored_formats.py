@@ -19,6 +19,7 @@ from typing import Any
 from uuid import UUID
 
 import pytest
+from eventsourcing.persistence import StoredEvent
 
 from conftest import TOKEN_SECRET, CountingExecutor
 from jobledger import (
@@ -32,6 +33,7 @@ from jobledger import (
 from jobledger.adapters.clock import FakeClock
 from jobledger.adapters.event_store import EventSourcedJobStore
 from jobledger.adapters.ops import MemoryOps
+from jobledger.errors import BrokenHistoryError
 from jobledger.identity import job_uuid
 from jobledger.job import Job
 from jobledger.keys import KeyKind, key_id
@@ -177,31 +179,35 @@ def test_todays_code_stores_exactly_the_recorded_bytes(
     assert rows == golden()
 
 
-def test_a_store_written_before_loads_folds_and_verifies(store_url: str) -> None:
-    from eventsourcing.persistence import StoredEvent
+def insert(engine: Engine, rows: list[dict[str, Any]]) -> None:
+    """Rows as stored, straight into the store's tables."""
+    assert isinstance(engine.store, EventSourcedJobStore)
+    partition = engine.store.partitions[0]
+    assert partition.snapshots is not None
+    for table, recorder in (
+        ("events", partition.recorder),
+        ("snapshots", partition.snapshots.recorder),
+    ):
+        stored = [
+            StoredEvent(
+                originator_id=UUID(r["originator_id"]),
+                originator_version=r["originator_version"],
+                topic=r["topic"],
+                state=r["state"].encode(),
+            )
+            for r in rows
+            if r["table"] == table
+        ]
+        if stored:
+            recorder.insert_events(stored)
 
+
+def test_a_store_written_before_loads_folds_and_verifies(store_url: str) -> None:
     clock = FakeClock()
     inbox = Inbox()
     with open_engine(store_url, clock, inbox) as engine:
         assert isinstance(engine.store, EventSourcedJobStore)
-        partition = engine.store.partitions[0]
-        assert partition.snapshots is not None
-        for table, recorder in (
-            ("events", partition.recorder),
-            ("snapshots", partition.snapshots.recorder),
-        ):
-            recorder.insert_events(
-                [
-                    StoredEvent(
-                        originator_id=UUID(r["originator_id"]),
-                        originator_version=r["originator_version"],
-                        topic=r["topic"],
-                        state=r["state"].encode(),
-                    )
-                    for r in golden()
-                    if r["table"] == table
-                ]
-            )
+        insert(engine, golden())
         for job in JOBS:
             assert engine.verify("t", job) is None
         done, waiting, gated = (engine.job("t", job) for job in JOBS)
@@ -252,6 +258,26 @@ def test_a_store_written_before_loads_folds_and_verifies(store_url: str) -> None
         engine.resume(inbox_token(engine, "waiting"), {})
         assert engine.job("t", "waiting").status is JobStatus.QUEUED
         assert engine.verify("t", "waiting") is None
+
+
+def test_a_stored_status_outside_the_enum_is_a_broken_history(store_url: str) -> None:
+    """Read as the enum, a status no JobStatus has does not decode: the job is not folded
+    (nothing is written on top of it) and verify says where."""
+    done = str(job_uuid("t", "done"))
+    rows = [r for r in golden() if r["table"] == "events"]
+    step = next(
+        r for r in rows if r["originator_id"] == done and r["topic"].endswith("StepRecorded")
+    )
+    step["state"] = step["state"].replace('"next_status":"queued"', '"next_status":"paused"')
+    assert "paused" in step["state"]
+    with open_engine(store_url, FakeClock(), Inbox()) as engine:
+        insert(engine, rows)
+        with pytest.raises(
+            BrokenHistoryError, match=f"t/done is broken at v{step['originator_version']}"
+        ):
+            engine.job("t", "done")
+        with pytest.raises(BrokenHistoryError):
+            engine.cancel("t", "done", "r", "ops")
 
 
 def inbox_token(engine: Engine, job: str) -> str:

@@ -206,7 +206,8 @@ class Job(Aggregate):
             job.cursor = self.next_step
             if self.step_name is not None:
                 job.visits = {**job.visits, self.step_name: job.visits.get(self.step_name, 0) + 1}
-            job.status = self.next_status
+            # The mapper reads it as the enum; an event decoded some other way holds the string.
+            job.status = JobStatus(self.next_status)
             job.resume_at = self.resume_at
             job.wait_event = (
                 None if self.wait_event is None else EventWait.from_dict(self.wait_event)

@@ -29,9 +29,11 @@ class EnumMapper(Mapper[UUID]):
                     # The event is frozen; its state is set as the library itself does.
                     state[name] = enum(value)
                 except ValueError:
+                    # Worded as the library words its own, which names the version.
                     raise MapperDeserialisationError(
-                        f"stored event {stored_event.originator_id} "
-                        f"v{stored_event.originator_version}: {name} {value!r} is not a "
-                        f"{enum.__name__}"
+                        f"Failed to deserialise state of stored event with topic "
+                        f"'{stored_event.topic}', originator_id '{stored_event.originator_id}' "
+                        f"and originator_version {stored_event.originator_version}: "
+                        f"{name} {value!r} is not a {enum.__name__}"
                     ) from None
         return event
