@@ -13,6 +13,7 @@ from typing import Any
 
 from jobledger.job import Job, due_moment
 from jobledger.status import JobStatus
+from jobledger.substate import ApprovalGate, EventWait, JobBudget
 from projections.dialect import Cursor, Dialect
 
 MICROS = Decimal(1_000_000)
@@ -143,8 +144,8 @@ def fold(row: StatusRow | None, event: Job.Event) -> StatusRow:
         lease_until=job.lease_until,
         deadline_at=job.deadline_at,
         worker_id=job.worker_id,
-        wait_event=(job.wait_event or {}).get("name"),
-        pending_approval=(job.pending_approval or {}).get("approval_id"),
+        wait_event=job.wait_event.name if job.wait_event else None,
+        pending_approval=job.pending_approval.approval_id if job.pending_approval else None,
         cost_micros=int(job.total_cost_usd * MICROS),
         steps_executed=job.total_steps_executed,
         last_error=job.last_error,
@@ -165,13 +166,21 @@ def _shell(row: StatusRow | None) -> Job:
     job.current_step, job.cursor = row.current_step, row.next_step
     job.resume_at, job.lease_until, job.worker_id = row.resume_at, row.lease_until, row.worker_id
     job.claim_id = None
-    job.wait_event = {"name": row.wait_event} if row.wait_event else None
-    job.pending_approval = {"approval_id": row.pending_approval} if row.pending_approval else None
+    # The row keeps the wait's name and the approval's id; the rest of each is never read
+    # into it, so it is left blank.
+    job.wait_event = (
+        EventWait(row.wait_event, "", "", row.updated_at, None) if row.wait_event else None
+    )
+    job.pending_approval = (
+        ApprovalGate(row.pending_approval, 0, 0, "", (), None, None, None, None)
+        if row.pending_approval
+        else None
+    )
     job.total_cost_usd = Decimal(row.cost_micros) / MICROS
     job.total_steps_executed = row.steps_executed
     job.last_error = row.last_error
     job.completed_at = None
-    job.state, job.visits, job.inbox, job.attempt = {}, {}, [], 0
+    job.state, job.visits, job.inbox, job.attempt = {}, {}, (), 0
     # The deadline is all of the budget the view keeps (a BudgetRaised replaces it).
-    job.budget = {"deadline_at": row.deadline_at.isoformat()} if row.deadline_at else {}
+    job.budget = JobBudget(deadline_at=row.deadline_at)
     return job

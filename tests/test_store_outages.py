@@ -271,7 +271,7 @@ def test_many_concurrent_signals_to_one_job_all_land(make_engine: EngineFactory)
     assert outcomes == {"buffered": signals}
     job = engines[0].store.load(job_uuid("t", "j"))
     assert job is not None
-    inbox = {entry["signal_id"] for entry in job.inbox}
+    inbox = {entry.signal_id for entry in job.inbox}
     assert inbox == {f"s{n}" for n in range(signals)}
 
 

@@ -51,10 +51,4 @@ def parse_budget(raw: dict[str, Any], *, now: datetime) -> dict[str, Any]:
 
 def exceeded_limit(job: Job) -> tuple[str, str, str] | None:
     """(limit, used, allowed) for the first limit the job has reached, else None."""
-    max_steps = job.budget.get("max_steps")
-    if max_steps is not None and job.total_steps_executed >= int(max_steps):
-        return "max_steps", str(job.total_steps_executed), str(max_steps)
-    max_cost = job.budget.get("max_cost_usd")
-    if max_cost is not None and job.total_cost_usd >= Decimal(max_cost):
-        return "max_cost_usd", str(job.total_cost_usd), str(max_cost)
-    return None
+    return job.budget.exceeded(job.total_steps_executed, job.total_cost_usd)

@@ -34,14 +34,11 @@ from jobledger.errors import (
     DuplicateKeyError,
     InvalidPayloadError,
     JobConflictError,
-    JobFinishedError,
     JobLedgerError,
     JobNotWaitingError,
-    StaleApprovalError,
     StoreUnavailableError,
     TokenMismatchError,
     TokenReplayedError,
-    UnauthorisedDeciderError,
     UnknownJobError,
     UnknownWorkflowError,
     VersionConflict,
@@ -288,8 +285,14 @@ class Engine:
         def resume(job: Job) -> list[ConsumedKey]:
             if self._key_used(job, KeyKind.TOKEN, claims.nonce):
                 raise DuplicateKeyError(KeyKind.TOKEN, claims.nonce)
-            _check_token_fits(job, claims, token_sha256)
-            job.resume(source="token", payload=data, now=self.clock.now(), nonce=claims.nonce)
+            job.resume_by_token(
+                step_number=claims.step_number,
+                event_name=claims.event_name,
+                nonce=claims.nonce,
+                token_sha256=token_sha256,
+                payload=data,
+                now=self.clock.now(),
+            )
             return [self._key(job, KeyKind.TOKEN, claims.nonce)]
 
         try:
@@ -306,7 +309,7 @@ class Engine:
         """A consumed nonce: used to resume the job, or voided by a reissue."""
         job = self.store.load(job_uuid(claims.tenant_id, claims.job_id))
         wait = job.wait_event if job is not None else None
-        if wait is not None and claims.nonce in wait.get("superseded_nonces", []):
+        if wait is not None and claims.nonce in wait.superseded_nonces:
             return TokenMismatchError(
                 "the resume token was superseded by a reissued one; use the new token"
             )
@@ -324,18 +327,12 @@ class Engine:
         issued: list[IssuedToken] = []
 
         def reissue(job: Job) -> list[ConsumedKey]:
-            if job.status.is_terminal:
-                raise JobFinishedError(f"job {job_id!r} is {job.status}; its tokens are void")
-            wait = job.wait_event
-            if job.status is not JobStatus.WAITING_EVENT or wait is None:
-                raise JobNotWaitingError(
-                    f"job {job_id!r} is {job.status}, not waiting for an event"
-                )
+            wait = job.open_wait()
             now = self.clock.now()
             token = tokens.issue(
                 JobView.of(job),
                 step_number=job.current_step,
-                event_name=wait["name"],
+                event_name=wait.name,
                 now=now,
                 lasts_until=job.wait_ends_at,
             )
@@ -347,7 +344,7 @@ class Engine:
                 now=now,
             )
             issued[:] = [token]
-            return [self._key(job, KeyKind.TOKEN, wait["nonce"])]
+            return [self._key(job, KeyKind.TOKEN, wait.nonce)]
 
         try:
             job = self._apply(tenant_id, job_id, reissue)
@@ -366,7 +363,7 @@ class Engine:
         )
         notifier = self.orchestrator.notifier
         if notifier is not None and job.wait_event is not None:
-            notifier.waiting_for_event(JobView.of(job), job.wait_event["name"], token)
+            notifier.waiting_for_event(JobView.of(job), job.wait_event.name, token)
         return token
 
     def signal(
@@ -390,16 +387,10 @@ class Engine:
             nonlocal outcome
             if self._key_used(job, KeyKind.SIGNAL, signal_id):
                 raise DuplicateKeyError(KeyKind.SIGNAL, signal_id)
-            if job.status.is_terminal:
-                raise JobFinishedError(f"job {job_id!r} is {job.status}; signal not delivered")
-            now = self.clock.now()
-            waiting = job.status is JobStatus.WAITING_EVENT and job.wait_event is not None
-            if waiting and job.wait_event and job.wait_event["name"] == event_name:
-                job.resume(source="signal", payload=data, now=now, signal_id=signal_id)
-                outcome = SignalOutcome.RESUMED
-            else:
-                job.buffer_signal(signal_id=signal_id, event_name=event_name, payload=data, now=now)
-                outcome = SignalOutcome.BUFFERED
+            resumed = job.deliver_signal(
+                signal_id=signal_id, event_name=event_name, payload=data, now=self.clock.now()
+            )
+            outcome = SignalOutcome.RESUMED if resumed else SignalOutcome.BUFFERED
             return [self._key(job, KeyKind.SIGNAL, signal_id)]
 
         try:
@@ -433,9 +424,13 @@ class Engine:
         def decide(job: Job) -> list[ConsumedKey]:
             if self._key_used(job, KeyKind.APPROVAL, approval_id):
                 raise DuplicateKeyError(KeyKind.APPROVAL, approval_id)
-            _check_decision(job, approval_id, decided_by, action_sha256, self.clock.now())
             job.decide_approval(
-                decision=verdict, decided_by=decided_by, comment=comment, now=self.clock.now()
+                approval_id=approval_id,
+                decision=verdict,
+                decided_by=decided_by,
+                comment=comment,
+                action_sha256=action_sha256,
+                now=self.clock.now(),
             )
             return [self._key(job, KeyKind.APPROVAL, approval_id)]
 
@@ -480,13 +475,10 @@ class Engine:
         }
 
         def raise_(job: Job) -> list[ConsumedKey]:
-            budget = parse_budget({**job.budget, **changes}, now=self.clock.now())
-            try:
-                job.raise_budget(
-                    raised_by=raised_by, reason=reason, budget=budget, now=self.clock.now()
-                )
-            except ValueError as error:
-                raise JobFinishedError(str(error)) from None
+            budget = parse_budget({**job.budget.to_dict(), **changes}, now=self.clock.now())
+            job.raise_budget(
+                raised_by=raised_by, reason=reason, budget=budget, now=self.clock.now()
+            )
             return []
 
         job = self._apply(tenant_id, job_id, raise_)
@@ -501,10 +493,7 @@ class Engine:
         text(reason, what="cancel reason", max_bytes=self.config.max_payload_bytes)
 
         def cancel(job: Job) -> list[ConsumedKey]:
-            try:
-                job.cancel(reason=reason, cancelled_by=by, now=self.clock.now())
-            except ValueError as error:
-                raise JobFinishedError(str(error)) from None
+            job.cancel(reason=reason, cancelled_by=by, now=self.clock.now())
             return []
 
         job = self._apply(tenant_id, job_id, cancel)
@@ -565,7 +554,7 @@ class Engine:
         finally:
             turn.release()
 
-    def _key(self, job: Job, kind: str, key: str) -> ConsumedKey:
+    def _key(self, job: Job, kind: KeyKind, key: str) -> ConsumedKey:
         return ConsumedKey.consume(
             kind=kind,
             key=key,
@@ -575,7 +564,7 @@ class Engine:
             timestamp=self.clock.now(),
         )
 
-    def _key_used(self, job: Job, kind: str, key: str) -> bool:
+    def _key_used(self, job: Job, kind: KeyKind, key: str) -> bool:
         """Whether the job consumed the key already. Asked of the job as loaded, before
         deciding: a racing use that committed first is then seen here (or collides with
         this append), so the loser is told it was a replay, not that the job moved on."""
@@ -882,50 +871,6 @@ def _check_id(name: str, value: object) -> None:
         )
     if any(unicodedata.category(c) in ("Cc", "Cf", "Zl", "Zp") for c in value):
         raise InvalidPayloadError(f"{name} must not contain control characters: {value!r}")
-
-
-def _check_token_fits(job: Job, claims: TokenClaims, token_sha256: str) -> None:
-    """The token must be the one issued for the wait the job is in right now."""
-    if job.status.is_terminal:
-        raise JobFinishedError(f"job {job.job_id!r} is {job.status}; its tokens are void")
-    wait = job.wait_event
-    if job.status is not JobStatus.WAITING_EVENT or wait is None:
-        raise JobNotWaitingError(f"job {job.job_id!r} is {job.status}, not waiting for an event")
-    if claims.step_number != job.current_step:
-        raise TokenMismatchError(
-            f"the token is for step {claims.step_number}; the job waits at step {job.current_step}"
-        )
-    if claims.event_name != wait["name"]:
-        raise TokenMismatchError(
-            f"the token is for event {claims.event_name!r}; the job waits for {wait['name']!r}"
-        )
-    if claims.nonce != wait["nonce"] or token_sha256 != wait["token_sha256"]:
-        raise TokenMismatchError("the token is not the one issued for this wait")
-
-
-def _check_decision(
-    job: Job, approval_id: str, decided_by: str, action_sha256: str | None, now: datetime
-) -> None:
-    if job.status.is_terminal:
-        raise JobFinishedError(f"job {job.job_id!r} is {job.status}; approvals are void")
-    pending = job.pending_approval
-    if job.status is not JobStatus.AWAITING_APPROVAL or pending is None:
-        raise StaleApprovalError(f"job {job.job_id!r} is {job.status}, not awaiting approval")
-    if pending["approval_id"] != approval_id:
-        raise StaleApprovalError(
-            f"approval {approval_id!r} is not the open request; the open one is "
-            f"{pending['approval_id']!r}"
-        )
-    if action_sha256 is not None and action_sha256 != pending["action_sha256"]:
-        raise StaleApprovalError("the action to approve changed since it was shown")
-    expires_at = pending["expires_at"]
-    if expires_at is not None and now >= expires_at:
-        raise StaleApprovalError(f"approval {approval_id!r} expired at {expires_at.isoformat()}")
-    if pending["approvers"] and decided_by not in pending["approvers"]:
-        raise UnauthorisedDeciderError(
-            f"{decided_by!r} may not decide approval {approval_id!r}; allowed: "
-            f"{', '.join(pending['approvers'])}"
-        )
 
 
 def _check_same_request(existing: Job.Submitted, requested: Job) -> None:

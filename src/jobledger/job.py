@@ -2,18 +2,28 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from copy import deepcopy
 from datetime import datetime
 from decimal import Decimal
-from typing import Any
+from enum import StrEnum
+from typing import Any, ClassVar
 
 from eventsourcing.domain import Aggregate
 from eventsourcing.domain import Snapshot as AggregateSnapshot
 from eventsourcing.utils import get_topic
 
 from jobledger import chain, identity
+from jobledger.errors import (
+    JobFinishedError,
+    JobNotWaitingError,
+    StaleApprovalError,
+    TokenMismatchError,
+    UnauthorisedDeciderError,
+)
 from jobledger.identity import KEY_SCHEME, LEGACY_KEY_SCHEME, job_uuid
 from jobledger.status import TRANSITION_STATUSES, JobStatus
+from jobledger.substate import ApprovalGate, BufferedSignal, EventWait, JobBudget
 
 JSON = dict[str, Any]
 
@@ -30,12 +40,12 @@ class Job(Aggregate):
     correlation_id: str | None
     submit_key: str | None
     key_scheme: int
-    budget: JSON
+    budget: JobBudget
     state: JSON
     status: JobStatus
     current_step: int
     resume_at: datetime | None
-    wait_event: JSON | None
+    wait_event: EventWait | None
     claim_id: str | None
     worker_id: str | None
     lease_until: datetime | None
@@ -46,8 +56,8 @@ class Job(Aggregate):
     completed_at: datetime | None
     cursor: str | None
     visits: dict[str, int]
-    pending_approval: JSON | None
-    inbox: list[JSON]
+    pending_approval: ApprovalGate | None
+    inbox: tuple[BufferedSignal, ...]
     chain_head: str
 
     # Version 2 holds ``key_scheme``; older snapshots are upcast when read.
@@ -65,15 +75,36 @@ class Job(Aggregate):
         return identity.step_key(self.tenant_id, self.job_id, step_number, self.key_scheme)
 
     class Snapshot(AggregateSnapshot):
+        """Snapshots store the job's parts as the JSON objects they always were."""
+
+        @classmethod
+        def take(cls, aggregate: Any) -> Job.Snapshot:
+            snapshot = super().take(aggregate)
+            state = snapshot.state  # a fresh dict, in the job's own key order
+            state["budget"] = aggregate.budget.to_dict()
+            wait, approval = aggregate.wait_event, aggregate.pending_approval
+            state["wait_event"] = None if wait is None else wait.to_dict()
+            state["pending_approval"] = None if approval is None else approval.to_dict()
+            state["inbox"] = [signal.to_dict() for signal in aggregate.inbox]
+            return snapshot
+
         def mutate(self, _: None) -> Job:
             job = super().mutate(None)
             assert isinstance(job, Job)
             # JSON has no enums: the snapshot stored the status as its string value.
             job.status = JobStatus(job.status)
+            job.budget = JobBudget.from_dict(vars(job)["budget"])
+            wait, approval = vars(job)["wait_event"], vars(job)["pending_approval"]
+            job.wait_event = None if wait is None else EventWait.from_dict(wait)
+            job.pending_approval = None if approval is None else ApprovalGate.from_dict(approval)
+            job.inbox = tuple(BufferedSignal.from_dict(m) for m in vars(job)["inbox"])
             return job
 
     class Event(Aggregate.Event):
         chain_hash: str
+        stored_enums: ClassVar[Mapping[str, type[StrEnum]]] = {}
+        """Fields stored as an enum's string (JSON has no enums: the stored bytes and the
+        chain hash are the string's), typed again when read (``adapters.mapper``)."""
 
         def apply(self, aggregate: Any) -> None:
             assert isinstance(aggregate, Job)
@@ -104,7 +135,7 @@ class Job(Aggregate):
             job.workflow_type = self.workflow_type
             job.workflow_version = self.workflow_version
             job.state = deepcopy(self.state)
-            job.budget = deepcopy(self.budget)
+            job.budget = JobBudget.from_dict(self.budget)
             job.mission_id = self.mission_id
             job.employee_id = self.employee_id
             job.correlation_id = self.correlation_id
@@ -125,7 +156,7 @@ class Job(Aggregate):
             job.cursor = None
             job.visits = {}
             job.pending_approval = None
-            job.inbox = []
+            job.inbox = ()
 
     class Claimed(Event):
         """A worker took a lease on the job to execute its next step."""
@@ -134,8 +165,9 @@ class Job(Aggregate):
         claim_id: str
         lease_until: datetime
         reason: str
-        previous_status: str
+        previous_status: JobStatus
         previous_worker_id: str | None
+        stored_enums: ClassVar[Mapping[str, type[StrEnum]]] = {"previous_status": JobStatus}
 
         def evolve(self, job: Job) -> None:
             job.status = JobStatus.RUNNING
@@ -158,7 +190,7 @@ class Job(Aggregate):
         state_patch: JSON
         cost_usd: Decimal
         transition_reason: str
-        next_status: str
+        next_status: JobStatus
         resume_at: datetime | None
         wait_event: JSON | None
         worker_id: str | None
@@ -167,15 +199,19 @@ class Job(Aggregate):
         input_sha256: str | None = None
         """sha256 of what the definition handed the step (``jobledger.transition``);
         absent from steps recorded before it was kept, which replay then cannot compare."""
+        stored_enums: ClassVar[Mapping[str, type[StrEnum]]] = {"next_status": JobStatus}
 
         def evolve(self, job: Job) -> None:
             job.current_step = self.step_number
             job.cursor = self.next_step
             if self.step_name is not None:
                 job.visits = {**job.visits, self.step_name: job.visits.get(self.step_name, 0) + 1}
+            # The mapper reads it as the enum; an event decoded some other way holds the string.
             job.status = JobStatus(self.next_status)
             job.resume_at = self.resume_at
-            job.wait_event = deepcopy(self.wait_event)
+            job.wait_event = (
+                None if self.wait_event is None else EventWait.from_dict(self.wait_event)
+            )
             job.state = {**job.state, **deepcopy(self.state_patch)}
             job.total_steps_executed += 1
             job.total_cost_usd += self.cost_usd
@@ -241,17 +277,17 @@ class Job(Aggregate):
         on_expire: str | None
 
         def evolve(self, job: Job) -> None:
-            job.pending_approval = {
-                "approval_id": self.approval_id,
-                "step_number": self.step_number,
-                "attempt": self.attempt,
-                "action_sha256": self.action_sha256,
-                "approvers": list(self.approvers),
-                "expires_at": self.expires_at,
-                "on_approve": self.on_approve,
-                "on_reject": self.on_reject,
-                "on_expire": self.on_expire,
-            }
+            job.pending_approval = ApprovalGate(
+                approval_id=self.approval_id,
+                step_number=self.step_number,
+                attempt=self.attempt,
+                action_sha256=self.action_sha256,
+                approvers=tuple(self.approvers),
+                expires_at=self.expires_at,
+                on_approve=self.on_approve,
+                on_reject=self.on_reject,
+                on_expire=self.on_expire,
+            )
 
     class ApprovalDecided(Event):
         approval_id: str
@@ -278,14 +314,8 @@ class Job(Aggregate):
         payload: JSON
 
         def evolve(self, job: Job) -> None:
-            job.inbox = [
-                *job.inbox,
-                {
-                    "signal_id": self.signal_id,
-                    "event_name": self.event_name,
-                    "payload": deepcopy(self.payload),
-                },
-            ]
+            signal = BufferedSignal(self.signal_id, self.event_name, deepcopy(self.payload))
+            job.inbox = (*job.inbox, signal)
 
     class Resumed(Event):
         """The outside event a job waited for arrived (by token or by signal)."""
@@ -298,7 +328,7 @@ class Job(Aggregate):
 
         def evolve(self, job: Job) -> None:
             job.state = {**job.state, **deepcopy(self.payload)}
-            job.inbox = [m for m in job.inbox if m["signal_id"] != self.signal_id]
+            job.inbox = tuple(m for m in job.inbox if m.signal_id != self.signal_id)
             job.wait_event = None
             job.resume_at = None
             job.status = JobStatus.QUEUED
@@ -314,16 +344,10 @@ class Job(Aggregate):
         reissued_by: str
 
         def evolve(self, job: Job) -> None:
-            wait = job.wait_event or {}
-            job.wait_event = {
-                **wait,
-                "nonce": self.nonce,
-                "token_sha256": self.token_sha256,
-                "expires_at": self.expires_at.isoformat(),
-                # Kept for the wait's life, so the old token is refused as superseded
-                # rather than as "already used".
-                "superseded_nonces": [*wait.get("superseded_nonces", []), self.previous_nonce],
-            }
+            assert job.wait_event is not None, "a token is reissued for an open wait"
+            job.wait_event = job.wait_event.reissued(
+                nonce=self.nonce, token_sha256=self.token_sha256, expires_at=self.expires_at
+            )
 
     class WaitTimedOut(Event):
         event_name: str
@@ -352,7 +376,7 @@ class Job(Aggregate):
         budget: JSON
 
         def evolve(self, job: Job) -> None:
-            job.budget = deepcopy(self.budget)
+            job.budget = JobBudget.from_dict(self.budget)
             if job.status is JobStatus.BUDGET_EXCEEDED:
                 job.status = JobStatus.QUEUED
                 job.resume_at = None
@@ -455,7 +479,7 @@ class Job(Aggregate):
             claim_id=claim_id,
             lease_until=lease_until,
             reason=reason,
-            previous_status=str(self.status),
+            previous_status=self.status,
             previous_worker_id=self.worker_id if self.status is JobStatus.RUNNING else None,
         )
 
@@ -498,7 +522,7 @@ class Job(Aggregate):
             state_patch=state_patch,
             cost_usd=cost_usd,
             transition_reason=transition_reason,
-            next_status=str(next_status),
+            next_status=next_status,
             resume_at=resume_at,
             wait_event=wait_event,
             worker_id=worker_id,
@@ -533,8 +557,7 @@ class Job(Aggregate):
         )
 
     def fail(self, *, error: str, cause: str, now: datetime) -> None:
-        if self.status.is_terminal:
-            raise ValueError(f"job {self.job_id!r} is already {self.status}")
+        self._check_not_finished()
         self._append(Job.Failed, now, step_number=self.current_step + 1, error=error, cause=cause)
 
     def request_approval(
@@ -567,15 +590,35 @@ class Job(Aggregate):
         )
 
     def decide_approval(
-        self, *, decision: str, decided_by: str, comment: str | None, now: datetime
+        self,
+        *,
+        approval_id: str,
+        decision: str,
+        decided_by: str,
+        comment: str | None,
+        action_sha256: str | None,
+        now: datetime,
     ) -> None:
-        assert self.pending_approval is not None
-        approval = self.pending_approval
-        next_step = approval["on_approve"] if decision == "approved" else approval["on_reject"]
+        """Approve or reject the open request: the one named, on the action that was
+        shown (when its hash is given), before it expires, by someone allowed."""
+        approval = self._open_gate(approval_id)
+        if action_sha256 is not None and action_sha256 != approval.action_sha256:
+            raise StaleApprovalError("the action to approve changed since it was shown")
+        expires_at = approval.expires_at
+        if expires_at is not None and now >= expires_at:
+            raise StaleApprovalError(
+                f"approval {approval_id!r} expired at {expires_at.isoformat()}"
+            )
+        if approval.approvers and decided_by not in approval.approvers:
+            raise UnauthorisedDeciderError(
+                f"{decided_by!r} may not decide approval {approval_id!r}; allowed: "
+                f"{', '.join(approval.approvers)}"
+            )
+        next_step = approval.next_step(decision == "approved")
         self._append(
             Job.ApprovalDecided,
             now,
-            approval_id=approval["approval_id"],
+            approval_id=approval.approval_id,
             decision=decision,
             decided_by=decided_by,
             comment=comment,
@@ -594,15 +637,29 @@ class Job(Aggregate):
         self._append(
             Job.ApprovalExpired,
             now,
-            approval_id=approval["approval_id"],
-            next_step=approval["on_expire"],
+            approval_id=approval.approval_id,
+            next_step=approval.on_expire,
         )
-        if approval["on_expire"] is None:
+        if approval.on_expire is None:
             self.fail(
-                error=f"approval {approval['approval_id']} expired undecided",
+                error=f"approval {approval.approval_id} expired undecided",
                 cause="approval_expired",
                 now=now,
             )
+
+    def deliver_signal(
+        self, *, signal_id: str, event_name: str, payload: JSON, now: datetime
+    ) -> bool:
+        """Resume the job if it waits for this event (True), else keep the signal until a
+        wait for it opens (False)."""
+        if self.status.is_terminal:
+            raise JobFinishedError(f"job {self.job_id!r} is {self.status}; signal not delivered")
+        wait = self.wait_event
+        if self.status is JobStatus.WAITING_EVENT and wait is not None and wait.name == event_name:
+            self.resume(source="signal", payload=payload, now=now, signal_id=signal_id)
+            return True
+        self.buffer_signal(signal_id=signal_id, event_name=event_name, payload=payload, now=now)
+        return False
 
     def buffer_signal(
         self, *, signal_id: str, event_name: str, payload: JSON, now: datetime
@@ -624,19 +681,44 @@ class Job(Aggregate):
         self._append(
             Job.Resumed,
             now,
-            event_name=self.wait_event["name"],
+            event_name=self.wait_event.name,
             source=source,
             nonce=nonce,
             signal_id=signal_id,
             payload=payload,
         )
 
-    def buffered_signal(self) -> JSON | None:
+    def resume_by_token(
+        self,
+        *,
+        step_number: int,
+        event_name: str,
+        nonce: str,
+        token_sha256: str,
+        payload: JSON,
+        now: datetime,
+    ) -> None:
+        """Resume with a verified token: it must be the one issued for the wait the job
+        is in right now (its step, its event, its nonce and exact bytes)."""
+        wait = self.open_wait()
+        if step_number != self.current_step:
+            raise TokenMismatchError(
+                f"the token is for step {step_number}; the job waits at step {self.current_step}"
+            )
+        if event_name != wait.name:
+            raise TokenMismatchError(
+                f"the token is for event {event_name!r}; the job waits for {wait.name!r}"
+            )
+        if nonce != wait.nonce or token_sha256 != wait.token_sha256:
+            raise TokenMismatchError("the token is not the one issued for this wait")
+        self.resume(source="token", payload=payload, now=now, nonce=nonce)
+
+    def buffered_signal(self) -> BufferedSignal | None:
         """The oldest kept signal for the event this job now waits for, if any."""
         if self.wait_event is None:
             return None
-        name = self.wait_event["name"]
-        return next((m for m in self.inbox if m["event_name"] == name), None)
+        name = self.wait_event.name
+        return next((m for m in self.inbox if m.event_name == name), None)
 
     def reissue_token(
         self,
@@ -647,21 +729,20 @@ class Job(Aggregate):
         reissued_by: str,
         now: datetime,
     ) -> None:
-        if self.status is not JobStatus.WAITING_EVENT or self.wait_event is None:
-            raise ValueError(f"job {self.job_id!r} is {self.status}, not waiting for an event")
+        wait = self.open_wait()
         self._append(
             Job.ResumeTokenReissued,
             now,
             nonce=nonce,
             token_sha256=token_sha256,
             expires_at=expires_at,
-            previous_nonce=self.wait_event["nonce"],
+            previous_nonce=wait.nonce,
             reissued_by=reissued_by,
         )
 
     def time_out_wait(self, *, now: datetime) -> None:
         assert self.wait_event is not None
-        name, on_timeout = self.wait_event["name"], self.wait_event.get("on_timeout")
+        name, on_timeout = self.wait_event.name, self.wait_event.on_timeout
         self._append(Job.WaitTimedOut, now, event_name=name, next_step=on_timeout)
         if on_timeout is None:
             self.fail(error=f"timed out waiting for {name!r}", cause="wait_timeout", now=now)
@@ -677,13 +758,11 @@ class Job(Aggregate):
         )
 
     def raise_budget(self, *, raised_by: str, reason: str, budget: JSON, now: datetime) -> None:
-        if self.status.is_terminal:
-            raise ValueError(f"job {self.job_id!r} is already {self.status}")
+        self._check_not_finished()
         self._append(Job.BudgetRaised, now, raised_by=raised_by, reason=reason, budget=budget)
 
     def cancel(self, *, reason: str, cancelled_by: str, now: datetime) -> None:
-        if self.status.is_terminal:
-            raise ValueError(f"job {self.job_id!r} is already {self.status}")
+        self._check_not_finished()
         self._append(Job.Cancelled, now, reason=reason, cancelled_by=cancelled_by)
 
     def discard_late_result(
@@ -708,8 +787,7 @@ class Job(Aggregate):
         replay_verdict: str,
         now: datetime,
     ) -> None:
-        if self.status.is_terminal:
-            raise ValueError(f"job {self.job_id!r} is already {self.status}")
+        self._check_not_finished()
         if to_version == self.workflow_version:
             raise ValueError(f"job {self.job_id!r} is already on v{to_version}")
         self._append(
@@ -722,6 +800,37 @@ class Job(Aggregate):
             reason=reason,
             replay_verdict=replay_verdict,
         )
+
+    # ---- the preconditions commands share ---------------------------------------------
+
+    def open_wait(self) -> EventWait:
+        """The event wait the job is in, for a command that acts on it (its tokens die
+        with the job, and mean nothing while it is not waiting)."""
+        if self.status.is_terminal:
+            raise JobFinishedError(f"job {self.job_id!r} is {self.status}; its tokens are void")
+        if self.status is not JobStatus.WAITING_EVENT or self.wait_event is None:
+            raise JobNotWaitingError(
+                f"job {self.job_id!r} is {self.status}, not waiting for an event"
+            )
+        return self.wait_event
+
+    def _open_gate(self, approval_id: str) -> ApprovalGate:
+        """The approval request open now, if it is the one named."""
+        if self.status.is_terminal:
+            raise JobFinishedError(f"job {self.job_id!r} is {self.status}; approvals are void")
+        gate = self.pending_approval
+        if self.status is not JobStatus.AWAITING_APPROVAL or gate is None:
+            raise StaleApprovalError(f"job {self.job_id!r} is {self.status}, not awaiting approval")
+        if gate.approval_id != approval_id:
+            raise StaleApprovalError(
+                f"approval {approval_id!r} is not the open request; the open one is "
+                f"{gate.approval_id!r}"
+            )
+        return gate
+
+    def _check_not_finished(self) -> None:
+        if self.status.is_terminal:
+            raise JobFinishedError(f"job {self.job_id!r} is already {self.status}")
 
     # ---- queries ----------------------------------------------------------------------
 
@@ -750,8 +859,7 @@ class Job(Aggregate):
 
     @property
     def deadline_at(self) -> datetime | None:
-        deadline = self.budget.get("deadline_at")
-        return datetime.fromisoformat(deadline) if isinstance(deadline, str) else None
+        return self.budget.deadline_at
 
     @property
     def due_at(self) -> datetime | None:

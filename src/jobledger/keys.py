@@ -7,7 +7,10 @@ collides on the store's (originator_id, originator_version) uniqueness and write
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from datetime import datetime
+from enum import StrEnum
+from typing import ClassVar
 from uuid import UUID
 
 from eventsourcing.domain import Aggregate
@@ -15,7 +18,10 @@ from eventsourcing.domain import Aggregate
 from jobledger.identity import job_key_uuid, key_uuid
 
 
-class KeyKind:
+class KeyKind(StrEnum):
+    """What a key guards. Stored as its string (in the key's event and, through
+    ``jobledger.identity``, in the key's id), so the values never change."""
+
     STEP = "step"
     SUBMIT = "submit"
     TOKEN = "token"
@@ -29,7 +35,7 @@ job itself (and its id must not change, or a re-run step of a stored job would n
 collide with its record)."""
 
 
-def key_id(kind: str, tenant_id: str, job_id: str, key: str) -> UUID:
+def key_id(kind: KeyKind, tenant_id: str, job_id: str, key: str) -> UUID:
     if kind in JOB_SCOPED:
         return job_key_uuid(tenant_id, job_id, kind, key)
     return key_uuid(tenant_id, kind, key)
@@ -38,7 +44,7 @@ def key_id(kind: str, tenant_id: str, job_id: str, key: str) -> UUID:
 class ConsumedKey(Aggregate):
     """The record that one key was used, by which job, for what."""
 
-    kind: str
+    kind: KeyKind
     key: str
     tenant_id: str
     job_id: str
@@ -52,10 +58,12 @@ class ConsumedKey(Aggregate):
         """Where the key lives: beside its job, so one append covers both, except a submit
         key, which must be unique per tenant whatever the job id and so lives where its
         own id hashes to."""
-        return self.id if self.kind == KeyKind.SUBMIT else self.job_uuid
+        return self.id if self.kind is KeyKind.SUBMIT else self.job_uuid
 
     class Consumed(Aggregate.Created):
-        kind: str
+        kind: KeyKind
+        stored_enums: ClassVar[Mapping[str, type[StrEnum]]] = {"kind": KeyKind}
+        """Fields stored as an enum's string, typed again when read (``adapters.mapper``)."""
         key: str
         tenant_id: str
         job_id: str
@@ -63,7 +71,7 @@ class ConsumedKey(Aggregate):
 
         def apply(self, aggregate: object) -> None:
             assert isinstance(aggregate, ConsumedKey)
-            aggregate.kind = self.kind
+            aggregate.kind = KeyKind(self.kind)
             aggregate.key = self.key
             aggregate.tenant_id = self.tenant_id
             aggregate.job_id = self.job_id
@@ -73,7 +81,7 @@ class ConsumedKey(Aggregate):
     def consume(
         cls,
         *,
-        kind: str,
+        kind: KeyKind,
         key: str,
         tenant_id: str,
         job_id: str,

@@ -297,7 +297,7 @@ class Orchestrator:
         request = ResolveRequest(
             workflow_type=job.workflow_type,
             workflow_version=job.workflow_version,
-            budget=job.budget,
+            budget=job.budget.to_dict(),
             state=job.state,
             current_step=job.current_step,
             status=job.status,

@@ -16,6 +16,7 @@ from uuid import UUID
 from jobledger.job import Job
 from jobledger.keys import ConsumedKey
 from jobledger.status import JobStatus
+from jobledger.substate import ApprovalGate
 from jobledger.views import JobView
 
 SIDE_EFFECT_STEP_TYPES = frozenset({"run_interaction_task"})
@@ -171,14 +172,14 @@ class ApprovalRequest:
     expires_at: datetime | None
 
     @classmethod
-    def of(cls, pending: Mapping[str, Any]) -> ApprovalRequest:
+    def of(cls, gate: ApprovalGate) -> ApprovalRequest:
         return cls(
-            approval_id=pending["approval_id"],
-            step_number=pending["step_number"],
-            attempt=pending["attempt"],
-            action_sha256=pending["action_sha256"],
-            approvers=tuple(pending["approvers"]),
-            expires_at=pending["expires_at"],
+            approval_id=gate.approval_id,
+            step_number=gate.step_number,
+            attempt=gate.attempt,
+            action_sha256=gate.action_sha256,
+            approvers=gate.approvers,
+            expires_at=gate.expires_at,
         )
 
 

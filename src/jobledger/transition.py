@@ -18,6 +18,7 @@ from typing import Any
 from jobledger.job import Job
 from jobledger.ports import ApprovalSpec, IssuedToken, Resolution
 from jobledger.status import JobStatus
+from jobledger.substate import EventWait
 
 DEFAULT_EVENT_NAME = "job.resume"
 """The event a ``waiting_event`` step waits for when its resolution names none."""
@@ -170,16 +171,17 @@ def resume_at(resolution: Resolution, at: datetime, default_wait_ms: int) -> dat
 
 
 def _wait_event(transition: Transition, token: IssuedToken | None) -> dict[str, Any] | None:
-    """Only the nonce and a hash of the token are stored, never the token itself."""
-    if token is None:
+    """The wait the step opens, as its event stores it."""
+    if token is None or transition.wait_event_name is None:
         return None
-    return {
-        "name": transition.wait_event_name,
-        "nonce": token.nonce,
-        "token_sha256": token.token_sha256,
-        "expires_at": token.expires_at.isoformat(),
-        "on_timeout": transition.on_timeout,
-    }
+    wait = EventWait(
+        name=transition.wait_event_name,
+        nonce=token.nonce,
+        token_sha256=token.token_sha256,
+        expires_at=token.expires_at,
+        on_timeout=transition.on_timeout,
+    )
+    return wait.to_dict()
 
 
 def _open_approval(job: Job, transition: Transition, at: datetime) -> None:
@@ -206,7 +208,7 @@ def _take_early_signal(job: Job, at: datetime) -> None:
     signal = job.buffered_signal()
     if signal is not None:
         job.resume(
-            source="early_signal", payload=signal["payload"], now=at, signal_id=signal["signal_id"]
+            source="early_signal", payload=signal.payload, now=at, signal_id=signal.signal_id
         )
 
 

@@ -52,13 +52,13 @@ class JobView:
             status=job.status,
             current_step=job.current_step,
             state=deepcopy(job.state),
-            budget=deepcopy(job.budget),
+            budget=job.budget.to_dict(),
             version=job.version,
             attempt=job.attempt,
             total_steps_executed=job.total_steps_executed,
             total_cost_usd=job.total_cost_usd,
             resume_at=job.resume_at,
-            wait_event_name=(job.wait_event or {}).get("name"),
+            wait_event_name=job.wait_event.name if job.wait_event else None,
             worker_id=job.worker_id,
             lease_until=job.lease_until,
             last_error=job.last_error,
@@ -69,7 +69,9 @@ class JobView:
             updated_at=job.modified_on,
             completed_at=job.completed_at,
             next_step=job.cursor,
-            pending_approval_id=(job.pending_approval or {}).get("approval_id"),
+            pending_approval_id=(
+                job.pending_approval.approval_id if job.pending_approval else None
+            ),
             buffered_signals=len(job.inbox),
         )
 

@@ -20,9 +20,11 @@ from eventsourcing.persistence import (
     IntegrityError,
     MapperDeserialisationError,
 )
+from eventsourcing.utils import get_topic
 
 from jobledger.adapters.leases import LeaseTable
 from jobledger.adapters.locks import schema_lock
+from jobledger.adapters.mapper import EnumMapper
 from jobledger.adapters.store_errors import STORE_ERRORS, store_errors
 from jobledger.adapters.store_url import StoreLocation
 from jobledger.errors import (
@@ -67,6 +69,7 @@ class LedgerPartition(Application[UUID]):
             # so a write by another process is never missed.
             "AGGREGATE_CACHE_FASTFORWARD": "y",
             "IS_SNAPSHOTTING_ENABLED": "y",
+            "MAPPER_TOPIC": get_topic(EnumMapper),
         }
         super().__init__(env=env)
 

@@ -28,6 +28,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import MISSING, dataclass, field, fields
 from datetime import datetime
 from decimal import Decimal
+from enum import StrEnum
 from pathlib import Path
 from types import NoneType, UnionType
 from typing import Any, Final, TextIO
@@ -358,7 +359,7 @@ def _optional_fields(event_class: type[Job.Event]) -> set[str]:
 
 
 def _typed(hint: Any, value: Any) -> Any:
-    """Times and amounts come back as the types the event holds."""
+    """Times, amounts and enums come back as the types the event holds."""
     if value is None:
         return None
     union = typing.get_origin(hint) in (typing.Union, UnionType)
@@ -367,6 +368,9 @@ def _typed(hint: Any, value: Any) -> Any:
         return datetime.fromisoformat(value)
     if Decimal in options and isinstance(value, str | int):
         return Decimal(str(value))
+    enums = [o for o in options if isinstance(o, type) and issubclass(o, StrEnum)]
+    if enums and isinstance(value, str):
+        return enums[0](value)
     return value
 
 
@@ -377,9 +381,9 @@ def consumed_keys(events: list[Job.Event]) -> list[ConsumedKey]:
     """The at-most-once keys a history consumed, derived from its events."""
     first = events[0]
     assert isinstance(first, Job.Submitted)
-    found: dict[tuple[str, str], datetime] = {}
+    found: dict[tuple[KeyKind, str], datetime] = {}
 
-    def use(kind: str, key: str | None, at: datetime) -> None:
+    def use(kind: KeyKind, key: str | None, at: datetime) -> None:
         if key is not None:
             found.setdefault((kind, key), at)
 

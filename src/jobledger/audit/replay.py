@@ -51,6 +51,7 @@ from jobledger.config import EngineConfig
 from jobledger.job import Job
 from jobledger.ports import Resolution, ResolveRequest
 from jobledger.status import JobStatus
+from jobledger.substate import EventWait
 from jobledger.workflows.definition import WorkflowDefinition
 from jobledger.workflows.resolver import resolve
 
@@ -80,7 +81,7 @@ class Decision:
 
     step_type: str
     step_name: str | None
-    next_status: str
+    next_status: JobStatus
     next_step: str | None
     wait: Mapping[str, Any] | None = None
     """The wait it opened (all values strings or lists, for JSON): ``resume_at`` for a
@@ -221,7 +222,9 @@ def replay_job(
             )
         elif job is not None and isinstance(event, Job.Failed) and event.cause == "definition":
             request = _request(job, claim, tick_reasons, target, event.timestamp)
-            recorded = Decision("(resolution)", job.cursor, "failed", None, error=event.error)
+            recorded = Decision(
+                "(resolution)", job.cursor, JobStatus.FAILED, None, error=event.error
+            )
             replayed = _replayed(resolver, request, job, event.timestamp, default_wait_ms)
             differences = () if replayed.error is not None else _differences(recorded, replayed)
             replays.append(
@@ -230,7 +233,7 @@ def replay_job(
                 )
             )
         if isinstance(event, Job.Claimed):
-            claim = _Claim(event, job.budget if job is not None else {})
+            claim = _Claim(event, job.budget.to_dict() if job is not None else {})
             if event.reason != "continuation":
                 tick_reasons[event.claim_id] = event.reason
         try:
@@ -298,12 +301,12 @@ def _request(
 ) -> ResolveRequest:
     status = job.status
     reason = UNKNOWN_REASON
-    budget: Mapping[str, Any] = job.budget
+    budget: Mapping[str, Any] = job.budget.to_dict()
     if claim is not None:
         budget = claim.budget
         if claim.event.reason != "continuation":
             # Resolved before this claim was taken for it: the job was as the claim found it.
-            status = JobStatus(claim.event.previous_status)
+            status = claim.event.previous_status
             reason = claim.event.reason
         else:
             reason = tick_reasons.get(claim.event.claim_id, UNKNOWN_REASON)
@@ -336,15 +339,15 @@ def _approval_after(
 
 def _recorded(step: Job.StepRecorded, approval: Job.ApprovalRequested | None) -> Decision:
     wait: dict[str, Any] | None = None
-    status = JobStatus(step.next_status)
+    status = step.next_status
     if status is JobStatus.WAITING_TIME:
         wait = {"resume_at": _iso(step.resume_at)}
     elif status is JobStatus.WAITING_EVENT:
-        opened = step.wait_event or {}
+        opened = EventWait.from_dict(step.wait_event) if step.wait_event else None
         wait = {
-            "event": opened.get("name"),
+            "event": opened.name if opened else None,
             "timeout_at": _iso(step.resume_at),
-            "on_timeout": opened.get("on_timeout"),
+            "on_timeout": opened.on_timeout if opened else None,
         }
     elif status is JobStatus.AWAITING_APPROVAL:
         wait = {
@@ -371,7 +374,7 @@ def _replayed(
     try:
         resolution = resolver(request)
     except Exception as error:
-        return Decision("(resolution)", request.cursor, "failed", None, error=str(error))
+        return Decision("(resolution)", request.cursor, JobStatus.FAILED, None, error=str(error))
     step = transition.decide(job, resolution, at=at, default_wait_ms=default_wait_ms)
     wait: dict[str, Any] | None = None
     if step.next_status is JobStatus.WAITING_TIME:
@@ -393,7 +396,7 @@ def _replayed(
     return Decision(
         step.step_type,
         step.step_name,
-        str(step.next_status),
+        step.next_status,
         step.next_step,
         wait,
         input_sha256=step.input_sha256,

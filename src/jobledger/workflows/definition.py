@@ -338,7 +338,7 @@ STEP_KINDS: Final = (
 # ---- the definition ----------------------------------------------------------------------
 
 
-class Budget(_Model):
+class BudgetDefaults(_Model):
     """Defaults for a job's budget; the submit's own budget wins key by key."""
 
     max_steps: PositiveInt | None = None
@@ -346,7 +346,7 @@ class Budget(_Model):
     deadline: DurationField | None = None
 
     @model_validator(mode="after")
-    def _whole_seconds(self) -> Budget:
+    def _whole_seconds(self) -> BudgetDefaults:
         if self.deadline is not None and self.deadline.total_ms() % 1000:
             raise FieldError("must be a whole number of seconds", "deadline")
         return self
@@ -366,7 +366,7 @@ class WorkflowDefinition(_Model):
     type: Annotated[str, Field(min_length=1)]
     version: int = Field(ge=1)
     description: str | None = None
-    budget: Budget = Field(default_factory=Budget)
+    budget: BudgetDefaults = Field(default_factory=BudgetDefaults)
     start: StepRef
     steps: dict[Annotated[str, Field(min_length=1)], Step] = Field(min_length=1)
 
