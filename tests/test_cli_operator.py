@@ -277,3 +277,36 @@ def test_replay_all_does_not_call_finished_jobs_safe_to_migrate(operator: Operat
     assert (report["migratable"], report["finished"]) == (1, 1)
     table = operator("replay", "--all", "--definition", definition).stdout
     assert "1 of 2 jobs safe to migrate (1 finished: nothing to migrate)" in " ".join(table.split())
+
+
+LOOP = """
+type: loop
+version: 1
+start: work
+steps:
+  work: {kind: run_interaction_task, params: {task: work}, next: again, max_visits: 2}
+  again: {kind: branch, cases: [{when: {path: never, op: exists}, next: done}], default: work}
+  done: {kind: complete}
+"""
+
+
+def test_show_says_why_a_job_failed_and_why_one_is_parked(operator: Operator) -> None:
+    (operator.home / "definitions" / "loop.yaml").write_text(LOOP)
+    operator.json("submit", "t", "looping", "loop")
+    operator.json("tick", "t", "looping")
+    failed = operator.json("show", "t", "looping")
+    assert failed["status"] == "failed"
+    assert failed["last_error"] == "step 'work' reached its bound of max_visits=2"
+    shown = " ".join(operator("show", "t", "looping").stdout.split())
+    assert "failed because step 'work' reached its bound of max_visits=2" in shown
+
+    budget = '{"max_steps": 1, "deadline_at": "2030-01-01T00:00:00Z"}'
+    operator.json("submit", "t", "thrifty", "chores", "--budget", budget)
+    operator.json("tick", "t", "thrifty")
+    parked = operator.json("show", "t", "thrifty")
+    assert parked["status"] == "budget_exceeded"
+    assert parked["parked"].startswith("budget max_steps reached: 1 of 1: raise-budget lets it")
+    assert "fails at its deadline 2030-01-01 00:00:00 UTC unless raised" in parked["parked"]
+    shown = " ".join(operator("show", "t", "thrifty").stdout.split())
+    assert "parked budget max_steps reached" in shown
+    assert "deadline 2030-01-01 00:00:00 UTC" in shown

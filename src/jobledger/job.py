@@ -219,6 +219,10 @@ class Job(Aggregate):
             job.release_lease()
             if job.status.is_terminal:
                 job.completed_at = self.ended_at
+            if job.status is JobStatus.FAILED:
+                # A definition's fail step, or a loop past its max_visits: the reason is
+                # why the job failed, as a step error's message is.
+                job.last_error = self.transition_reason or f"step {self.step_name!r} failed"
 
     class CostCeilingDeferred(Event):
         """The tenant's spend for the UTC day reached its ceiling: no step ran."""

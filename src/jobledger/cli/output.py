@@ -135,7 +135,33 @@ def job_document(
     document["pending_approval"] = jsonable(pending_approval(view, history))
     document["wait"] = jsonable(open_wait(view, history))
     document["blocked"] = jsonable(blocked)
+    document["parked"] = parked(view, history)
     return document
+
+
+def _moment(value: object) -> datetime | None:
+    """A time kept in a JSON document: ISO 8601 text, or already a datetime."""
+    if isinstance(value, str):
+        return datetime.fromisoformat(value)
+    return value if isinstance(value, datetime) else None
+
+
+def parked(view: JobView, history: list[HistoryEntry]) -> str | None:
+    """Why a job that is not running and not finished sits where it is, when the reason
+    is not the wait or approval its step opened: a budget limit, or the tenant's daily
+    cost ceiling (a deployment problem is ``blocked``)."""
+    last = history[-1] if history else None
+    if view.status == "budget_exceeded":
+        deadline = _moment(view.budget.get("deadline_at"))
+        until = f"; fails at its deadline {when(deadline)} unless raised" if deadline else ""
+        return f"{view.last_error}: raise-budget lets it go on{until}"
+    if last is not None and last.event_type == "CostCeilingDeferred" and view.resume_at:
+        spend, ceiling = last.data["spend_usd"], last.data["ceiling_usd"]
+        return (
+            f"tenant cost ceiling: {money(spend)} of {money(ceiling)} spent today; "
+            f"runs again {when(view.resume_at)}"
+        )
+    return None
 
 
 def blocked_text(note: BlockedNote) -> str:
@@ -170,8 +196,15 @@ def job_table(
     table.add_row("pending approval", _approval(approval) if approval else "-")
     if blocked is not None:
         table.add_row("blocked", Text(blocked_text(blocked), style="yellow"))
+    reason = parked(view, history)
+    if reason is not None:
+        table.add_row("parked", Text(reason, style="yellow"))
     if view.last_error:
-        table.add_row("last error", view.last_error)
+        label = "failed because" if view.status == "failed" else "last error"
+        table.add_row(label, view.last_error)
+    deadline = _moment(view.budget.get("deadline_at"))
+    if deadline and not view.status.is_terminal:
+        table.add_row("deadline", when(deadline))
     table.add_row("created", when(view.created_at))
     table.add_row("updated", when(view.updated_at))
     if view.completed_at is not None:
