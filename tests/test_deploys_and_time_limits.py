@@ -10,7 +10,6 @@ from types import SimpleNamespace
 import pytest
 from projections import JobViews
 
-from conftest import CountingExecutor, EngineFactory, agent_steps
 from jobledger import Engine, FunctionRegistry, JobStatus, Outcome, Resolution, linear_workflow
 from jobledger.adapters.clock import FakeClock
 from jobledger.adapters.event_store import EventSourcedJobStore
@@ -24,6 +23,7 @@ from jobledger.ports import ApprovalRequest, IssuedToken, Tick
 from jobledger.reconciler import Reconciler
 from jobledger.runner import EmbeddedRunner
 from jobledger.views import JobView
+from tests.support.engines import CountingExecutor, EngineFactory, agent_steps
 
 HOUR = 3_600_000
 DAY = 24 * HOUR
@@ -173,10 +173,10 @@ def test_a_job_waiting_for_an_event_fails_at_its_deadline(
     clock.advance(timedelta(seconds=3))
     assert reconciler.reconcile().enqueued == 1
     reconciler.stop()
-    engine.use_queue(queue)
-    engine.run_until_idle()
+    worker = make_engine(registry=waits_for_event(), queue=queue)  # fed by the reconciler
+    worker.run_until_idle()
 
-    job = engine.job("t", "j")
+    job = worker.job("t", "j")
     assert job.status is JobStatus.FAILED
     assert job.last_error is not None and job.last_error.startswith("deadline")
 

@@ -16,7 +16,6 @@ from uuid import UUID, uuid4
 import pytest
 from projections import JobViews
 
-from conftest import CountingExecutor, EngineFactory, agent_steps, default_registry
 from jobledger import (
     Engine,
     FunctionRegistry,
@@ -37,6 +36,7 @@ from jobledger.identity import job_uuid, step_key
 from jobledger.job import Job
 from jobledger.ports import Lease
 from jobledger.reconciler import Reconciler
+from tests.support.engines import CountingExecutor, EngineFactory, agent_steps, default_registry
 
 TENANT = "lease-tenant"
 JOB = "job-1"

@@ -13,7 +13,6 @@ from typing import Any
 import pytest
 from projections import JobViews, ProjectionRunner
 
-from conftest import CountingExecutor, EngineFactory
 from jobledger import Engine, JobStatus, Resolution, StepRequest, linear_workflow
 from jobledger.adapters.clock import FakeClock
 from jobledger.adapters.event_store import EventSourcedJobStore
@@ -22,6 +21,7 @@ from jobledger.adapters.locks import lock_for
 from jobledger.adapters.ops import MemoryOps
 from jobledger.adapters.store_url import parse_store_url
 from jobledger.reconciler import Reconciler, ReconcileResult
+from tests.support.engines import CountingExecutor, EngineFactory
 
 
 def views_of(engine: Engine) -> JobViews:
@@ -127,7 +127,7 @@ def test_lag_is_visible_until_the_runner_catches_up(make_engine: EngineFactory) 
 def test_pending_approvals_follow_requests_and_decisions(
     make_engine: EngineFactory,
 ) -> None:
-    from test_waits_and_gates import Inbox, approval_workflow
+    from tests.test_waits_and_gates import Inbox, approval_workflow
 
     inbox = Inbox()
     engine = make_engine(registry=approval_workflow(approvers=("alice",)), notifier=inbox)
@@ -226,10 +226,9 @@ def test_due_timers_expired_leases_and_lost_ticks_are_enqueued_once_per_due_mome
     assert [t.job_id for _, t, _ in queue.pending()].count("timer") == 1
     assert later.enqueued == 3  # the timer, and the two others re-sent after resend_after
 
-    engine.queue = queue
-    engine.orchestrator.queue = queue
-    engine.run_until_idle()
-    assert all(engine.job("t", j).status is JobStatus.COMPLETED for j in ("timer", "lost", "stuck"))
+    worker = make_engine(queue=queue)  # a worker fed by the reconciler's queue
+    worker.run_until_idle()
+    assert all(worker.job("t", j).status is JobStatus.COMPLETED for j in ("timer", "lost", "stuck"))
 
 
 def test_two_reconcilers_never_both_act(
@@ -291,7 +290,7 @@ def test_a_dead_reconcilers_lock_is_taken_over(store_url: str, make_engine: Engi
 def test_views_ignore_other_workflows_statuses_and_filter_lists(
     make_engine: EngineFactory,
 ) -> None:
-    from conftest import default_registry
+    from tests.support.engines import default_registry
 
     registry = default_registry()
     registry.register("other", 1, linear_workflow([Resolution("complete", JobStatus.COMPLETED)]))

@@ -9,7 +9,6 @@ from typing import Any
 import jwt
 import pytest
 
-from conftest import TOKEN_SECRET, CountingExecutor, EngineFactory
 from jobledger import (
     Engine,
     FunctionRegistry,
@@ -35,6 +34,7 @@ from jobledger.errors import (
 )
 from jobledger.ports import ApprovalRequest, ApprovalSpec, IssuedToken
 from jobledger.views import JobView
+from tests.support.engines import TOKEN_SECRET, CountingExecutor, EngineFactory
 
 
 class Inbox:
