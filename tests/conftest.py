@@ -19,9 +19,9 @@ from tests.support.engines import (
     EngineFactory,
     default_registry,
     open_engine,
-    postgres_schema_url,
 )
 from tests.support.kafka_broker import kafka_bootstrap, kafka_topics  # noqa: F401  (one broker per run)
+from tests.support.services import postgres_schema_url
 
 
 @pytest.fixture(params=["sqlite", "postgres"])

@@ -14,7 +14,7 @@ import pytest
 from jobledger.identity import job_uuid
 from tests.support.audit import RawEvents
 from tests.support.cli import TICKET, Cli, make_cli
-from tests.support.engines import postgres_schema_url
+from tests.support.services import postgres_schema_url
 
 # v2 renames the event the payment step waits for: a job waiting for it diverges there.
 TICKET_V2 = TICKET.replace("version: 1", "version: 2").replace("invoice.paid", "invoice.settled")

@@ -39,8 +39,9 @@ from tests.contracts.lock import LockCode, LockContract, LockMaker
 from tests.contracts.notifier import NotifierContract, Open
 from tests.contracts.queue import QueueContract
 from tests.contracts.tokens import ResumeTokensContract
-from tests.support.engines import EngineFactory, postgres_schema_url
+from tests.support.engines import EngineFactory
 from tests.support.notifiers import Inbox
+from tests.support.services import postgres_schema_url
 
 # ---- the stores: one empty store of each kind ------------------------------------------------
 

@@ -28,8 +28,8 @@ from jobledger import Engine, EngineConfig, JobStatus
 from jobledger.identity import step_key
 from jobledger.workflows import DefinitionRegistry
 from tests.support import pythonpath
-from tests.support.engines import postgres_schema_url
 from tests.support.kafka_broker import KafkaTopics, headers, read_topic, wait_for
+from tests.support.services import postgres_schema_url
 
 JOBLEDGER = str(Path(sys.executable).with_name("jobledger"))
 TESTS = Path(__file__).resolve().parent

@@ -59,7 +59,6 @@ from tests.support.engines import (
     CountingExecutor,
     StoreWrapper,
     default_registry,
-    postgres_schema_url,
 )
 from tests.support.engines import open_engine as build_engine
 from tests.support.kafka_broker import (
@@ -71,6 +70,7 @@ from tests.support.kafka_broker import (
     wait_for,
 )
 from tests.support.outage import Outage
+from tests.support.services import postgres_schema_url
 
 TENANT = "acme"
 PROCS = [sys.executable, "-m", "tests.support.kafka_procs"]

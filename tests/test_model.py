@@ -65,8 +65,9 @@ from jobledger.job import Job
 from jobledger.keys import ConsumedKey
 from jobledger.orchestrator import TickReport
 from jobledger.ports import JobStore
-from tests.support.engines import POSTGRES_URL, REQUIRE_SERVICES, StoreWrapper
+from tests.support.engines import StoreWrapper
 from tests.support.engines import open_engine as build_engine
+from tests.support.services import POSTGRES_URL, REQUIRE_SERVICES
 
 LEASE = timedelta(seconds=60)
 STEP_COST = Decimal("0.01")

@@ -1,17 +1,14 @@
-"""Building engines for tests: the services the tests find, a counting executor, the
-default registry, and :func:`open_engine`, the ONE place a test's engine is wired (the
-``make_engine`` fixture, the crash and Kafka worker processes all go through it)."""
+"""Building engines for tests: a counting executor, the default registry, and
+:func:`open_engine`, the ONE place a test's engine is wired (the
+``make_engine`` fixture, the crash and Kafka worker processes all go through it).
+
+The worker processes import this module: it imports neither pytest nor a driver of its own."""
 
 from __future__ import annotations
 
-import os
-import uuid
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
-
-import psycopg
-import pytest
 
 from jobledger import (
     Engine,
@@ -25,29 +22,11 @@ from jobledger import (
 from jobledger.adapters.event_store import EventSourcedJobStore
 from jobledger.ports import JobStore
 
-POSTGRES_URL = os.environ.get("JOBLEDGER_TEST_POSTGRES_URL")
-REQUIRE_SERVICES = os.environ.get("JOBLEDGER_REQUIRE_SERVICES") == "1"
 TOKEN_SECRET = "test-secret-test-secret-test-secret-0123"
 
 EngineFactory = Callable[..., Engine]
 """What the ``make_engine`` fixture returns: ``make_engine(config={...}, **open_engine)``."""
 StoreWrapper = Callable[[JobStore], JobStore]
-
-
-def postgres_schema_url() -> Iterator[str]:
-    """A fresh schema per test, dropped afterwards, so tests never see each other's jobs."""
-    if not POSTGRES_URL:
-        if REQUIRE_SERVICES:
-            pytest.fail("JOBLEDGER_TEST_POSTGRES_URL is not set but services are required")
-        pytest.skip("PostgreSQL not configured (set JOBLEDGER_TEST_POSTGRES_URL)")
-    schema = f"t_{uuid.uuid4().hex[:12]}"
-    with psycopg.connect(POSTGRES_URL, autocommit=True) as conn:
-        conn.execute(f"CREATE SCHEMA {schema}")
-    try:
-        yield f"{POSTGRES_URL}?schema={schema}"
-    finally:
-        with psycopg.connect(POSTGRES_URL, autocommit=True) as conn:
-            conn.execute(f"DROP SCHEMA {schema} CASCADE")
 
 
 def open_engine(*, wrap_store: StoreWrapper | None = None, **options: Any) -> Engine:
