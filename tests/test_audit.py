@@ -15,15 +15,6 @@ from uuid import UUID
 import pytest
 from projections import JobViews
 
-from audit_support import (
-    MISSION_V1,
-    RawEvents,
-    RecordingRegistry,
-    ScoringAgent,
-    definition,
-    mission,
-)
-from conftest import EngineFactory, default_registry
 from jobledger import (
     Engine,
     InvalidPayloadError,
@@ -54,6 +45,15 @@ from jobledger.identity import job_uuid
 from jobledger.job import Job
 from jobledger.registry import FunctionRegistry
 from jobledger.workflows import DefinitionRegistry, WorkflowDefinition, resolve
+from tests.support.audit import (
+    MISSION_V1,
+    RawEvents,
+    RecordingRegistry,
+    ScoringAgent,
+    definition,
+    mission,
+)
+from tests.support.engines import EngineFactory, default_registry
 
 T = "acme"
 

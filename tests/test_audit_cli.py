@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from audit_support import RawEvents
-from conftest import postgres_schema_url
 from jobledger.identity import job_uuid
-from test_cli import TICKET, Cli, make_cli
+from tests.support.audit import RawEvents
+from tests.support.cli import TICKET, Cli, make_cli
+from tests.support.services import postgres_schema_url
 
 # v2 renames the event the payment step waits for: a job waiting for it diverges there.
 TICKET_V2 = TICKET.replace("version: 1", "version: 2").replace("invoice.paid", "invoice.settled")

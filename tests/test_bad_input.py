@@ -14,7 +14,6 @@ from typing import Any
 
 import pytest
 
-from conftest import CountingExecutor, EngineFactory, agent_steps, default_registry
 from jobledger import (
     ConfigError,
     Engine,
@@ -30,24 +29,19 @@ from jobledger import (
     UnknownWorkflowError,
     linear_workflow,
 )
-from jobledger.adapters.event_store import EventSourcedJobStore
 from jobledger.adapters.local_queue import LocalQueue
 from jobledger.adapters.ops import MemoryOps
 from jobledger.identity import job_uuid
+from tests.support.engines import (
+    CountingExecutor,
+    EngineFactory,
+    agent_steps,
+    default_registry,
+    store_of,
+    writes,
+)
 
 # ---- helpers -----------------------------------------------------------------------------
-
-
-def store_of(engine: Engine) -> EventSourcedJobStore:
-    assert isinstance(engine.store, EventSourcedJobStore)
-    return engine.store
-
-
-def writes(engine: Engine) -> list[int]:
-    """Per partition, the id of the newest stored event: any append moves one of them."""
-    return [
-        partition.recorder.max_notification_id() or 0 for partition in store_of(engine).partitions
-    ]
 
 
 def events_of(engine: Engine, tenant_id: str, job_id: str) -> list[tuple[int, str, str]]:

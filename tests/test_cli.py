@@ -1,103 +1,21 @@
 """The ``jobledger`` console script, run for real as a subprocess, on both stores.
 
-The executor comes from tests/cli_support.py (on the script's PYTHONPATH); definitions and
-settings from a TOML file passed with --config, or from JOBLEDGER_* variables.
+The executor comes from tests/support/cli.py (the repository root is on the script's
+PYTHONPATH); definitions and settings from a TOML file passed with --config, or from
+JOBLEDGER_* variables.
 """
 
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from conftest import TOKEN_SECRET
-
-JOBLEDGER = Path(sys.executable).parent / "jobledger"
-TESTS = Path(__file__).resolve().parent
-
-TICKET = """
-type: ticket
-version: 1
-start: triage
-steps:
-  triage: {kind: run_interaction_task, params: {task: triage}, next: payment}
-  payment: {kind: wait_event, event: invoice.paid, next: review}
-  review:
-    kind: await_approval
-    approvers: [lead]
-    on_approve: publish
-    on_reject: rejected
-  publish: {kind: run_interaction_task, params: {task: publish}, next: done}
-  done: {kind: complete}
-  rejected: {kind: fail, reason: rejected by the lead}
-"""
-
-
-@dataclass
-class Cli:
-    """Runs ``jobledger ARGS --config FILE`` in a clean environment."""
-
-    tmp: Path
-    config: Path | None
-    env: dict[str, str]
-
-    def __call__(self, *args: str, config: bool = True) -> subprocess.CompletedProcess[str]:
-        use_config = config and self.config is not None
-        command = [str(JOBLEDGER), *args, *(["--config", str(self.config)] if use_config else [])]
-        result = subprocess.run(
-            command, capture_output=True, text=True, env=self.env, cwd=self.tmp, timeout=60
-        )
-        assert "Traceback" not in result.stderr, result.stderr
-        return result
-
-    def ok(self, *args: str) -> str:
-        result = self(*args)
-        assert result.returncode == 0, f"{args}: {result.stderr}"
-        return result.stdout
-
-    def json(self, *args: str) -> Any:
-        return json.loads(self.ok(*args, "--json"))
-
-    def fails(self, code: int, *args: str, config: bool = True) -> str:
-        """The command exits with ``code``; returns its stderr, with rich's boxes undone."""
-        result = self(*args, config=config)
-        assert result.returncode == code, (args, result.returncode, result.stdout, result.stderr)
-        assert result.stdout == "" or code == 2
-        return " ".join(result.stderr.replace("│", " ").split())
-
-    def effects(self) -> Counter[str]:
-        path = self.tmp / "effects.log"
-        return Counter(path.read_text().splitlines()) if path.exists() else Counter()
-
-
-def make_cli(tmp_path: Path, store_url: str) -> Cli:
-    definitions = tmp_path / "definitions"
-    definitions.mkdir()
-    (definitions / "ticket.yaml").write_text(TICKET)
-    config = tmp_path / "jobledger.toml"
-    config.write_text(
-        f'store_url = "{store_url}"\n'
-        'definitions = "definitions"\n'
-        'executor = "cli_support:RecordingExecutor"\n'
-        f'token_secret = "{TOKEN_SECRET}"\n'
-        'worker_id = "cli-worker"\n'
-    )
-    env = {k: v for k, v in os.environ.items() if not k.startswith("JOBLEDGER_")}
-    env.update(
-        # The caller's path after tests/: a worktree's src/ must win over the installed one.
-        PYTHONPATH=os.pathsep.join(filter(None, [str(TESTS), os.environ.get("PYTHONPATH")])),
-        COLUMNS="200",
-        CLI_SUPPORT_EFFECTS=str(tmp_path / "effects.log"),
-    )
-    return Cli(tmp_path, config, env)
+from tests.support import ROOT
+from tests.support.cli import TICKET, Cli, make_cli
+from tests.support.engines import TOKEN_SECRET
 
 
 @pytest.fixture
@@ -280,7 +198,7 @@ def test_environment_variables_configure_the_store_definitions_and_executor(
     cli.env.update(
         JOBLEDGER_STORE_URL=f"sqlite:///{cli.tmp}/env.db",
         JOBLEDGER_DEFINITIONS=str(cli.tmp / "definitions"),
-        JOBLEDGER_EXECUTOR="cli_support:RecordingExecutor",
+        JOBLEDGER_EXECUTOR="tests.support.cli:RecordingExecutor",
         JOBLEDGER_TOKEN_SECRET=TOKEN_SECRET,
     )
     cli.config = None  # no --config from here on
@@ -294,7 +212,7 @@ def test_environment_variables_configure_the_store_definitions_and_executor(
 
 def test_definitions_check(sqlite_cli: Cli) -> None:
     cli = sqlite_cli
-    checked = cli.json("definitions", "check", str(TESTS.parent / "examples" / "definitions"))
+    checked = cli.json("definitions", "check", str(ROOT / "examples" / "definitions"))
     assert checked["ok"] is True
     found = {(d["file"], d["type"], d["version"]) for d in checked["definitions"]}
     assert ("demo_mission.v1.yaml", "demo_mission", 1) in found

@@ -12,11 +12,11 @@ from pathlib import Path
 import pytest
 import typer.main
 
-from audit_support import RawEvents
 from jobledger.cli import app, main
 from jobledger.identity import job_uuid
-from test_cli import TICKET, Cli, make_cli
-from test_hostile_input import alias_bomb
+from tests.support.audit import RawEvents
+from tests.support.cli import TICKET, Cli, make_cli
+from tests.test_hostile_input import alias_bomb
 
 SECRET = "S3CRET-pw"
 
@@ -214,7 +214,7 @@ def test_no_command_prints_the_store_password(
                 monkeypatch.setenv("JOBLEDGER_STORE_URL", HOSTLESS)
                 store = []
             monkeypatch.setenv("JOBLEDGER_DEFINITIONS", str(cli.tmp / "definitions"))
-            monkeypatch.setenv("JOBLEDGER_EXECUTOR", "cli_support:RecordingExecutor")
+            monkeypatch.setenv("JOBLEDGER_EXECUTOR", "tests.support.cli:RecordingExecutor")
             code, out, err = run_in_process([*path, *arguments, *store], capsys)
             assert SECRET not in out + err, (path, store, out, err)
             if path == ("config", "show"):  # it prints the URL, redacted, and opens no store

@@ -8,6 +8,7 @@ running it and recording it, and then with the same idempotency key.
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -23,8 +24,6 @@ from uuid import UUID
 import pytest
 from eventsourcing.persistence import OperationalError, StoredEvent
 
-from conftest import CountingExecutor, EngineFactory
-from crash_worker import TENANT, FileCountingExecutor, read_counts, registry
 from jobledger import (
     Engine,
     JobStatus,
@@ -43,11 +42,14 @@ from jobledger.job import Job
 from jobledger.keys import ConsumedKey
 from jobledger.ports import JobStore
 from jobledger.runner import EmbeddedRunner
+from tests.support import pythonpath
+from tests.support.crash_worker import TENANT, FileCountingExecutor, read_counts, registry
+from tests.support.engines import CountingExecutor, EngineFactory
 
 JOB = "job-1"
 AGENT_STEPS = 3  # "agent3": three side-effecting steps, then the pure step 4 "complete"
 LEASE_MS = 30_000
-WORKER = Path(__file__).with_name("crash_worker.py")
+WORKER = [sys.executable, "-m", "tests.support.crash_worker"]
 
 
 class Crash(BaseException):
@@ -65,6 +67,10 @@ class CrashAfterAppend:
         self.inner = inner
         self.crashes_on = crashes_on
         self.crashed = False
+
+    def __getattr__(self, name: str) -> Any:
+        """The rest of the port is the real store's."""
+        return getattr(self.inner, name)
 
     def append(self, job: Job, *keys: ConsumedKey) -> None:
         fatal = not self.crashed and self.crashes_on(job, list(job.pending_events))
@@ -185,25 +191,30 @@ def open_crashing_engine(
         )
     if point.name == "before_enqueue":
         return make_engine(config=config, queue=CrashOnContinuation(clock, step))
-    engine = make_engine(config=config)
     if point.name == "after_claim":
-        engine.orchestrator.store = CrashAfterAppend(
-            engine.store,
-            lambda job, events: (
-                job.current_step == step - 1
-                and all(isinstance(event, Job.Claimed) for event in events)
+        return make_engine(
+            config=config,
+            wrap_store=lambda store: CrashAfterAppend(
+                store,
+                lambda job, events: (
+                    job.current_step == step - 1
+                    and all(isinstance(event, Job.Claimed) for event in events)
+                ),
             ),
         )
-    elif point.name == "after_record":
-        engine.orchestrator.store = CrashAfterAppend(
-            engine.store,
-            lambda _, events: any(
-                isinstance(event, Job.StepRecorded) and event.step_number == step
-                for event in events
+    if point.name == "after_record":
+        return make_engine(
+            config=config,
+            wrap_store=lambda store: CrashAfterAppend(
+                store,
+                lambda _, events: any(
+                    isinstance(event, Job.StepRecorded) and event.step_number == step
+                    for event in events
+                ),
             ),
         )
-    else:
-        fail_commit(engine, step, after_write=point.record_landed, monkeypatch=monkeypatch)
+    engine = make_engine(config=config)
+    fail_commit(engine, step, after_write=point.record_landed, monkeypatch=monkeypatch)
     return engine
 
 
@@ -338,16 +349,18 @@ Spawn = Callable[..., subprocess.Popen[str]]
 
 @pytest.fixture
 def spawn(store_url: str, tmp_path: Path) -> Iterator[Spawn]:
-    """Start crash_worker.py processes on the test's store; SIGKILL any left at teardown."""
+    """Start tests/support/crash_worker.py processes on the test's store; SIGKILL any left
+    at teardown."""
     started: list[subprocess.Popen[str]] = []
 
     def start(*args: str) -> subprocess.Popen[str]:
-        command = [sys.executable, str(WORKER), "--store", store_url]
+        command = [*WORKER, "--store", store_url]
         process = subprocess.Popen(
             [*command, "--counter", str(tmp_path / "calls"), *args],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
+            env={**os.environ, "PYTHONPATH": pythonpath()},
         )
         started.append(process)
         return process

@@ -10,7 +10,6 @@ from types import SimpleNamespace
 import pytest
 from projections import JobViews
 
-from conftest import CountingExecutor, EngineFactory, agent_steps
 from jobledger import Engine, FunctionRegistry, JobStatus, Outcome, Resolution, linear_workflow
 from jobledger.adapters.clock import FakeClock
 from jobledger.adapters.event_store import EventSourcedJobStore
@@ -24,6 +23,7 @@ from jobledger.ports import ApprovalRequest, IssuedToken, Tick
 from jobledger.reconciler import Reconciler
 from jobledger.runner import EmbeddedRunner
 from jobledger.views import JobView
+from tests.support.engines import CountingExecutor, EngineFactory, agent_steps
 
 HOUR = 3_600_000
 DAY = 24 * HOUR

@@ -15,7 +15,8 @@ from typing import Any
 
 import pytest
 
-from conftest import TOKEN_SECRET
+from tests.support import pythonpath
+from tests.support.engines import TOKEN_SECRET
 
 JOBLEDGER = str(Path(sys.executable).with_name("jobledger"))
 TESTS = Path(__file__).resolve().parent
@@ -53,13 +54,12 @@ def ws(tmp_path: Path, store_url: str) -> dict[str, Any]:
             (tmp_path / name / file).write_text(text)
     for name in ("old", "new"):
         (tmp_path / f"{name}.toml").write_text(
-            f'definitions = "defs_{name}"\nexecutor = "cli_support:RecordingExecutor"\n'
+            f'definitions = "defs_{name}"\nexecutor = "tests.support.cli:RecordingExecutor"\n'
             f'token_secret = "{TOKEN_SECRET}"\nworker_id = "{name}-worker"\n'
         )
     env = {k: v for k, v in os.environ.items() if not k.startswith("JOBLEDGER_")}
-    # Keep the caller's PYTHONPATH after tests/: the script then runs this checkout's code.
-    path = os.pathsep.join(p for p in (str(TESTS), os.environ.get("PYTHONPATH", "")) if p)
-    env.update(PYTHONPATH=path, JOBLEDGER_STORE_URL=store_url, COLUMNS="200")
+    # Keep the caller's PYTHONPATH after the checkout: the script then runs this checkout's code.
+    env.update(PYTHONPATH=pythonpath(), JOBLEDGER_STORE_URL=store_url, COLUMNS="200")
     return {"dir": tmp_path, "env": env, "store": store_url}
 
 

@@ -14,8 +14,6 @@ from typing import Any
 import jwt
 import pytest
 
-from audit_support import RawEvents
-from conftest import TOKEN_SECRET, EngineFactory
 from jobledger import (
     ConfigError,
     Engine,
@@ -29,8 +27,9 @@ from jobledger.errors import BrokenHistoryError, InvalidTokenError
 from jobledger.identity import job_uuid
 from jobledger.payloads import MAX_DEPTH, json_object
 from jobledger.workflows import DefinitionError, load_definitions, parse_definition
-from test_bad_input import writes
-from test_waits_and_gates import approval_workflow
+from tests.support.audit import RawEvents
+from tests.support.engines import TOKEN_SECRET, EngineFactory, writes
+from tests.test_waits_and_gates import approval_workflow
 
 HEAD = (
     "type: bomb\nversion: 1\nstart: s\nsteps:\n  e: {kind: complete}\n  s:\n"

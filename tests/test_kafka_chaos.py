@@ -24,11 +24,12 @@ from typing import Any
 
 import pytest
 
-from conftest import postgres_schema_url
 from jobledger import Engine, EngineConfig, JobStatus
 from jobledger.identity import step_key
 from jobledger.workflows import DefinitionRegistry
-from kafka_support import KafkaTopics, headers, read_topic, wait_for
+from tests.support import pythonpath
+from tests.support.kafka_broker import KafkaTopics, headers, read_topic, wait_for
+from tests.support.services import postgres_schema_url
 
 JOBLEDGER = str(Path(sys.executable).with_name("jobledger"))
 TESTS = Path(__file__).resolve().parent
@@ -128,10 +129,10 @@ def test_chaos_sigkilled_workers_on_kafka_and_postgres(
     env = {
         **os.environ,
         **kafka_topics.env(),
-        "PYTHONPATH": str(TESTS),
+        "PYTHONPATH": pythonpath(),
         "JOBLEDGER_STORE_URL": pg_url,
         "JOBLEDGER_DEFINITIONS": str(tmp_path / "defs"),
-        "JOBLEDGER_EXECUTOR": "kafka_procs:ChaosExecutor",
+        "JOBLEDGER_EXECUTOR": "tests.support.kafka_procs:ChaosExecutor",
         "JOBLEDGER_TEST_COUNTER": str(counter),
         "JOBLEDGER_TEST_EFFECT_MS": "8",
         "JOBLEDGER_LEASE_MS": "3000",

@@ -14,7 +14,8 @@ from typing import Any
 import pytest
 
 from jobledger.adapters.kafka.messages import decode_tick
-from kafka_support import KafkaTopics, headers, read_topic, wait_for
+from tests.support import pythonpath
+from tests.support.kafka_broker import KafkaTopics, headers, read_topic, wait_for
 
 JOBLEDGER = str(Path(sys.executable).with_name("jobledger"))
 TESTS = Path(__file__).resolve().parent
@@ -50,7 +51,7 @@ def ws(tmp_path: Path, kafka_topics: KafkaTopics) -> dict[str, Any]:
     env = {
         **os.environ,
         **kafka_topics.env(),
-        "PYTHONPATH": f"{tmp_path}{os.pathsep}{TESTS}",
+        "PYTHONPATH": pythonpath(tmp_path),
         "EFFECTS": str(tmp_path / "effects.log"),
         "JOBLEDGER_STORE_URL": f"sqlite:///{tmp_path}/jobs.db",
         "JOBLEDGER_DEFINITIONS": str(tmp_path / "defs"),

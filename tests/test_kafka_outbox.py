@@ -13,7 +13,6 @@ import pytest
 from projections import status
 from projections.outbox import Outbox, decode_event, encode_event
 
-from conftest import CountingExecutor, EngineFactory
 from jobledger import Engine, JobStatus, StepError, chain
 from jobledger.adapters.event_store import EventSourcedJobStore
 from jobledger.adapters.kafka.publisher import KafkaEventPublisher
@@ -21,7 +20,8 @@ from jobledger.adapters.locks import lock_for
 from jobledger.identity import job_uuid
 from jobledger.job import Job
 from jobledger.views import JobView
-from kafka_support import KafkaTopics, headers, read_topic
+from tests.support.engines import CountingExecutor, EngineFactory
+from tests.support.kafka_broker import KafkaTopics, headers, read_topic
 
 TENANT = "acme"
 

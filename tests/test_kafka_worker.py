@@ -25,13 +25,6 @@ from uuid import UUID
 import pytest
 from kafka import KafkaProducer, TopicPartition
 
-from conftest import (
-    TOKEN_SECRET,
-    CountingExecutor,
-    default_registry,
-    postgres_schema_url,
-)
-from crash_worker import read_counts
 from jobledger import (
     Engine,
     EngineConfig,
@@ -59,7 +52,16 @@ from jobledger.kafka_runner import KafkaRunner, KafkaRunnerSettings
 from jobledger.keys import ConsumedKey
 from jobledger.orchestrator import TickReport
 from jobledger.ports import JobStore
-from kafka_support import (
+from tests.support import pythonpath
+from tests.support.crash_worker import read_counts
+from tests.support.engines import (
+    TOKEN_SECRET,
+    CountingExecutor,
+    StoreWrapper,
+    default_registry,
+)
+from tests.support.engines import open_engine as build_engine
+from tests.support.kafka_broker import (
     KafkaTopics,
     committed_offsets,
     end_offsets,
@@ -67,10 +69,11 @@ from kafka_support import (
     read_topic,
     wait_for,
 )
-from outage_support import Outage
+from tests.support.outage import Outage
+from tests.support.services import postgres_schema_url
 
 TENANT = "acme"
-PROCS = Path(__file__).with_name("kafka_procs.py")
+PROCS = [sys.executable, "-m", "tests.support.kafka_procs"]
 
 
 @pytest.fixture
@@ -85,6 +88,7 @@ def open_engine(
     *,
     registry: FunctionRegistry | None = None,
     worker_id: str = "w0",
+    wrap_store: StoreWrapper | None = None,
     **config: Any,
 ) -> Engine:
     settings = EngineConfig(
@@ -96,8 +100,12 @@ def open_engine(
             **config,
         }
     )
-    return Engine.open(
-        registry=registry or default_registry(), executor=executor, config=settings, ops=MemoryOps()
+    return build_engine(
+        registry=registry or default_registry(),
+        executor=executor,
+        config=settings,
+        ops=MemoryOps(),
+        wrap_store=wrap_store,
     )
 
 
@@ -278,6 +286,10 @@ class FlakyStore:
         self.appends = 0
         self.fail_append: int | None = None
 
+    def __getattr__(self, name: str) -> Any:
+        """The rest of the port is the real store's."""
+        return getattr(self.inner, name)
+
     def _check(self) -> None:
         if self.down:
             self.calls_while_down += 1
@@ -307,11 +319,12 @@ def test_an_infrastructure_error_is_not_committed_and_the_partition_retries_it(
     store_url: str, kafka_topics: KafkaTopics
 ) -> None:
     executor = CountingExecutor()
-    engine = open_engine(store_url, kafka_topics, executor)  # lease: 5 minutes
+    engine = open_engine(store_url, kafka_topics, executor, wrap_store=FlakyStore)  # lease: 5 min
+    flaky = engine.store
+    assert isinstance(flaky, FlakyStore)
     engine.submit(TENANT, "job-1", "agent3")
     engine.submit(TENANT, "job-2", "agent3")
-    flaky = FlakyStore(engine.store)
-    engine.orchestrator.store = flaky
+    flaky.appends = 0  # ``fail_append`` counts the worker's appends, not the submits'
     flaky.down = True
     bootstrap, group, ticks = kafka_topics.bootstrap, kafka_topics.group, kafka_topics.ticks
 
@@ -390,7 +403,7 @@ def test_a_worker_killed_between_effect_and_commit_gets_its_tick_delivered_again
         **kafka_topics.env(),
         "JOBLEDGER_STORE_URL": store_url,
         "JOBLEDGER_LEASE_MS": "1500",
-        "PYTHONPATH": str(PROCS.parent),
+        "PYTHONPATH": pythonpath(),
     }
     marker = tmp_path / "hung"
     hang = (
@@ -399,7 +412,7 @@ def test_a_worker_killed_between_effect_and_commit_gets_its_tick_delivered_again
         else ["--hang-before-commit"]
     )
     doomed = subprocess.Popen(
-        [sys.executable, str(PROCS), "--counter", str(counter), "--marker", str(marker), *hang],
+        [*PROCS, "--counter", str(counter), "--marker", str(marker), *hang],
         env={**env, "JOBLEDGER_WORKER_ID": "doomed"},
         stderr=subprocess.PIPE,
     )
@@ -419,7 +432,7 @@ def test_a_worker_killed_between_effect_and_commit_gets_its_tick_delivered_again
     assert committed[tick_record.partition] == tick_record.offset == 0
 
     survivor = subprocess.Popen(
-        [sys.executable, str(PROCS), "--counter", str(counter)],
+        [*PROCS, "--counter", str(counter)],
         env={**env, "JOBLEDGER_WORKER_ID": "survivor"},
         stderr=subprocess.DEVNULL,
     )

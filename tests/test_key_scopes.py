@@ -16,7 +16,6 @@ from pathlib import Path
 
 import pytest
 
-from conftest import CountingExecutor, EngineFactory
 from jobledger import Engine, FunctionRegistry, JobStatus, Resolution, linear_workflow
 from jobledger.adapters.clock import FakeClock
 from jobledger.adapters.event_store import EventSourcedJobStore
@@ -28,6 +27,7 @@ from jobledger.job import Job
 from jobledger.keys import ConsumedKey, KeyKind
 from jobledger.ports import ApprovalRequest, ApprovalSpec, IssuedToken
 from jobledger.views import JobView
+from tests.support.engines import CountingExecutor, EngineFactory
 
 PARTITIONS = (1, 2, 4)
 

@@ -11,12 +11,11 @@ import threading
 import time
 from collections import Counter
 from datetime import timedelta
-from uuid import UUID, uuid4
+from uuid import UUID
 
 import pytest
 from projections import JobViews
 
-from conftest import CountingExecutor, EngineFactory, agent_steps, default_registry
 from jobledger import (
     Engine,
     FunctionRegistry,
@@ -37,6 +36,7 @@ from jobledger.identity import job_uuid, step_key
 from jobledger.job import Job
 from jobledger.ports import Lease
 from jobledger.reconciler import Reconciler
+from tests.support.engines import CountingExecutor, EngineFactory, agent_steps, default_registry
 
 TENANT = "lease-tenant"
 JOB = "job-1"
@@ -130,105 +130,8 @@ def test_a_live_step_longer_than_several_leases_is_never_stolen(make_engine: Eng
     assert history == ["Submitted", "Claimed", "StepRecorded", "Claimed", "StepRecorded"]
 
 
-# ---- (c) the take-over race: exactly one owner -----------------------------------------------
-
-
-def lease(job: UUID, claim: str, epoch: int, until_s: float, clock: FakeClock) -> Lease:
-    return Lease(job, claim, f"worker-{claim}", epoch, clock.now() + timedelta(seconds=until_s))
-
-
-@pytest.fixture
-def table(make_engine: EngineFactory) -> LeaseTable:
-    return leases_of(make_engine())
-
-
-def test_a_heartbeat_that_landed_first_refuses_the_take_over(
-    table: LeaseTable, clock: FakeClock
-) -> None:
-    job = uuid4()
-    assert table.renew(lease(job, "old", 2, 15, clock))
-    in_the_way = table.take_over(lease(job, "new", 3, 15, clock), from_claim="old", now=clock.now())
-    assert in_the_way is not None and (in_the_way.claim_id, in_the_way.epoch) == ("old", 2)
-    assert table.renew(lease(job, "old", 2, 15, clock))  # the owner keeps beating
-
-
-def test_a_take_over_that_landed_first_makes_the_old_heartbeat_lose(
-    table: LeaseTable, clock: FakeClock
-) -> None:
-    job = uuid4()
-    assert table.renew(lease(job, "old", 2, 15, clock))
-    clock.advance(timedelta(seconds=16))  # the old worker stopped beating: its row lapsed
-    assert (
-        table.take_over(lease(job, "new", 3, 15, clock), from_claim="old", now=clock.now()) is None
-    )
-    assert not table.renew(lease(job, "old", 2, 15, clock))  # it lost, and for good
-    assert table.get(job) == lease(job, "new", 3, 15, clock)
-    assert table.renew(lease(job, "new", 3, 15, clock))
-
-
-def test_a_take_over_under_way_refuses_a_second_taker_until_it_lapses(
-    table: LeaseTable, clock: FakeClock
-) -> None:
-    job = uuid4()
-    assert table.take_over(lease(job, "a", 3, 15, clock), from_claim="old", now=clock.now()) is None
-    blocked = table.take_over(lease(job, "b", 3, 15, clock), from_claim="old", now=clock.now())
-    assert blocked is not None and blocked.claim_id == "a"
-    clock.advance(timedelta(seconds=16))  # "a" died before appending its Claimed
-    assert table.take_over(lease(job, "b", 3, 15, clock), from_claim="old", now=clock.now()) is None
-
-
-def test_a_stale_row_of_an_older_claim_never_blocks_a_newer_one(
-    table: LeaseTable, clock: FakeClock
-) -> None:
-    """A finished step's row (claim "x", epoch 2) is still live when the job's next claim
-    (epoch 5) beats or is taken over; an older claim can never overwrite a newer one."""
-    job = uuid4()
-    assert table.renew(lease(job, "x", 2, 15, clock))
-    assert table.renew(lease(job, "y", 5, 15, clock))
-    assert not table.renew(lease(job, "x", 2, 15, clock))  # a zombie of the older claim
-    other = uuid4()
-    assert table.renew(lease(other, "x", 2, 15, clock))
-    taken = table.take_over(lease(other, "z", 6, 15, clock), from_claim="y", now=clock.now())
-    assert taken is None
-
-
-def race(table: LeaseTable, clock: FakeClock, job: UUID) -> dict[str, bool]:
-    """The old claim's heartbeat and a take-over of it, started together on separate
-    connections: which of them wrote."""
-    barrier = threading.Barrier(2)
-    results: dict[str, bool] = {}
-
-    def beat() -> None:
-        barrier.wait()
-        results["old"] = table.renew(lease(job, "old", 2, 15, clock))
-
-    def take() -> None:
-        barrier.wait()
-        wanted = lease(job, "new", 3, 15, clock)
-        results["new"] = table.take_over(wanted, from_claim="old", now=clock.now()) is None
-
-    threads = [threading.Thread(target=beat), threading.Thread(target=take)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    return results
-
-
-@pytest.mark.parametrize("row_before", ["absent", "lapsed"])
-def test_a_heartbeat_racing_a_take_over_leaves_exactly_one_owner(
-    row_before: str, table: LeaseTable, clock: FakeClock
-) -> None:
-    """Many times over: one of them wins, never both and never neither, and the row names
-    the winner."""
-    for _ in range(40):
-        job = uuid4()
-        if row_before == "lapsed":
-            assert table.renew(lease(job, "old", 2, -1, clock))
-        results = race(table, clock, job)
-        (winner,) = [claim for claim, won in results.items() if won]
-        row = table.get(job)
-        assert row is not None and row.claim_id == winner
+# ---- (c) the take-over race: exactly one owner: tests/contracts/leases.py, run on
+# each store's lease table by tests/test_contracts.py
 
 
 class StalledLeases:

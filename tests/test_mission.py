@@ -5,12 +5,12 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-from conftest import EngineFactory
 from jobledger import Engine, JobStatus, StepRequest, StepResult
 from jobledger.adapters.clock import FakeClock
 from jobledger.ports import ApprovalRequest, IssuedToken
 from jobledger.views import JobView
 from jobledger.workflows import DefinitionRegistry, load_definitions
+from tests.support.engines import EngineFactory
 
 MISSION_V1 = """
 type: mission

@@ -42,7 +42,6 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from conftest import POSTGRES_URL, REQUIRE_SERVICES
 from jobledger import (
     Engine,
     EngineConfig,
@@ -65,6 +64,10 @@ from jobledger.identity import job_uuid, step_key
 from jobledger.job import Job
 from jobledger.keys import ConsumedKey
 from jobledger.orchestrator import TickReport
+from jobledger.ports import JobStore
+from tests.support.engines import StoreWrapper
+from tests.support.engines import open_engine as build_engine
+from tests.support.services import POSTGRES_URL, REQUIRE_SERVICES
 
 LEASE = timedelta(seconds=60)
 STEP_COST = Decimal("0.01")
@@ -195,7 +198,7 @@ class WorldExecutor:
 class CrashingStore:
     """The worker's view of the store; can be armed to die right after the n-th append."""
 
-    def __init__(self, inner: EventSourcedJobStore) -> None:
+    def __init__(self, inner: JobStore) -> None:
         self.inner = inner
         self.crash_after: int | None = None
 
@@ -351,7 +354,11 @@ class LedgerMachine(RuleBasedStateMachine):
     # ---- plumbing ---------------------------------------------------------------------
 
     def open_engine(
-        self, worker_id: str, overrides: dict[str, Any], executor: WorldExecutor | None
+        self,
+        worker_id: str,
+        overrides: dict[str, Any],
+        executor: WorldExecutor | None,
+        wrap_store: StoreWrapper | None = None,
     ) -> Engine:
         config = EngineConfig(
             store_url=self.url,
@@ -359,7 +366,8 @@ class LedgerMachine(RuleBasedStateMachine):
             lease_ms=int(LEASE.total_seconds() * 1000),
             **overrides,
         )
-        return Engine.open(
+        return build_engine(
+            wrap_store=wrap_store,
             registry=model_registry(),
             executor=executor,
             clock=self.clock,
@@ -369,11 +377,12 @@ class LedgerMachine(RuleBasedStateMachine):
         )
 
     def open_worker(self, index: int) -> Worker:
-        engine = self.open_engine(f"w{index}", WORKER_CONFIGS[index], WorldExecutor(self.world))
-        assert isinstance(engine.store, EventSourcedJobStore)
-        store = CrashingStore(engine.store)
-        engine.orchestrator.store = store
-        return Worker(engine, store)
+        engine = self.open_engine(
+            f"w{index}", WORKER_CONFIGS[index], WorldExecutor(self.world), wrap_store=CrashingStore
+        )
+        assert isinstance(engine.store, CrashingStore)
+        assert isinstance(engine.store.inner, EventSourcedJobStore)
+        return Worker(engine, engine.store)
 
     def restart(self, index: int) -> None:
         """A crashed worker comes back as a new process: nothing in memory survives."""

@@ -9,7 +9,6 @@ from typing import Any
 import jwt
 import pytest
 
-from conftest import TOKEN_SECRET, CountingExecutor, EngineFactory, agent_steps
 from jobledger import (
     Engine,
     FunctionRegistry,
@@ -28,6 +27,7 @@ from jobledger.adapters.ops import MemoryOps
 from jobledger.identity import job_uuid
 from jobledger.ports import ApprovalRequest, IssuedToken
 from jobledger.views import JobView
+from tests.support.engines import TOKEN_SECRET, CountingExecutor, EngineFactory, agent_steps
 
 
 def registry_of(*steps: Resolution, name: str = "wf") -> FunctionRegistry:
@@ -240,7 +240,7 @@ class FailingAppendStore:
 
     def __init__(self, inner: Any) -> None:
         self.inner = inner
-        self.fail_next_record = True
+        self.fail_next_record = False
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)
@@ -255,10 +255,11 @@ class FailingAppendStore:
 def test_an_infrastructure_error_while_recording_propagates_and_never_fails_the_job(
     make_engine: EngineFactory, executor: CountingExecutor, clock: FakeClock
 ) -> None:
-    engine = make_engine(config={"lease_ms": 1_000})
+    engine = make_engine(config={"lease_ms": 1_000}, wrap_store=FailingAppendStore)
+    flaky = engine.store
+    assert isinstance(flaky, FailingAppendStore)
     engine.submit("t", "j", "agent3")
-    flaky = FailingAppendStore(engine.store)
-    engine.orchestrator.store = flaky
+    flaky.fail_next_record = True
 
     with pytest.raises(StoreUnavailableError):
         engine.tick("t", "j")

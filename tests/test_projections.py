@@ -5,7 +5,6 @@ from __future__ import annotations
 import subprocess
 import sys
 import textwrap
-import time
 from datetime import timedelta
 from decimal import Decimal
 from typing import Any
@@ -13,7 +12,6 @@ from typing import Any
 import pytest
 from projections import JobViews, ProjectionRunner
 
-from conftest import CountingExecutor, EngineFactory
 from jobledger import Engine, JobStatus, Resolution, StepRequest, linear_workflow
 from jobledger.adapters.clock import FakeClock
 from jobledger.adapters.event_store import EventSourcedJobStore
@@ -22,6 +20,7 @@ from jobledger.adapters.locks import lock_for
 from jobledger.adapters.ops import MemoryOps
 from jobledger.adapters.store_url import parse_store_url
 from jobledger.reconciler import Reconciler, ReconcileResult
+from tests.support.engines import CountingExecutor, EngineFactory
 
 
 def views_of(engine: Engine) -> JobViews:
@@ -127,7 +126,8 @@ def test_lag_is_visible_until_the_runner_catches_up(make_engine: EngineFactory) 
 def test_pending_approvals_follow_requests_and_decisions(
     make_engine: EngineFactory,
 ) -> None:
-    from test_waits_and_gates import Inbox, approval_workflow
+    from tests.support.notifiers import Inbox
+    from tests.test_waits_and_gates import approval_workflow
 
     inbox = Inbox()
     engine = make_engine(registry=approval_workflow(approvers=("alice",)), notifier=inbox)
@@ -252,45 +252,10 @@ def test_two_reconcilers_never_both_act(
     second.stop()
 
 
-def test_a_dead_reconcilers_lock_is_taken_over(store_url: str, make_engine: EngineFactory) -> None:
-    make_engine()  # creates the store
-    holder = subprocess.Popen(
-        [
-            sys.executable,
-            "-c",
-            textwrap.dedent(f"""
-            import sys, time
-            sys.path.insert(0, "src")
-            from jobledger.adapters.locks import lock_for
-            from jobledger.adapters.store_url import parse_store_url
-            lock = lock_for(parse_store_url({store_url!r}), "reconciler")
-            assert lock.try_acquire()
-            print("held", flush=True)
-            time.sleep(60)
-        """),
-        ],
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
-        lock = lock_for(parse_store_url(store_url), "reconciler")
-        assert not lock.try_acquire()
-        holder.kill()
-        holder.wait()
-        deadline = time.monotonic() + 10
-        while not lock.try_acquire():
-            assert time.monotonic() < deadline, "the dead holder's lock was never released"
-            time.sleep(0.1)
-        lock.release()
-    finally:
-        holder.kill()
-
-
 def test_views_ignore_other_workflows_statuses_and_filter_lists(
     make_engine: EngineFactory,
 ) -> None:
-    from conftest import default_registry
+    from tests.support.engines import default_registry
 
     registry = default_registry()
     registry.register("other", 1, linear_workflow([Resolution("complete", JobStatus.COMPLETED)]))

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from test_cli import JOBLEDGER, TICKET, Cli, make_cli
-from test_cli_hostile import run_in_process
+from tests.support.cli import JOBLEDGER, TICKET, Cli, make_cli
+from tests.test_cli_hostile import run_in_process
 
 READS = [
     ("list",),

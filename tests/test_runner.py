@@ -14,6 +14,8 @@ from typing import Any
 
 import pytest
 
+from tests.support import pythonpath
+
 JOBLEDGER = str(Path(sys.executable).with_name("jobledger"))
 TESTS = Path(__file__).resolve().parent
 
@@ -52,7 +54,7 @@ def workspace(tmp_path: Path, store_url: str) -> dict[str, Any]:
     )
     env = {
         **os.environ,
-        "PYTHONPATH": f"{tmp_path}{os.pathsep}{TESTS}",
+        "PYTHONPATH": pythonpath(tmp_path),
         "EFFECTS": str(tmp_path / "effects.log"),
         "JOBLEDGER_STORE_URL": store_url,
     }

@@ -13,7 +13,6 @@ from typing import Any
 import pytest
 from eventsourcing.persistence import OperationalError
 
-from conftest import CountingExecutor, EngineFactory
 from jobledger import (
     Engine,
     FunctionRegistry,
@@ -28,6 +27,7 @@ from jobledger.engine import SignalOutcome
 from jobledger.errors import VersionConflict
 from jobledger.identity import job_uuid, step_key
 from jobledger.job import Job
+from tests.support.engines import CountingExecutor, EngineFactory
 
 JOB = "job-1"
 TENANT = "acme"

@@ -1,7 +1,7 @@
 """Store errors are infrastructure errors on every path: retried with back-off, never a
 refusal, never a failed job, never a dead letter (issue 9, item 7).
 
-Outages are injected below the adapters (tests/outage_support.py): the driver's real
+Outages are injected below the adapters (tests/support/outage.py): the driver's real
 error is raised where the library gets a connection, so what is tested is the adapters'
 translation of it.
 """
@@ -25,7 +25,6 @@ from eventsourcing.persistence import IntegrityError
 from projections import JobViews
 
 import jobledger
-from conftest import CountingExecutor, EngineFactory, default_registry
 from jobledger import Engine, JobStatus, StoreUnavailableError, retry
 from jobledger.adapters.clock import FakeClock
 from jobledger.adapters.event_store import EventSourcedJobStore
@@ -48,7 +47,8 @@ from jobledger.errors import (
 from jobledger.identity import job_uuid, key_uuid
 from jobledger.keys import ConsumedKey, KeyKind
 from jobledger.ports import Tick
-from outage_support import Outage
+from tests.support.engines import CountingExecutor, EngineFactory, default_registry
+from tests.support.outage import Outage
 
 CEILING = {"cost_ceiling_usd": "100"}
 

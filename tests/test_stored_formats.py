@@ -21,7 +21,6 @@ from uuid import UUID
 import pytest
 from eventsourcing.persistence import StoredEvent
 
-from conftest import TOKEN_SECRET, CountingExecutor
 from jobledger import (
     Engine,
     EngineConfig,
@@ -40,6 +39,7 @@ from jobledger.keys import KeyKind, key_id
 from jobledger.ports import ApprovalRequest, ApprovalSpec, IssuedToken
 from jobledger.substate import ApprovalGate, BufferedSignal, EventWait, JobBudget
 from jobledger.views import JobView
+from tests.support.engines import TOKEN_SECRET, CountingExecutor
 
 GOLDEN = Path(__file__).parent / "fixtures" / "stored-formats.jsonl"
 JOBS = ("done", "waiting", "gated")

@@ -9,7 +9,6 @@ from typing import Any
 import jwt
 import pytest
 
-from conftest import TOKEN_SECRET, CountingExecutor, EngineFactory
 from jobledger import (
     Engine,
     FunctionRegistry,
@@ -33,22 +32,9 @@ from jobledger.errors import (
     TokenReplayedError,
     UnauthorisedDeciderError,
 )
-from jobledger.ports import ApprovalRequest, ApprovalSpec, IssuedToken
-from jobledger.views import JobView
-
-
-class Inbox:
-    """The notifier port: what the outside world is told."""
-
-    def __init__(self) -> None:
-        self.tokens: dict[str, IssuedToken] = {}
-        self.approvals: dict[str, ApprovalRequest] = {}
-
-    def waiting_for_event(self, job: JobView, event_name: str, token: IssuedToken) -> None:
-        self.tokens[job.job_id] = token
-
-    def approval_requested(self, job: JobView, request: ApprovalRequest) -> None:
-        self.approvals[job.job_id] = request
+from jobledger.ports import ApprovalSpec
+from tests.support.engines import TOKEN_SECRET, CountingExecutor, EngineFactory
+from tests.support.notifiers import Inbox
 
 
 def wait_workflow(timeout_ms: int | None = None) -> FunctionRegistry:

@@ -1,4 +1,4 @@
-"""Processes for the Kafka tests: ``python tests/kafka_procs.py --help``.
+"""Processes for the Kafka tests: ``python -m tests.support.kafka_procs --help``.
 
 - ``main``: one Kafka worker (the same KafkaWorker ``jobledger worker --transport kafka``
   runs) on a store, counting every side effect in a file (crash_worker's executor). It
@@ -6,7 +6,7 @@
   records a given step (the tick's effect is durable, its offset not yet committed), so
   the test can SIGKILL it exactly there.
 - ``ChaosExecutor``: the executor the chaos test's ``jobledger worker`` processes load
-  (``executor = "kafka_procs:ChaosExecutor"``): each side effect appends
+  (``executor = "tests.support.kafka_procs:ChaosExecutor"``): each side effect appends
   ``<idempotency key> <worker id>`` to the counter file.
 """
 
@@ -21,10 +21,17 @@ import threading
 import time
 from pathlib import Path
 
-from crash_worker import FileCountingExecutor, HangAfterRecord, append_line, hang, registry
-from jobledger import Engine, EngineConfig, StepRequest, StepResult
+from jobledger import EngineConfig, StepRequest, StepResult
 from jobledger.adapters.kafka import KafkaSettings
 from jobledger.adapters.kafka.worker import KafkaWorker
+from tests.support.crash_worker import (
+    FileCountingExecutor,
+    HangAfterRecord,
+    append_line,
+    hang,
+    registry,
+)
+from tests.support.engines import StoreWrapper, open_engine
 
 
 class ChaosExecutor:
@@ -58,12 +65,15 @@ def main(argv: list[str] | None = None) -> int:
 
     config = EngineConfig()  # everything else from JOBLEDGER_* variables
     executor = FileCountingExecutor(args.counter)
-    with Engine.open(registry=registry(), executor=executor, config=config) as engine:
-        if args.hang_after_record is not None:
-            assert args.marker is not None
-            engine.orchestrator.store = HangAfterRecord(
-                engine.store, args.hang_after_record, args.marker
-            )
+    wrap_store: StoreWrapper | None = None
+    if args.hang_after_record is not None:
+        assert args.marker is not None
+        step: int = args.hang_after_record
+        marker_file: Path = args.marker
+        wrap_store = lambda store: HangAfterRecord(store, step, marker_file)  # noqa: E731
+    with open_engine(
+        registry=registry(), executor=executor, config=config, wrap_store=wrap_store
+    ) as engine:
         worker = KafkaWorker(engine, KafkaSettings.of(config))
         if args.hang_before_commit:
             assert args.marker is not None

@@ -1,4 +1,4 @@
-"""A worker process for tests/test_crash_safety.py: ``python tests/crash_worker.py --help``.
+"""A worker process for tests/test_crash_safety.py: ``python -m tests.support.crash_worker --help``.
 
 It opens an engine on a store URL with the system clock and ticks the given jobs until all of
 them are terminal, as a scanning reconciler would. Every side effect appends its idempotency
@@ -16,6 +16,7 @@ import sys
 import time
 from collections import Counter
 from pathlib import Path
+from typing import Any
 from uuid import UUID
 
 from jobledger import (
@@ -33,6 +34,7 @@ from jobledger import (
 from jobledger.job import Job
 from jobledger.keys import ConsumedKey
 from jobledger.ports import JobStore
+from tests.support.engines import StoreWrapper, open_engine
 
 TENANT = "crash-tenant"
 
@@ -106,6 +108,10 @@ class HangAfterRecord:
         self.step = step
         self.marker = marker
 
+    def __getattr__(self, name: str) -> Any:
+        """The rest of the port is the real store's."""
+        return getattr(self.inner, name)
+
     def append(self, job: Job, *keys: ConsumedKey) -> None:
         records_step = any(
             isinstance(event, Job.StepRecorded) and event.step_number == self.step
@@ -177,11 +183,14 @@ def main(argv: list[str] | None = None) -> int:
     executor = FileCountingExecutor(
         args.counter, effect_ms=args.effect_ms, hang_in_step=args.hang_in_step, marker=args.marker
     )
-    with Engine.open(registry=registry(), executor=executor, config=config) as engine:
-        if args.hang_after_record is not None:
-            engine.orchestrator.store = HangAfterRecord(
-                engine.store, args.hang_after_record, args.marker
-            )
+    wrap_store: StoreWrapper | None = None
+    if args.hang_after_record is not None:
+        step: int = args.hang_after_record
+        marker: Path = args.marker
+        wrap_store = lambda store: HangAfterRecord(store, step, marker)  # noqa: E731
+    with open_engine(
+        registry=registry(), executor=executor, config=config, wrap_store=wrap_store
+    ) as engine:
         if args.ready is not None:
             args.ready.touch()
         while args.go is not None and not args.go.exists():

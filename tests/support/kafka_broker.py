@@ -16,15 +16,14 @@ import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import pytest
 from kafka import KafkaAdminClient, KafkaConsumer, TopicPartition
 
 from jobledger.adapters.kafka import KafkaSettings, ensure_topics
+from tests.support import ROOT
 
-ROOT = Path(__file__).resolve().parent.parent
 KAFKA_LOCAL = ROOT / "scripts" / "kafka-local"
 REQUIRED = os.environ.get("JOBLEDGER_REQUIRE_SERVICES") == "1" or os.environ.get("CI") == "true"
 PARTITIONS = 4

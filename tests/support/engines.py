@@ -1,0 +1,98 @@
+"""Building engines for tests: a counting executor, the default registry, and
+:func:`open_engine`, the ONE place a test's engine is wired (the
+``make_engine`` fixture, the crash and Kafka worker processes all go through it).
+
+The worker processes import this module: it imports neither pytest nor a driver of its own."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import replace
+from typing import Any
+
+from jobledger import (
+    Engine,
+    FunctionRegistry,
+    JobStatus,
+    Resolution,
+    StepRequest,
+    StepResult,
+    linear_workflow,
+)
+from jobledger.adapters.event_store import EventSourcedJobStore
+from jobledger.ports import JobStore
+
+TOKEN_SECRET = "test-secret-test-secret-test-secret-0123"
+
+EngineFactory = Callable[..., Engine]
+"""What the ``make_engine`` fixture returns: ``make_engine(config={...}, **open_engine)``."""
+StoreWrapper = Callable[[JobStore], JobStore]
+
+
+def open_engine(*, wrap_store: StoreWrapper | None = None, **options: Any) -> Engine:
+    """``Engine.open(**options)``; with ``wrap_store``, the engine is built around
+    ``wrap_store(store)`` instead of the store it opened (a test's flaky or crashing
+    store), so every part of it (commands and ticks alike) sees the wrapper from the
+    start, the way a real store failing would be seen."""
+    opened = Engine.open(**options)
+    if wrap_store is None:
+        return opened
+    # Why rebuild rather than patch: the engine's wiring (its Deps) decides who holds
+    # the store; a test only says what the store does.
+    return Engine(replace(opened.deps, store=wrap_store(opened.deps.store)))
+
+
+class CountingExecutor:
+    """Counts every side effect by idempotency key, outside the engine's store."""
+
+    def __init__(self, cost: str = "0.10") -> None:
+        self.calls: Counter[str] = Counter()
+        self.cost = cost
+        self.fail_with: Callable[[StepRequest], Exception | None] | None = None
+
+    def execute(self, request: StepRequest) -> StepResult:
+        self.calls[request.idempotency_key] += 1
+        if self.fail_with is not None and (error := self.fail_with(request)) is not None:
+            raise error
+        return StepResult(
+            output={"step": request.step_number},
+            state_patch={f"s{request.step_number}": True},
+            cost_usd=self.cost,
+        )
+
+
+def agent_steps(n: int) -> list[Resolution]:
+    """n side-effecting agent steps, then complete."""
+    steps = [Resolution("run_interaction_task", JobStatus.QUEUED) for _ in range(n)]
+    return [*steps, Resolution("complete", JobStatus.COMPLETED)]
+
+
+def default_registry() -> FunctionRegistry:
+    registry = FunctionRegistry()
+    registry.register("agent3", 1, linear_workflow(agent_steps(3)))
+    registry.register(
+        "timer",
+        1,
+        linear_workflow(
+            [
+                Resolution("run_interaction_task", JobStatus.QUEUED),
+                Resolution("wait_time", JobStatus.WAITING_TIME, resume_delay_ms=3 * 86_400_000),
+                Resolution("run_interaction_task", JobStatus.QUEUED),
+                Resolution("complete", JobStatus.COMPLETED),
+            ]
+        ),
+    )
+    return registry
+
+
+def store_of(engine: Engine) -> EventSourcedJobStore:
+    assert isinstance(engine.store, EventSourcedJobStore)
+    return engine.store
+
+
+def writes(engine: Engine) -> list[int]:
+    """Per partition, the id of the newest stored event: any append moves one of them."""
+    return [
+        partition.recorder.max_notification_id() or 0 for partition in store_of(engine).partitions
+    ]
