@@ -421,6 +421,17 @@ class Job(Aggregate):
         def evolve(self, job: Job) -> None:
             job.workflow_version = self.to_version
 
+    class ApprovalRerouted(Event):
+        """The open approval request as another definition version words it (after a
+        migration): the same request, bound to the same action, with that version's
+        approvers, expiry and routes."""
+
+        approval: JSON
+        reason: str
+
+        def evolve(self, job: Job) -> None:
+            job.pending_approval = ApprovalGate.from_dict(self.approval)
+
     # ---- creation -------------------------------------------------------------------
 
     @classmethod
@@ -790,20 +801,25 @@ class Job(Aggregate):
         reason: str | None,
         replay_verdict: str,
         now: datetime,
+        approval: ApprovalGate | None = None,
     ) -> None:
         self._check_not_finished()
         if to_version == self.workflow_version:
             raise ValueError(f"job {self.job_id!r} is already on v{to_version}")
+        from_version = self.workflow_version
         self._append(
             Job.Migrated,
             now,
-            from_version=self.workflow_version,
+            from_version=from_version,
             to_version=to_version,
             forced=forced,
             migrated_by=migrated_by,
             reason=reason,
             replay_verdict=replay_verdict,
         )
+        if approval is not None:
+            why = f"migrated from v{from_version} to v{to_version}"
+            self._append(Job.ApprovalRerouted, now, approval=approval.to_dict(), reason=why)
 
     # ---- the preconditions commands share ---------------------------------------------
 

@@ -8,12 +8,14 @@ then the event records who forced it and why.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import datetime
 
 from jobledger.audit.errors import MigrationRefusedError
 from jobledger.audit.replay import ReplayReport, Resolver, replay_job
 from jobledger.job import Job
 from jobledger.status import JobStatus
+from jobledger.substate import ApprovalGate
 
 
 def check_movable(
@@ -65,7 +67,8 @@ def migrate(
     reason: str | None,
     now: datetime,
 ) -> None:
-    """Append the Migrated event (``forced`` when replay did not say safe)."""
+    """Append the Migrated event (``forced`` when replay did not say safe). An open
+    approval request moves with the job, as the new version words it."""
     job.migrate(
         to_version=to_version,
         forced=not report.safe,
@@ -73,4 +76,35 @@ def migrate(
         reason=reason,
         replay_verdict=report.verdict,
         now=now,
+        approval=approval_on(job, report, to_version),
+    )
+
+
+def approval_on(job: Job, report: ReplayReport, to_version: int) -> ApprovalGate | None:
+    """The job's open approval request under ``to_version``: the same request (its id,
+    step, attempt and the action it is bound to), decided by the approvers and routed by
+    the decisions the new version's step names. None when no request is open. A version
+    that does not gate that step with an approval cannot take the job while it waits for
+    one: the request would be left with nobody entitled to it and nowhere to lead."""
+    gate = job.pending_approval
+    if gate is None:
+        return None
+    opened = next((s for s in report.steps if s.step_number == gate.step_number), None)
+    replayed = opened.replayed if opened is not None else None
+    if replayed is None or replayed.next_status is not JobStatus.AWAITING_APPROVAL:
+        would = replayed.describe() if replayed is not None else "not reach that step"
+        raise MigrationRefusedError(
+            f"job {job.job_id!r} awaits approval {gate.approval_id} (step {gate.step_number}), "
+            f"which v{to_version} does not gate with an approval (it would {would}): "
+            "decide it first, or migrate to a version that gates it"
+        )
+    wait = replayed.wait or {}
+    expires = wait.get("expires_at")
+    return replace(
+        gate,
+        approvers=tuple(wait.get("approvers") or ()),
+        expires_at=datetime.fromisoformat(expires) if isinstance(expires, str) else gate.expires_at,
+        on_approve=wait.get("on_approve"),
+        on_reject=wait.get("on_reject"),
+        on_expire=wait.get("on_expire"),
     )

@@ -470,6 +470,14 @@ def _migrated(d: Mapping[str, Any]) -> AuditLine:
     return AuditLine(by, "", f"{text}; replay: {d['replay_verdict']}")
 
 
+def _rerouted(d: Mapping[str, Any]) -> AuditLine:
+    gate = d["approval"]
+    approvers = ", ".join(gate.get("approvers") or ()) or "anyone trusted"
+    return AuditLine(
+        "migration", "", f"{gate['approval_id']} now decided by {approvers} ({d['reason']})"
+    )
+
+
 _DESCRIBERS = {
     "Submitted": _submitted,
     "Claimed": _claimed,
@@ -489,4 +497,5 @@ _DESCRIBERS = {
     "Cancelled": _cancelled,
     "LateResultDiscarded": _discarded,
     "Migrated": _migrated,
+    "ApprovalRerouted": _rerouted,
 }
