@@ -18,7 +18,6 @@ from typing import Any
 
 import pytest
 
-from audit_support import MISSION_V1, ScoringAgent, definition, mission
 from jobledger import Engine
 from jobledger.adapters.kafka import KafkaQueue
 from jobledger.adapters.local_queue import LocalQueue
@@ -27,6 +26,7 @@ from jobledger.kafka_runner import KafkaRunner
 from jobledger.status import JobStatus
 from jobledger.supervisor import Services, Supervisor
 from jobledger.workflows import DefinitionRegistry
+from tests.support.audit import MISSION_V1, ScoringAgent, definition, mission
 
 ROOT = Path(__file__).resolve().parent.parent
 PORTS = {"store", "queue", "clock", "ops", "cost", "tokens", "notifier", "leases", "registry"}
