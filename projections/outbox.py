@@ -28,16 +28,16 @@ from decimal import Decimal
 from typing import Any
 from uuid import UUID
 
-from eventsourcing.persistence import IntegrityError, Notification, PersistenceError, Tracking
+from eventsourcing.persistence import Notification, PersistenceError
 
 from jobledger import chain
+from jobledger.adapters.backends import TrackingConflict
 from jobledger.adapters.event_store import EventSourcedJobStore, LedgerPartition
-from jobledger.adapters.locks import schema_lock
 from jobledger.adapters.store_errors import store_errors
 from jobledger.errors import StoreUnavailableError
 from jobledger.job import Job
 from jobledger.ports import EventPublisher, Lock, OutboxMessage
-from projections.job_views import Lag, _dialect
+from projections.job_views import Lag
 from projections.runner import LogFollower
 
 log = logging.getLogger(__name__)
@@ -59,11 +59,9 @@ class Outbox:
         self.publisher = publisher
         self.lock = lock
         self.batch = batch
-        self.dialect = _dialect(store.partitions[0])
+        self.backend = store.backend
         self.published = 0
         self._names: OrderedDict[UUID, tuple[str, str]] = OrderedDict()
-        with schema_lock(store.location):
-            self.dialect.tracking.create_table()  # type: ignore[attr-defined]
 
     # ---- following the log -------------------------------------------------------------
 
@@ -72,7 +70,7 @@ class Outbox:
         return f"{partition.name}.outbox"
 
     def position(self, partition: LedgerPartition) -> int:
-        return self.dialect.tracking.max_tracking_id(self.tracking_name(partition)) or 0
+        return self.backend.position(self.tracking_name(partition))
 
     def pending(self, partition: LedgerPartition) -> Sequence[Notification]:
         notifications: Sequence[Notification] = partition.recorder.select_notifications(
@@ -96,6 +94,7 @@ class Outbox:
     def publish_batch(
         self, partition: LedgerPartition, notifications: Sequence[Notification]
     ) -> int:
+        tracked = self.position(partition)
         messages = []
         for notification in notifications:
             event = partition.mapper.to_domain_event(notification)
@@ -103,15 +102,16 @@ class Outbox:
                 messages.append(self.message(partition.name, notification.id, event))
         if messages:
             self.publisher.publish(messages)  # every message acknowledged, or it raises
-        self.track(partition, notifications[-1].id)
+        self.track(partition, tracked, notifications[-1].id)
         self.published += len(messages)
         return len(messages)
 
-    def track(self, partition: LedgerPartition, position: int) -> None:
+    def track(self, partition: LedgerPartition, old: int, new: int) -> None:
         """Only after the broker acknowledged the batch."""
         try:
-            self.dialect.tracking.insert_tracking(Tracking(self.tracking_name(partition), position))
-        except IntegrityError:
+            with self.backend.transaction() as curs:
+                self.backend.track(curs, self.tracking_name(partition), old=old, new=new)
+        except TrackingConflict:
             log.info("the outbox of %s was tracked up to here by another publisher", partition.name)
 
     @store_errors("reading the outbox's lag")
@@ -162,12 +162,11 @@ class Outbox:
 
 def outbox_lag(store: EventSourcedJobStore) -> list[Lag]:
     """Per partition: the last event, the last one published, how far behind."""
-    tracking = _dialect(store.partitions[0]).tracking
     return [
         Lag(
             Outbox.tracking_name(p),
             p.recorder.max_notification_id() or 0,
-            tracking.max_tracking_id(Outbox.tracking_name(p)) or 0,
+            store.backend.position(Outbox.tracking_name(p)),
         )
         for p in store.partitions
     ]
@@ -181,7 +180,7 @@ class OutboxRunner(LogFollower):
     retried = (PersistenceError, StoreUnavailableError)
 
     def __init__(self, outbox: Outbox, *, poll_interval: float = 0.2) -> None:
-        super().__init__(outbox.store, outbox.dialect, poll_interval)
+        super().__init__(outbox.store, poll_interval)
         self.outbox = outbox
 
     def follow(self) -> None:

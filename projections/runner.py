@@ -10,7 +10,6 @@ from eventsourcing.persistence import PersistenceError
 
 from jobledger.adapters.event_store import EventSourcedJobStore
 from jobledger.errors import StoreUnavailableError
-from projections.dialect import Dialect
 from projections.job_views import JobViews
 
 log = logging.getLogger(__name__)
@@ -25,22 +24,15 @@ class LogFollower:
     what = "pass"
     retried: tuple[type[Exception], ...] = (PersistenceError, StoreUnavailableError)
 
-    def __init__(self, store: EventSourcedJobStore, dialect: Dialect, poll_interval: float) -> None:
+    def __init__(self, store: EventSourcedJobStore, poll_interval: float) -> None:
         self.store = store
-        self.dialect = dialect
         self.poll_interval = poll_interval
         self.stopping = threading.Event()
         self.failures = 0
         """Consecutive failed passes; visible to status checks."""
 
     def run_forever(self) -> None:
-        # PostgreSQL recorders NOTIFY on a channel per events table; SQLite has none.
-        channels = [
-            str(getattr(p.recorder, "channel_name", ""))
-            for p in self.store.partitions
-            if hasattr(p.recorder, "channel_name")
-        ]
-        waiter = self.dialect.waiter(channels)
+        waiter = self.store.backend.waiter([p.recorder for p in self.store.partitions])
         try:
             while not self.stopping.is_set():
                 if self.run_once():
@@ -86,7 +78,7 @@ class ProjectionRunner(LogFollower):
     what = "projection pass"
 
     def __init__(self, views: JobViews, *, poll_interval: float = 0.5) -> None:
-        super().__init__(views.store, views.dialect, poll_interval)
+        super().__init__(views.store, poll_interval)
         self.views = views
 
     def follow(self) -> None:

@@ -5,12 +5,12 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from decimal import Decimal
 
+from jobledger.adapters.backends import Cursor, StoreBackend
 from jobledger.job import Job
-from projections.dialect import Cursor, Dialect, fetch
 from projections.status import MICROS
 
 
-def create_statements(d: Dialect) -> list[str]:
+def create_statements(d: StoreBackend) -> list[str]:
     return [
         f"CREATE TABLE IF NOT EXISTS {d.table('jobledger_tenant_spend')} ("
         f"tenant_id TEXT NOT NULL, day TEXT NOT NULL, spend_micros {d.big_int} NOT NULL, "
@@ -18,7 +18,7 @@ def create_statements(d: Dialect) -> list[str]:
     ]
 
 
-def apply(d: Dialect, curs: Cursor, tenant_id: str, event: Job.Event) -> None:
+def apply(d: StoreBackend, curs: Cursor, tenant_id: str, event: Job.Event) -> None:
     if not isinstance(event, Job.StepRecorded) or not event.cost_usd:
         return
     curs.execute(
@@ -36,9 +36,8 @@ def apply(d: Dialect, curs: Cursor, tenant_id: str, event: Job.Event) -> None:
     )
 
 
-def day_spend(d: Dialect, tenant_id: str, day_start: datetime) -> Decimal:
-    rows = fetch(
-        d,
+def day_spend(d: StoreBackend, tenant_id: str, day_start: datetime) -> Decimal:
+    rows = d.fetch(
         f"SELECT spend_micros FROM {d.table('jobledger_tenant_spend')} "
         "WHERE tenant_id = :tenant_id AND day = :day",
         {"tenant_id": tenant_id, "day": day_start.astimezone(UTC).date().isoformat()},
