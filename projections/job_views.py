@@ -1,30 +1,26 @@
 """The job views (status, spend, approvals) kept in the store's own database.
 
-Each batch of events updates the views AND advances the partition's eventsourcing
-tracking record in one transaction: a crash can never leave a view ahead of or behind
-its tracking, so every event is applied exactly once, and a re-delivered one is skipped.
+The views are their own tracking recorder (a :class:`TrackedReader`, as eventsourcing's
+examples write a projection): each batch of events updates the views AND moves the
+partition's tracking position in one transaction, so a crash can never leave a view
+ahead of or behind its tracking; every event is applied exactly once, and a re-delivered
+one is skipped. The log is read by the one :class:`LogFollower` every reader uses.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 from datetime import datetime
 from decimal import Decimal
 from typing import Any
 
-from eventsourcing.persistence import Notification
+from eventsourcing.persistence import Notification, Tracking
 
-from jobledger.adapters.backends import (
-    LEASE_TABLE,
-    Cursor,
-    Migration,
-    StoreBackend,
-    TrackingConflict,
-)
+from jobledger.adapters.backends import LEASE_TABLE, Cursor, Migration, StoreBackend
 from jobledger.adapters.backends.migrations import COMPONENT, STORE_MIGRATIONS
 from jobledger.adapters.event_store import EventSourcedJobStore, LedgerPartition
+from jobledger.adapters.follower import Lag, LogFollower, Progress, TrackedReader
 from jobledger.adapters.store_errors import store_errors
 from jobledger.job import Job
 from jobledger.ports import BlockedNote
@@ -38,27 +34,16 @@ BATCH = 200
 VIEW_TABLES = ("jobledger_job_status", "jobledger_tenant_spend", "jobledger_pending_approvals")
 SCHEMA = "views"
 """The views' component in the store's schema table (their own numbered migrations)."""
-Progress = Callable[[int, int], None]
+__all__ = ["BATCH", "JobViews", "Lag", "Progress"]
 
 
-@dataclass(frozen=True)
-class Lag:
-    partition: str
-    last_event: int
-    last_tracked: int
-
-    @property
-    def behind(self) -> int:
-        return self.last_event - self.last_tracked
-
-
-class JobViews:
+class JobViews(TrackedReader):
     """Every public method translates store errors (``store_errors``): callers see
     StoreUnavailableError, never a driver's or the library's own error."""
 
     def __init__(self, store: EventSourcedJobStore) -> None:
-        self.store = store
-        self.backend: StoreBackend = store.backend
+        super().__init__(store)
+        self.follower = LogFollower(store, self, batch=BATCH)
         # A store opened to read gets no lock and no DDL, unless the views are behind this
         # release (never made, say): then there is no way to list without making them.
         current = self.backend.check_schema(SCHEMA, self.migrations()) == _latest(self)
@@ -91,34 +76,22 @@ class JobViews:
 
     # ---- following the log -----------------------------------------------------------
 
-    def position(self, partition: LedgerPartition) -> int:
-        return self.backend.position(partition.name)
-
-    @store_errors("reading new events")
-    def pending(self, partition: LedgerPartition, limit: int = BATCH) -> Sequence[Notification]:
-        notifications: Sequence[Notification] = partition.recorder.select_notifications(
-            self.position(partition), limit, inclusive_of_start=False
-        )
-        return notifications
+    def pending(self, partition: LedgerPartition) -> Sequence[Notification]:
+        return self.follower.pending(partition)
 
     @store_errors("updating the views")
     def process(self, partition: LedgerPartition, notifications: Sequence[Notification]) -> None:
         """Apply a batch and record its last position, all in one transaction. Events at
         or before the tracked position were applied already: a re-delivery skips them,
         and a concurrent runner that got there first makes this batch roll back whole."""
-        b = self.backend
-        try:
-            with b.transaction() as curs:
-                position = b.position(partition.name, curs)
-                fresh = [n for n in notifications if n.id > position]
-                for notification in fresh:
-                    event = partition.mapper.to_domain_event(notification)
-                    if isinstance(event, Job.Event):
-                        self.apply(curs, event)
-                if fresh:
-                    b.track(curs, partition.name, old=position, new=fresh[-1].id)
-        except TrackingConflict:
-            log.info("another runner applied %s up to here first", partition.name)
+        with self.tracked(partition) as (curs, position):
+            fresh = [n for n in notifications if n.id > position]
+            for notification in fresh:
+                event = partition.mapper.to_domain_event(notification)
+                if isinstance(event, Job.Event):
+                    self.apply(curs, event)
+            if fresh:
+                self.track(curs, Tracking(partition.name, fresh[-1].id), after=position)
 
     def apply(self, curs: Cursor, event: Job.Event) -> None:
         d = self.backend
@@ -133,15 +106,7 @@ class JobViews:
     @store_errors("catching the views up")
     def catch_up(self, progress: Progress | None = None) -> int:
         """Apply everything appended so far; returns how many notifications were read."""
-        done = 0
-        total = self.lag_total() if progress else 0
-        for partition in self.store.partitions:
-            while batch := self.pending(partition):
-                self.process(partition, batch)
-                done += len(batch)
-                if progress:
-                    progress(done, total)
-        return done
+        return self.follower.catch_up(progress)
 
     @store_errors("rebuilding the views")
     def rebuild(self, progress: Progress | None = None) -> int:
@@ -157,12 +122,8 @@ class JobViews:
             curs.execute(b.sql(f"DELETE FROM {b.table(table)}"))
         b.forget(curs, [partition.name for partition in self.store.partitions])
 
-    @store_errors("reading the views' lag")
     def lag(self) -> list[Lag]:
-        return [
-            Lag(p.name, p.recorder.max_notification_id() or 0, self.position(p))
-            for p in self.store.partitions
-        ]
+        return self.follower.lag()
 
     def lag_total(self) -> int:
         return sum(entry.behind for entry in self.lag())

@@ -7,6 +7,7 @@ from decimal import Decimal
 
 from jobledger.adapters.backends import Cursor, StoreBackend
 from jobledger.job import Job
+from jobledger.spend import spend_of
 from projections.status import MICROS
 
 
@@ -19,7 +20,8 @@ def create_statements(d: StoreBackend) -> list[str]:
 
 
 def apply(d: StoreBackend, curs: Cursor, tenant_id: str, event: Job.Event) -> None:
-    if not isinstance(event, Job.StepRecorded) or not event.cost_usd:
+    spent = spend_of(tenant_id, event)
+    if spent is None:
         return
     curs.execute(
         d.sql(
@@ -30,8 +32,8 @@ def apply(d: StoreBackend, curs: Cursor, tenant_id: str, event: Job.Event) -> No
         ),
         {
             "tenant_id": tenant_id,
-            "day": event.ended_at.astimezone(UTC).date().isoformat(),
-            "micros": int(event.cost_usd * MICROS),
+            "day": spent.day.isoformat(),
+            "micros": int(spent.usd * MICROS),
         },
     )
 

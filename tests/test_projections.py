@@ -83,7 +83,7 @@ def test_a_crash_between_view_write_and_tracking_cannot_happen(
     def crash(*args: Any, **kwargs: Any) -> None:
         raise RuntimeError("power cut after the view rows were written")
 
-    monkeypatch.setattr(views.backend, "track", crash)
+    monkeypatch.setattr(views, "track", crash)
     with pytest.raises(RuntimeError, match="power cut"):
         views.process(partition, batch)
     monkeypatch.undo()
