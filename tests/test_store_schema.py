@@ -5,6 +5,7 @@ opened and migrated without folding the views again."""
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -22,6 +23,7 @@ from jobledger.adapters.backends.base import SCHEMA_TABLE, TRACKING_TABLE
 from jobledger.adapters.backends.migrations import COMPONENT, STORE_MIGRATIONS
 from jobledger.adapters.event_store import EventSourcedJobStore
 from jobledger.audit.log import job_uuids
+from jobledger.cli import main
 from jobledger.errors import StoreSchemaError
 
 EngineFactory = Callable[..., Engine]
@@ -161,3 +163,29 @@ def test_views_of_a_newer_release_are_refused(make_engine: EngineFactory) -> Non
 
     with pytest.raises(StoreSchemaError, match="views schema version 99"):
         JobViews(store)
+
+
+def test_the_cli_refuses_a_newer_store_with_exit_3(
+    make_engine: EngineFactory, store_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    store = store_of(make_engine())
+    with store.backend.transaction() as curs:
+        curs.execute(
+            store.backend.sql(
+                f"INSERT INTO {store.backend.table(SCHEMA_TABLE)} "
+                "(component, version, does, applied_at) VALUES ('store', 99, 'later', 'now')"
+            )
+        )
+
+    for command in (
+        ["list"],
+        ["verify", "--all"],
+        ["cancel", "t", "j", "--reason", "r", "--by", "u"],
+    ):
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(sys, "argv", ["jobledger", *command, "--store", store_url])
+            with pytest.raises(SystemExit) as done:
+                main()
+        err = capsys.readouterr().err
+        assert done.value.code == 3, (command, err)
+        assert "store schema version 99, newer than this jobledger knows" in err, command
