@@ -3,8 +3,6 @@ kept by its store's backend)."""
 
 from __future__ import annotations
 
-from contextlib import AbstractContextManager
-
 from jobledger.adapters.backends import backend_for
 from jobledger.adapters.store_url import StoreLocation
 from jobledger.ports import Lock
@@ -13,8 +11,3 @@ from jobledger.ports import Lock
 def lock_for(location: StoreLocation, name: str) -> Lock:
     """The store's lock called ``name``: whoever holds it dying releases it."""
     return backend_for(location).lock(name)
-
-
-def schema_lock(location: StoreLocation) -> AbstractContextManager[None]:
-    """Held while tables are created or migrated."""
-    return backend_for(location).schema_lock()
