@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from jobledger.adapters.backends import Cursor, StoreBackend
 from jobledger.job import Job
-from projections.dialect import Cursor, Dialect
 
 
-def create_statements(d: Dialect) -> list[str]:
+def create_statements(d: StoreBackend) -> list[str]:
     t = d.table("jobledger_pending_approvals")
     ts = d.timestamp_type
     return [
@@ -22,7 +22,7 @@ def create_statements(d: Dialect) -> list[str]:
     ]
 
 
-def apply(d: Dialect, curs: Cursor, tenant_id: str, job_id: str, event: Job.Event) -> None:
+def apply(d: StoreBackend, curs: Cursor, tenant_id: str, job_id: str, event: Job.Event) -> None:
     t = d.table("jobledger_pending_approvals")
     key: dict[str, Any] = {"job_uuid": str(event.originator_id)}
     if isinstance(event, Job.ApprovalRequested):

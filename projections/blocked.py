@@ -14,14 +14,14 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
+from jobledger.adapters.backends import Cursor, StoreBackend
 from jobledger.identity import job_uuid
 from jobledger.ports import BlockedNote
-from projections.dialect import Cursor, Dialect, fetch
 
 TABLE = "jobledger_blocked_jobs"
 
 
-def create_statements(d: Dialect) -> list[str]:
+def create_statements(d: StoreBackend) -> list[str]:
     ts = d.timestamp_type
     return [
         f"CREATE TABLE IF NOT EXISTS {d.table(TABLE)} ("
@@ -31,7 +31,7 @@ def create_statements(d: Dialect) -> list[str]:
     ]
 
 
-def save(d: Dialect, curs: Cursor, note: BlockedNote) -> None:
+def save(d: StoreBackend, curs: Cursor, note: BlockedNote) -> None:
     names = ["job_uuid", "tenant_id", "job_id", "version", "reason", "worker_id", "noticed_at"]
     updates = ", ".join(f"{n} = excluded.{n}" for n in names if n != "job_uuid")
     curs.execute(
@@ -52,7 +52,7 @@ def save(d: Dialect, curs: Cursor, note: BlockedNote) -> None:
     )
 
 
-def current(d: Dialect, jobs: Sequence[tuple[str, int]]) -> dict[str, BlockedNote]:
+def current(d: StoreBackend, jobs: Sequence[tuple[str, int]]) -> dict[str, BlockedNote]:
     """The notes that still apply to ``jobs`` (job uuid, version), by job uuid."""
     if not jobs:
         return {}
@@ -64,7 +64,7 @@ def current(d: Dialect, jobs: Sequence[tuple[str, int]]) -> dict[str, BlockedNot
     versions = dict(jobs)
     return {
         row["job_uuid"]: _note(row)
-        for row in fetch(d, statement, params)
+        for row in d.fetch(statement, params)
         if versions.get(row["job_uuid"]) == row["version"]
     }
 

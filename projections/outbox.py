@@ -1,11 +1,11 @@
 """The event outbox: every job event, published to the events topic in log order.
 
-It follows each partition's notification log like the views do, and keeps its own
-eventsourcing tracking record per partition (``<partition>.outbox``). The tracking
-record is written only after the publisher says every message of the batch was
-acknowledged, so a crash never loses an event: the next start publishes again from the
-tracked position. Duplicates are possible after a crash, and they carry the same
-position (and job version) so consumers can drop them.
+It reads each partition's notification log with the follower the views use, and keeps
+its own tracking position per partition (``<partition>.outbox``). The position is
+moved only after the publisher says every message of the batch was acknowledged, so a
+crash never loses an event: the next start publishes again from the tracked position.
+Duplicates are possible after a crash, and they carry the same position (and job
+version) so consumers can drop them.
 
 A message: key ``tenant/job``; headers ``tenant``, ``job``, ``job_uuid``,
 ``event_type``, ``job_version``, ``log`` (the partition) and ``position`` (the event's
@@ -28,17 +28,15 @@ from decimal import Decimal
 from typing import Any
 from uuid import UUID
 
-from eventsourcing.persistence import IntegrityError, Notification, PersistenceError, Tracking
+from eventsourcing.persistence import Notification, Tracking
 
 from jobledger import chain
 from jobledger.adapters.event_store import EventSourcedJobStore, LedgerPartition
-from jobledger.adapters.locks import schema_lock
+from jobledger.adapters.follower import Lag, LogFollower, TrackedReader, lag
 from jobledger.adapters.store_errors import store_errors
 from jobledger.errors import StoreUnavailableError
 from jobledger.job import Job
 from jobledger.ports import EventPublisher, Lock, OutboxMessage
-from projections.job_views import Lag, _dialect
-from projections.runner import LogFollower
 
 log = logging.getLogger(__name__)
 
@@ -46,7 +44,14 @@ BATCH = 500
 _NAMES_CACHED = 100_000
 
 
-class Outbox:
+class OutboxTracking(TrackedReader):
+    """Where the outbox is in each partition's log: ``<partition>.outbox``."""
+
+    def tracking_name(self, partition: LedgerPartition) -> str:
+        return f"{partition.name}.outbox"
+
+
+class Outbox(OutboxTracking):
     def __init__(
         self,
         store: EventSourcedJobStore,
@@ -55,30 +60,12 @@ class Outbox:
         lock: Lock | None = None,
         batch: int = BATCH,
     ) -> None:
-        self.store = store
+        super().__init__(store)
         self.publisher = publisher
         self.lock = lock
-        self.batch = batch
-        self.dialect = _dialect(store.partitions[0])
+        self.follower = LogFollower(store, self, batch=batch)
         self.published = 0
         self._names: OrderedDict[UUID, tuple[str, str]] = OrderedDict()
-        with schema_lock(store.location):
-            self.dialect.tracking.create_table()  # type: ignore[attr-defined]
-
-    # ---- following the log -------------------------------------------------------------
-
-    @staticmethod
-    def tracking_name(partition: LedgerPartition) -> str:
-        return f"{partition.name}.outbox"
-
-    def position(self, partition: LedgerPartition) -> int:
-        return self.dialect.tracking.max_tracking_id(self.tracking_name(partition)) or 0
-
-    def pending(self, partition: LedgerPartition) -> Sequence[Notification]:
-        notifications: Sequence[Notification] = partition.recorder.select_notifications(
-            self.position(partition), self.batch, inclusive_of_start=False
-        )
-        return notifications
 
     @store_errors("publishing the outbox")
     def publish_pending(self) -> int:
@@ -87,15 +74,14 @@ class Outbox:
         Returns how many events were published."""
         if self.lock is not None and not self.lock.try_acquire():
             return 0
-        published = 0
-        for partition in self.store.partitions:
-            while batch := self.pending(partition):
-                published += self.publish_batch(partition, batch)
-        return published
+        before = self.published
+        self.follower.catch_up()
+        return self.published - before
 
-    def publish_batch(
-        self, partition: LedgerPartition, notifications: Sequence[Notification]
-    ) -> int:
+    def process(self, partition: LedgerPartition, notifications: Sequence[Notification]) -> None:
+        """Publish a batch, then (only after the broker acknowledged all of it) move the
+        position: a crash in between publishes the batch again, never loses it."""
+        after = self.position(partition)
         messages = []
         for notification in notifications:
             event = partition.mapper.to_domain_event(notification)
@@ -103,20 +89,13 @@ class Outbox:
                 messages.append(self.message(partition.name, notification.id, event))
         if messages:
             self.publisher.publish(messages)  # every message acknowledged, or it raises
-        self.track(partition, notifications[-1].id)
+        tracking = Tracking(self.tracking_name(partition), notifications[-1].id)
+        with self.tracked(partition) as (curs, _):
+            self.track(curs, tracking, after=after)
         self.published += len(messages)
-        return len(messages)
 
-    def track(self, partition: LedgerPartition, position: int) -> None:
-        """Only after the broker acknowledged the batch."""
-        try:
-            self.dialect.tracking.insert_tracking(Tracking(self.tracking_name(partition), position))
-        except IntegrityError:
-            log.info("the outbox of %s was tracked up to here by another publisher", partition.name)
-
-    @store_errors("reading the outbox's lag")
     def lag(self) -> list[Lag]:
-        return outbox_lag(self.store)
+        return self.follower.lag()
 
     # ---- one message -------------------------------------------------------------------
 
@@ -162,26 +141,19 @@ class Outbox:
 
 def outbox_lag(store: EventSourcedJobStore) -> list[Lag]:
     """Per partition: the last event, the last one published, how far behind."""
-    tracking = _dialect(store.partitions[0]).tracking
-    return [
-        Lag(
-            Outbox.tracking_name(p),
-            p.recorder.max_notification_id() or 0,
-            tracking.max_tracking_id(Outbox.tracking_name(p)) or 0,
-        )
-        for p in store.partitions
-    ]
+    return lag(store, OutboxTracking(store))
 
 
 class OutboxRunner(LogFollower):
-    """Keeps the outbox publishing: woken by LISTEN/NOTIFY on PostgreSQL, polling on
-    SQLite; backs off on a store or broker error and resumes from the tracked position."""
+    """Keeps the outbox publishing: woken by new events the way the store's backend can;
+    backs off on a store or broker error and resumes from the tracked position."""
 
     what = "outbox pass"
-    retried = (PersistenceError, StoreUnavailableError)
 
     def __init__(self, outbox: Outbox, *, poll_interval: float = 0.2) -> None:
-        super().__init__(outbox.store, outbox.dialect, poll_interval)
+        super().__init__(
+            outbox.store, outbox, batch=outbox.follower.batch, poll_interval=poll_interval
+        )
         self.outbox = outbox
 
     def follow(self) -> None:

@@ -5,12 +5,13 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from decimal import Decimal
 
+from jobledger.adapters.backends import Cursor, StoreBackend
 from jobledger.job import Job
-from projections.dialect import Cursor, Dialect, fetch
+from jobledger.spend import spend_of
 from projections.status import MICROS
 
 
-def create_statements(d: Dialect) -> list[str]:
+def create_statements(d: StoreBackend) -> list[str]:
     return [
         f"CREATE TABLE IF NOT EXISTS {d.table('jobledger_tenant_spend')} ("
         f"tenant_id TEXT NOT NULL, day TEXT NOT NULL, spend_micros {d.big_int} NOT NULL, "
@@ -18,8 +19,9 @@ def create_statements(d: Dialect) -> list[str]:
     ]
 
 
-def apply(d: Dialect, curs: Cursor, tenant_id: str, event: Job.Event) -> None:
-    if not isinstance(event, Job.StepRecorded) or not event.cost_usd:
+def apply(d: StoreBackend, curs: Cursor, tenant_id: str, event: Job.Event) -> None:
+    spent = spend_of(tenant_id, event)
+    if spent is None:
         return
     curs.execute(
         d.sql(
@@ -30,15 +32,14 @@ def apply(d: Dialect, curs: Cursor, tenant_id: str, event: Job.Event) -> None:
         ),
         {
             "tenant_id": tenant_id,
-            "day": event.ended_at.astimezone(UTC).date().isoformat(),
-            "micros": int(event.cost_usd * MICROS),
+            "day": spent.day.isoformat(),
+            "micros": int(spent.usd * MICROS),
         },
     )
 
 
-def day_spend(d: Dialect, tenant_id: str, day_start: datetime) -> Decimal:
-    rows = fetch(
-        d,
+def day_spend(d: StoreBackend, tenant_id: str, day_start: datetime) -> Decimal:
+    rows = d.fetch(
         f"SELECT spend_micros FROM {d.table('jobledger_tenant_spend')} "
         "WHERE tenant_id = :tenant_id AND day = :day",
         {"tenant_id": tenant_id, "day": day_start.astimezone(UTC).date().isoformat()},

@@ -11,10 +11,10 @@ from datetime import datetime
 from decimal import Decimal
 from typing import Any
 
+from jobledger.adapters.backends import Cursor, StoreBackend
 from jobledger.job import Job, due_moment
 from jobledger.status import JobStatus
 from jobledger.substate import ApprovalGate, EventWait, JobBudget
-from projections.dialect import Cursor, Dialect
 
 MICROS = Decimal(1_000_000)
 
@@ -62,7 +62,7 @@ COLUMNS = [f.name for f in fields(StatusRow)]
 _MOMENTS = ("resume_at", "lease_until", "deadline_at", "created_at", "updated_at")
 
 
-def create_statements(d: Dialect) -> list[str]:
+def create_statements(d: StoreBackend) -> list[str]:
     t = d.table("jobledger_job_status")
     ts = d.timestamp_type
     return [
@@ -83,7 +83,7 @@ def create_statements(d: Dialect) -> list[str]:
     ]
 
 
-def upgrade(d: Dialect, curs: Cursor) -> bool:
+def upgrade(d: StoreBackend, curs: Cursor) -> bool:
     """Add the columns a view made by an older release lacks. True when it did: the rows
     then lack those values, and the caller folds the views again from the log."""
     if "deadline_at" in d.columns(curs, "jobledger_job_status"):
@@ -93,7 +93,7 @@ def upgrade(d: Dialect, curs: Cursor) -> bool:
     return True
 
 
-def load(d: Dialect, curs: Cursor, job_uuid: str) -> StatusRow | None:
+def load(d: StoreBackend, curs: Cursor, job_uuid: str) -> StatusRow | None:
     curs.execute(
         d.sql(f"SELECT * FROM {d.table('jobledger_job_status')} WHERE job_uuid = :job_uuid"),
         {"job_uuid": job_uuid},
@@ -110,7 +110,7 @@ def row_from(data: dict[str, Any]) -> StatusRow:
     return StatusRow(**values)
 
 
-def save(d: Dialect, curs: Cursor, row: StatusRow) -> None:
+def save(d: StoreBackend, curs: Cursor, row: StatusRow) -> None:
     values = asdict(row)
     values["due_at"] = d.ts(row.due_at)
     for name in _MOMENTS:

@@ -93,7 +93,7 @@ def row(n: int, due: bool, rng: random.Random) -> dict[str, Any]:
 
 
 def fill(views: JobViews, jobs: int, due: int) -> None:
-    d = views.dialect
+    d = views.backend
     rng = random.Random(jobs)
     due_rows = set(rng.sample(range(jobs), due))
     names = [*COLUMNS, "due_at"]

@@ -135,11 +135,11 @@ class CrashBeforeTracking(Outbox):
         self.batches = 0
         self.crash_on_batch = crash_on_batch
 
-    def track(self, partition: Any, position: int) -> None:
+    def track(self, curs: Any, tracking: Any, *, after: int) -> None:
         self.batches += 1
         if self.batches == self.crash_on_batch:
             raise Crash
-        super().track(partition, position)
+        super().track(curs, tracking, after=after)
 
 
 def test_after_a_crash_the_outbox_resumes_and_its_duplicates_carry_the_same_position(

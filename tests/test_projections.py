@@ -79,10 +79,10 @@ def test_a_crash_between_view_write_and_tracking_cannot_happen(
     partition = engine.store.partitions[0]  # type: ignore[attr-defined]
     batch = views.pending(partition)
 
-    def crash(*args: Any) -> None:
+    def crash(*args: Any, **kwargs: Any) -> None:
         raise RuntimeError("power cut after the view rows were written")
 
-    monkeypatch.setattr(views.dialect.tracking, "_insert_tracking", crash)
+    monkeypatch.setattr(views, "track", crash)
     with pytest.raises(RuntimeError, match="power cut"):
         views.process(partition, batch)
     monkeypatch.undo()

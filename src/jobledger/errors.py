@@ -54,6 +54,11 @@ class StoreMissingError(ConfigError):
     store."""
 
 
+class StoreSchemaError(ConfigError):
+    """The store's tables were migrated by a newer jobledger than this one: it may hold
+    tables or rows this release would misread, so it is not opened."""
+
+
 class StoreUnavailableError(JobLedgerError):
     """The store failed mid-operation. The write may or may not have landed (a commit
     whose acknowledgement was lost): retry, and the retry sees what the store holds."""

@@ -34,8 +34,8 @@ class Outage:
             pool = getattr(partition.factory, "datastore").pool  # noqa: B009 - untyped
             # The SQLite pool hands out connections with get_connection(); psycopg_pool's
             # with connection() (a context manager the library enters inside its try).
-            name = "get_connection" if partition.store_kind == "sqlite" else "connection"
-            monkeypatch.setattr(pool, name, self._guard(getattr(pool, name), partition.store_kind))
+            name = "get_connection" if store.backend.kind == "sqlite" else "connection"
+            monkeypatch.setattr(pool, name, self._guard(getattr(pool, name), store.backend.kind))
 
     def _guard(self, get: Callable[..., Any], kind: str) -> Callable[..., Any]:
         def guarded(*args: Any, **kwargs: Any) -> Any:

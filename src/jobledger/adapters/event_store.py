@@ -3,13 +3,8 @@
 from __future__ import annotations
 
 import logging
-import os
 import re
-from contextlib import nullcontext
-from dataclasses import replace
-from pathlib import Path
 from typing import Any, Literal
-from urllib.parse import quote
 from uuid import UUID
 
 from eventsourcing.application import AggregateNotFoundError, Application
@@ -22,8 +17,9 @@ from eventsourcing.persistence import (
 )
 from eventsourcing.utils import get_topic
 
+from jobledger.adapters.backends import StoreBackend, backend_for
+from jobledger.adapters.backends.migrations import COMPONENT, STORE_MIGRATIONS
 from jobledger.adapters.leases import LeaseTable
-from jobledger.adapters.locks import schema_lock
 from jobledger.adapters.mapper import EnumMapper
 from jobledger.adapters.store_errors import STORE_ERRORS, store_errors
 from jobledger.adapters.store_url import StoreLocation
@@ -61,7 +57,7 @@ class LedgerPartition(Application[UUID]):
         self.table_prefix = f"jobledger_p{index}"
         # The partition's name is its identity in tracking records (one log each).
         self.name = self.table_prefix
-        self.store_kind = location.kind
+        self.events_table = f"{self.table_prefix}_events"
         env = {
             **location.env,
             "AGGREGATE_CACHE_MAXSIZE": str(cache_size) if cache_size else "",
@@ -76,7 +72,7 @@ class LedgerPartition(Application[UUID]):
     def construct_recorder(self) -> ApplicationRecorder:
         factory: Any = self.factory
         recorder: ApplicationRecorder = factory.application_recorder_class(
-            datastore=factory.datastore, events_table_name=f"{self.table_prefix}_events"
+            datastore=factory.datastore, events_table_name=self.events_table
         )
         if self.create_tables:
             recorder.create_table()  # type: ignore[attr-defined]
@@ -90,28 +86,6 @@ class LedgerPartition(Application[UUID]):
         if self.create_tables:
             recorder.create_table()
         return EventStore(mapper=self.mapper, recorder=recorder)
-
-    def has_tables(self, *tables: str) -> bool:
-        """Whether these tables (default: this partition's events table) exist in its
-        database, asked of the catalog: a missing table and an unreachable server must
-        not look alike."""
-        factory: Any = self.factory
-        names = tables or (f"{self.table_prefix}_events",)
-        with factory.datastore.transaction(commit=False) as cursor:
-            for name in names:
-                if self.store_kind == "sqlite":
-                    cursor.execute(
-                        "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (name,)
-                    )
-                else:
-                    cursor.execute(
-                        "SELECT 1 FROM pg_catalog.pg_tables "
-                        "WHERE schemaname = %s AND tablename = %s",
-                        (factory.datastore.schema, name),
-                    )
-                if cursor.fetchone() is None:
-                    return False
-        return True
 
 
 class EventSourcedJobStore:
@@ -132,27 +106,31 @@ class EventSourcedJobStore:
         self.location = location
         self.snapshot_interval = snapshot_interval
         self.read_only = mode == "read"
-        if location.is_sqlite and mode != "create":
-            _require_file(location)
-        # Concurrent CREATE ... IF NOT EXISTS can still collide in PostgreSQL's catalog, so
-        # processes starting together create the tables one at a time. A read takes the
-        # advisory lock too (it waits out a creation in progress, and its connection says
-        # plainly why a server is unreachable), but never SQLite's: that lock is a file.
-        skip_lock = self.read_only and location.is_sqlite
+        self.backend: StoreBackend = backend_for(location)
+        """Everything that differs between SQLite and PostgreSQL."""
+        if mode != "create":
+            self.backend.require_exists()
         try:
-            with nullcontext() if skip_lock else schema_lock(location):
+            with self.backend.opening_lock(read_only=self.read_only):
+                opened = self.backend.for_reading() if self.read_only else location
+                self.partitions = _open(opened, partitions, cache_size, not self.read_only)
+                self.backend.attach(getattr(self.partitions[0].factory, "datastore"))  # noqa: B009
                 if self.read_only:
-                    self.partitions = _open(_for_reading(location), partitions, cache_size, False)
-                    _require_tables(location, self.partitions)
+                    self._require_tables()
+                    self.backend.check_schema(COMPONENT, STORE_MIGRATIONS)
                 else:
-                    self.partitions = _open(location, partitions, cache_size, True)
-                # The heartbeat-renewed leases: one table per store, in its own database
-                # (a reader neither creates it nor needs it).
-                self.leases = LeaseTable(getattr(self.partitions[0].factory, "datastore"))  # noqa: B009
-                if not self.read_only:
-                    self.leases.create_table()
+                    # A writer brings the store's own tables up to this release (a store
+                    # of an earlier one included); a store of a later one is refused.
+                    self.backend.migrate(COMPONENT, STORE_MIGRATIONS)
+                # The heartbeat-renewed leases: one table per store, in its own database.
+                self.leases = LeaseTable(self.backend)
         except STORE_ERRORS as error:
             raise StoreUnreachableError(f"cannot open the {location.kind} store: {error}") from None
+
+    def _require_tables(self) -> None:
+        events = [partition.events_table for partition in self.partitions]
+        if not self.backend.has_tables(*events):
+            raise StoreMissingError(f"no store {self.backend.describe()} (no jobledger tables)")
 
     def partition(self, job_uuid: UUID) -> LedgerPartition:
         return self.partitions[job_uuid.int % len(self.partitions)]
@@ -273,40 +251,3 @@ def _open(
     return [
         LedgerPartition(location, index, cache_size, create=create) for index in range(partitions)
     ]
-
-
-def _require_file(location: StoreLocation) -> None:
-    """Only the commands that write jobs create a SQLite store: for the others a missing
-    file is a mistake (a typo must not audit as an empty, intact store)."""
-    path = location.env["SQLITE_DBNAME"]
-    if not os.path.isfile(path):
-        raise StoreMissingError(f"no store at {path} (no such file)")
-
-
-def _require_tables(location: StoreLocation, partitions: list[LedgerPartition]) -> None:
-    if all(partition.has_tables() for partition in partitions):
-        return
-    if location.is_sqlite:
-        raise StoreMissingError(
-            f"no store at {location.env['SQLITE_DBNAME']} (no jobledger tables)"
-        )
-    env = location.env
-    schema = env.get("POSTGRES_SCHEMA", "public")
-    raise StoreMissingError(
-        f"no store in schema {schema!r} of database {env['POSTGRES_DBNAME']!r} on "
-        f"{env['POSTGRES_HOST']} (no jobledger tables)"
-    )
-
-
-def _for_reading(location: StoreLocation) -> StoreLocation:
-    """A SQLite file in a directory we cannot write (read-only media, an evidence copy) is
-    opened ``mode=ro&immutable=1``: SQLite could not create the WAL index beside it, and
-    immutable tells it no other process changes the file, so it needs none. Elsewhere an
-    ordinary connection that writes nothing leaves no trace (its WAL files go on close)."""
-    if not location.is_sqlite:
-        return location
-    path = Path(location.env["SQLITE_DBNAME"]).resolve()
-    if os.access(path.parent, os.W_OK) and os.access(path, os.W_OK):
-        return location
-    uri = f"file:{quote(path.as_posix())}?mode=ro&immutable=1"
-    return replace(location, env={**location.env, "SQLITE_DBNAME": uri})

@@ -2,23 +2,19 @@
 
 Every write is ONE conditional upsert, so the database serialises a heartbeat and a
 take-over of the same job: whichever lands first decides, and the other sees its row.
+The table is made by the store's migrations (:mod:`jobledger.adapters.backends`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 from uuid import UUID
 
-from eventsourcing.postgres import PostgresDatastore
-from eventsourcing.sqlite import SQLiteDatastore
-from psycopg.sql import SQL, Identifier
-
+from jobledger.adapters.backends import LEASE_TABLE, StoreBackend
 from jobledger.adapters.store_errors import store_errors
 from jobledger.ports import Lease
-
-LEASE_TABLE = "jobledger_leases"
 
 _COLUMNS = "job_uuid, claim_id, worker_id, epoch, lease_until"
 _UPSERT = (
@@ -44,25 +40,8 @@ _TAKE_OVER = (
 class LeaseTable:
     """``jobledger_leases`` in the store's own database (SQLite file or PostgreSQL schema)."""
 
-    def __init__(self, datastore: SQLiteDatastore | PostgresDatastore) -> None:
-        self.datastore = datastore
-        self.is_sqlite = isinstance(datastore, SQLiteDatastore)
-
-    @property
-    def table(self) -> str:
-        if isinstance(self.datastore, PostgresDatastore):
-            return f"{Identifier(self.datastore.schema).as_string()}.{LEASE_TABLE}"
-        return LEASE_TABLE
-
-    def create_table(self) -> None:
-        """Untranslated: the store that opens this table says what failed."""
-        ts = "TEXT" if self.is_sqlite else "TIMESTAMPTZ"
-        self._run(
-            f"CREATE TABLE IF NOT EXISTS {self.table} (job_uuid TEXT PRIMARY KEY, "
-            "claim_id TEXT NOT NULL, worker_id TEXT NOT NULL, epoch INTEGER NOT NULL, "
-            f"lease_until {ts} NOT NULL)",
-            {},
-        )
+    def __init__(self, backend: StoreBackend) -> None:
+        self.backend = backend
 
     # ---- the Leases port ---------------------------------------------------------------
 
@@ -70,21 +49,22 @@ class LeaseTable:
         return self._upsert(lease, _RENEW, {})
 
     def take_over(self, lease: Lease, *, from_claim: str, now: datetime) -> Lease | None:
-        params = {"now": self.ts(now), "from_claim": from_claim}
+        params = {"now": self.backend.ts(now), "from_claim": from_claim}
         if self._upsert(lease, _TAKE_OVER, params):
             return None
         # Refused: the row in the way (a take-over never deletes, so it is there).
         return self.get(lease.job_uuid)
 
     def get(self, job_uuid: UUID) -> Lease | None:
-        rows = self._execute(
-            f"SELECT {_COLUMNS} FROM {self.table} WHERE job_uuid = :job_uuid",
-            {"job_uuid": str(job_uuid)},
-            fetch=True,
-        )
+        table = self.backend.table(LEASE_TABLE)
+        with store_errors("using the lease table"):
+            rows = self.backend.fetch(
+                f"SELECT {_COLUMNS} FROM {table} WHERE job_uuid = :job_uuid",
+                {"job_uuid": str(job_uuid)},
+            )
         if not rows:
             return None
-        row = dict(rows[0])
+        row = rows[0]
         until = row["lease_until"]
         return Lease(
             job_uuid=UUID(row["job_uuid"]),
@@ -96,43 +76,19 @@ class LeaseTable:
 
     # ---- SQL -----------------------------------------------------------------------------
 
-    def ts(self, value: datetime) -> datetime | str:
-        # SQLite: fixed-width UTC ISO text, the format the status view compares with.
-        return value.astimezone(UTC).isoformat(timespec="microseconds") if self.is_sqlite else value
-
     def _upsert(self, lease: Lease, condition: str, extra: Mapping[str, Any]) -> bool:
+        b = self.backend
         statement = _UPSERT.format(
-            table=f"{self.table} AS l",
-            greatest="max" if self.is_sqlite else "GREATEST",
-            condition=condition,
+            table=f"{b.table(LEASE_TABLE)} AS l", greatest=b.greatest, condition=condition
         )
         params = {
             "job_uuid": str(lease.job_uuid),
             "claim_id": lease.claim_id,
             "worker_id": lease.worker_id,
             "epoch": lease.epoch,
-            "lease_until": self.ts(lease.lease_until),
+            "lease_until": b.ts(lease.lease_until),
             **extra,
         }
-        return bool(self._execute(statement, params, fetch=True))
-
-    def _execute(
-        self, statement: str, params: Mapping[str, Any], *, fetch: bool = False
-    ) -> list[Any]:
-        with store_errors("using the lease table"):
-            return self._run(statement, params, fetch=fetch)
-
-    def _run(self, statement: str, params: Mapping[str, Any], *, fetch: bool = False) -> list[Any]:
-        with self.datastore.transaction(commit=True) as curs:
-            if self.is_sqlite:
-                curs.execute(statement, params)
-            else:
-                # Assembled from this module's literals only, never from input.
-                curs.execute(SQL(_pg_params(statement)), params)
-            return list(curs.fetchall()) if fetch else []
-
-
-def _pg_params(statement: str) -> str:
-    for name in ("job_uuid", "claim_id", "worker_id", "epoch", "lease_until", "now", "from_claim"):
-        statement = statement.replace(f":{name}", f"%({name})s")
-    return statement
+        with store_errors("using the lease table"), b.transaction() as curs:
+            curs.execute(b.sql(statement), params)
+            return bool(curs.fetchall())

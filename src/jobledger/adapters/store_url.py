@@ -27,10 +27,6 @@ class StoreLocation:
     env: dict[str, str]
     """eventsourcing environment settings for this store."""
 
-    @property
-    def is_sqlite(self) -> bool:
-        return self.kind == "sqlite"
-
 
 def parse_store_url(url: str) -> StoreLocation:
     """Every error names the URL with its password hidden."""

@@ -43,12 +43,13 @@ class StoredRecord:
 def job_uuids(store: EventSourcedJobStore) -> list[UUID]:
     """Every job with at least one stored event, in id order."""
     found: set[UUID] = set()
+    b = store.backend
     for partition in store.partitions:
         statement = (
-            f"SELECT DISTINCT originator_id FROM {_table(partition)} "
-            f"WHERE topic LIKE {_placeholder(partition)}"
+            f"SELECT DISTINCT originator_id FROM {b.table(partition.events_table)} "
+            "WHERE topic LIKE :prefix"
         )
-        for row in _query(partition, statement, [JOB_TOPIC_PREFIX + "%"]):
+        for row in _query(store, statement, {"prefix": JOB_TOPIC_PREFIX + "%"}):
             found.add(_uuid(row["originator_id"]))
     return sorted(found)
 
@@ -75,8 +76,8 @@ def read_job(store: EventSourcedJobStore, job_uuid: UUID) -> list[StoredRecord]:
 def is_empty(store: EventSourcedJobStore) -> bool:
     """Whether no partition holds any event (jobs or keys)."""
     for partition in store.partitions:
-        statement = f"SELECT 1 AS found FROM {_table(partition)} LIMIT 1"
-        if _query(partition, statement, []):
+        statement = f"SELECT 1 AS found FROM {store.backend.table(partition.events_table)} LIMIT 1"
+        if _query(store, statement, {}):
             return False
     return True
 
@@ -100,14 +101,15 @@ def _read_batch(
     rows: dict[UUID, list[StoredRecord]] = {job_uuid: [] for job_uuid in uuids}
     for index, members in by_partition.items():
         partition = store.partitions[index]
-        marks = ", ".join([_placeholder(partition)] * len(members))
+        names = [f"u{n}" for n in range(len(members))]
         statement = (
             "SELECT originator_id, originator_version, topic, state "
-            f"FROM {_table(partition)} WHERE originator_id IN ({marks}) "
+            f"FROM {store.backend.table(partition.events_table)} "
+            f"WHERE originator_id IN ({', '.join(':' + n for n in names)}) "
             "ORDER BY originator_id, originator_version"
         )
-        params = [m.hex if partition.store_kind == "sqlite" else m for m in members]
-        for row in _query(partition, statement, params):
+        params = {n: store.backend.uuid(m) for n, m in zip(names, members, strict=True)}
+        for row in _query(store, statement, params):
             record = _decode(partition, row)
             rows[record.job_uuid].append(record)
     for job_uuid in uuids:
@@ -136,27 +138,7 @@ def _uuid(value: object) -> UUID:
     return value if isinstance(value, UUID) else UUID(str(value))
 
 
-def _table(partition: LedgerPartition) -> str:
-    table = f"{partition.table_prefix}_events"
-    if partition.store_kind == "sqlite":
-        return table
-    schema = _datastore(partition).schema
-    return f'"{schema}".{table}' if schema else table
-
-
-def _placeholder(partition: LedgerPartition) -> str:
-    return "?" if partition.store_kind == "sqlite" else "%s"
-
-
-def _datastore(partition: LedgerPartition) -> Any:
-    return getattr(partition.factory, "datastore")  # noqa: B009 - untyped on the base
-
-
-def _query(partition: LedgerPartition, statement: str, params: list[Any]) -> list[Any]:
+def _query(store: EventSourcedJobStore, statement: str, params: dict[str, Any]) -> list[Any]:
     """Run a read-only statement built from this module's literals (never from input)."""
-    with (
-        store_errors("reading the log"),
-        _datastore(partition).transaction(commit=False) as curs,
-    ):
-        curs.execute(statement, params)
-        return list(curs.fetchall())
+    with store_errors("reading the log"):
+        return store.backend.fetch(statement, params)

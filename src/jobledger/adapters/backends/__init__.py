@@ -1,0 +1,35 @@
+"""One backend class per kind of store, chosen from the parsed store URL."""
+
+from __future__ import annotations
+
+from jobledger.adapters.backends.base import (
+    LEASE_TABLE,
+    Cursor,
+    Migration,
+    StoreBackend,
+    TrackingConflict,
+    Waiter,
+)
+from jobledger.adapters.backends.postgres import PostgresBackend
+from jobledger.adapters.backends.sqlite import SQLiteBackend
+from jobledger.adapters.store_url import StoreLocation
+
+BACKENDS: dict[str, type[StoreBackend]] = {
+    backend.kind: backend for backend in (SQLiteBackend, PostgresBackend)
+}
+
+
+def backend_for(location: StoreLocation) -> StoreBackend:
+    """The backend of the store at ``location`` (not yet attached to an open store)."""
+    return BACKENDS[location.kind](location)
+
+
+__all__ = [
+    "LEASE_TABLE",
+    "Cursor",
+    "Migration",
+    "StoreBackend",
+    "TrackingConflict",
+    "Waiter",
+    "backend_for",
+]

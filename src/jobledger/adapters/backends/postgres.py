@@ -1,0 +1,189 @@
+"""PostgreSQL: a schema of a database; advisory locks; LISTEN/NOTIFY for new events."""
+
+from __future__ import annotations
+
+import threading
+import zlib
+from collections.abc import Iterator, Sequence
+from contextlib import AbstractContextManager, contextmanager
+from datetime import datetime
+from typing import Any
+
+import psycopg
+from eventsourcing.persistence import OperationalError
+from eventsourcing.postgres import PostgresDatastore
+from psycopg.sql import SQL, Identifier
+
+from jobledger.adapters.backends.base import PARAM, Cursor, StoreBackend, Waiter
+
+
+class PostgresBackend(StoreBackend):
+    kind = "postgresql"
+    timestamp_type = "TIMESTAMPTZ"
+    big_int = "BIGINT"
+    greatest = "GREATEST"
+    old_tracking_table = "jobledger_view_tracking"
+
+    datastore: PostgresDatastore
+
+    def attach(self, datastore: Any) -> None:
+        assert isinstance(datastore, PostgresDatastore)
+        self.datastore = datastore
+
+    @property
+    def schema(self) -> str:
+        return self.location.env.get("POSTGRES_SCHEMA", "public")
+
+    def require_exists(self) -> None:
+        """Nothing to check before connecting: a server never creates a database on
+        connection, and a missing schema or table is found once open."""
+
+    def describe(self) -> str:
+        env = self.location.env
+        return (
+            f"in schema {self.schema!r} of database {env['POSTGRES_DBNAME']!r} on "
+            f"{env['POSTGRES_HOST']}"
+        )
+
+    def opening_lock(self, *, read_only: bool) -> AbstractContextManager[None]:
+        # A read takes it too: it waits out a creation in progress, and its connection
+        # says plainly why a server is unreachable.
+        return self.schema_lock()
+
+    @contextmanager
+    def schema_lock(self) -> Iterator[None]:
+        """Concurrent CREATE ... IF NOT EXISTS can still collide in PostgreSQL's catalog,
+        so processes create tables one at a time, under an advisory lock."""
+        try:
+            conn = psycopg.connect(self.conninfo(), autocommit=True)
+        except psycopg.Error as error:
+            raise OperationalError(str(error)) from error
+        with conn:
+            key = self.lock_key("schema")
+            conn.execute("SELECT pg_advisory_lock(%s)", (key,))
+            try:
+                yield
+            finally:
+                conn.execute("SELECT pg_advisory_unlock(%s)", (key,))
+
+    def lock(self, name: str) -> AdvisoryLock:
+        return AdvisoryLock(self.conninfo(), self.lock_key(name))
+
+    def conninfo(self) -> str:
+        env = self.location.env
+        return psycopg.conninfo.make_conninfo(
+            dbname=env["POSTGRES_DBNAME"],
+            host=env["POSTGRES_HOST"],
+            port=env["POSTGRES_PORT"],
+            user=env["POSTGRES_USER"],
+            password=env["POSTGRES_PASSWORD"],
+            connect_timeout=env.get("POSTGRES_CONNECT_TIMEOUT", "5"),
+        )
+
+    def lock_key(self, name: str) -> int:
+        return zlib.crc32(f"{self.schema}/{name}".encode())
+
+    # ---- statements ----------------------------------------------------------------------
+
+    def table(self, name: str) -> str:
+        return f"{Identifier(self.schema).as_string()}.{name}"
+
+    def sql(self, statement: str) -> SQL:
+        # Every statement is assembled from jobledger's literals, never from input.
+        return SQL(PARAM.sub(r"%(\1)s", statement))
+
+    def ts(self, value: datetime | None) -> datetime | None:
+        return value
+
+    def transaction(self) -> AbstractContextManager[Any]:
+        return self.datastore.transaction(commit=True)
+
+    def reader(self) -> AbstractContextManager[Any]:
+        return self.datastore.transaction(commit=False)
+
+    def columns(self, curs: Cursor, name: str) -> set[str]:
+        curs.execute(
+            SQL(
+                "SELECT column_name FROM information_schema.columns "
+                "WHERE table_schema = %(schema)s AND table_name = %(name)s"
+            ),
+            {"schema": self.schema, "name": name},
+        )
+        return {self.row(r)["column_name"] for r in curs.fetchall()}
+
+    def table_exists(self, curs: Cursor, name: str) -> bool:
+        curs.execute(
+            SQL(
+                "SELECT 1 FROM pg_catalog.pg_tables "
+                "WHERE schemaname = %(schema)s AND tablename = %(name)s"
+            ),
+            {"schema": self.schema, "name": name},
+        )
+        return curs.fetchone() is not None
+
+    # ---- waiting for new events ----------------------------------------------------------
+
+    def waiter(self, recorders: Sequence[object]) -> Waiter:
+        # The library's recorders NOTIFY on a channel per events table.
+        channels = [str(getattr(r, "channel_name")) for r in recorders]  # noqa: B009
+        return ListenWaiter(self.datastore, channels)
+
+
+class ListenWaiter(Waiter):
+    """LISTEN on the partitions' channels: a commit wakes the follower at once; the poll
+    interval stays as a fallback, so a missed notification only costs latency."""
+
+    def __init__(self, datastore: PostgresDatastore, channels: Sequence[str]) -> None:
+        super().__init__()
+        self.datastore = datastore
+        self.channels = list(channels)
+        self.stopped = threading.Event()
+        self.thread = threading.Thread(target=self._listen, name="jobledger-listen", daemon=True)
+        self.thread.start()
+
+    def _listen(self) -> None:
+        while not self.stopped.is_set():
+            try:
+                with self.datastore.get_connection() as conn:
+                    for channel in self.channels:
+                        conn.execute(SQL("LISTEN {0}").format(Identifier(channel)))
+                    while not self.stopped.is_set():
+                        for _ in conn.notifies(timeout=0.5, stop_after=1):
+                            self.woken.set()
+            except Exception:
+                self.woken.set()
+                self.stopped.wait(1.0)
+
+    def close(self) -> None:
+        self.stopped.set()
+        super().close()
+        self.thread.join(timeout=5)
+
+
+class AdvisoryLock:
+    """A session-level pg_advisory_lock on a connection of its own: the server releases
+    it when that session ends, however the holder died."""
+
+    def __init__(self, conninfo: str, key: int) -> None:
+        self.conninfo = conninfo
+        self.key = key
+        self._conn: psycopg.Connection[tuple[object, ...]] | None = None
+        self._mutex = threading.Lock()
+
+    def try_acquire(self) -> bool:
+        with self._mutex:
+            if self._conn is not None and not self._conn.closed:
+                return True
+            conn = psycopg.connect(self.conninfo, autocommit=True)
+            row = conn.execute("SELECT pg_try_advisory_lock(%s)", (self.key,)).fetchone()
+            if not (row and row[0]):
+                conn.close()
+                return False
+            self._conn = conn
+            return True
+
+    def release(self) -> None:
+        with self._mutex:
+            if self._conn is not None:
+                self._conn.close()  # ending the session releases the lock
+                self._conn = None

@@ -1,0 +1,157 @@
+"""SQLite, the embedded default: one file; flock files beside it for locks; polling for
+new events (SQLite has no notifications)."""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import threading
+from collections.abc import Iterator
+from contextlib import AbstractContextManager, contextmanager, nullcontext
+from dataclasses import replace
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+from uuid import UUID
+
+from eventsourcing.persistence import OperationalError
+from eventsourcing.sqlite import SQLiteCursor, SQLiteDatastore, SQLiteTransaction
+
+from jobledger.adapters.backends.base import Cursor, StoreBackend
+from jobledger.adapters.store_url import StoreLocation
+from jobledger.errors import StoreMissingError
+
+
+class SQLiteBackend(StoreBackend):
+    kind = "sqlite"
+    timestamp_type = "TEXT"
+    big_int = "INTEGER"
+    greatest = "max"
+    old_tracking_table = "tracking"
+
+    datastore: SQLiteDatastore
+
+    def attach(self, datastore: Any) -> None:
+        assert isinstance(datastore, SQLiteDatastore)
+        self.datastore = datastore
+
+    @property
+    def path(self) -> str:
+        return self.location.env["SQLITE_DBNAME"]
+
+    def require_exists(self) -> None:
+        """Only the commands that write jobs create a SQLite store: for the others a
+        missing file is a mistake (a typo must not audit as an empty, intact store)."""
+        if not os.path.isfile(self.path):
+            raise StoreMissingError(f"no store at {self.path} (no such file)")
+
+    def describe(self) -> str:
+        return f"at {self.path}"
+
+    def for_reading(self) -> StoreLocation:
+        """A file in a directory we cannot write (read-only media, an evidence copy) is
+        opened ``mode=ro&immutable=1``: SQLite could not create the WAL index beside it,
+        and immutable tells it no other process changes the file, so it needs none.
+        Elsewhere an ordinary connection that writes nothing leaves no trace (its WAL
+        files go on close)."""
+        path = Path(self.path).resolve()
+        if os.access(path.parent, os.W_OK) and os.access(path, os.W_OK):
+            return self.location
+        uri = f"file:{quote(path.as_posix())}?mode=ro&immutable=1"
+        return replace(self.location, env={**self.location.env, "SQLITE_DBNAME": uri})
+
+    def opening_lock(self, *, read_only: bool) -> AbstractContextManager[None]:
+        # A read never takes the lock: it is a file, and the store may be on read-only media.
+        return nullcontext() if read_only else self.schema_lock()
+
+    @contextmanager
+    def schema_lock(self) -> Iterator[None]:
+        """A blocking flock beside the file (switching a new file to WAL fails at once,
+        without waiting, if another process is doing the same)."""
+        path = f"{self.path}.schema.lock"
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as error:  # a read-only directory, say: a store error, not a crash
+            raise OperationalError(f"cannot open the lock file {path}: {error.strerror}") from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)  # closing the descriptor releases the lock
+
+    def lock(self, name: str) -> FileLock:
+        return FileLock(Path(f"{self.path}.{name}.lock"))
+
+    # ---- statements ----------------------------------------------------------------------
+
+    def table(self, name: str) -> str:
+        return name
+
+    def sql(self, statement: str) -> str:
+        return statement  # the sqlite3 module takes :name parameters as they are
+
+    def ts(self, value: datetime | None) -> str | None:
+        # Fixed-width UTC ISO text sorts in time order, which the indexes rely on.
+        return None if value is None else value.astimezone(UTC).isoformat(timespec="microseconds")
+
+    def uuid(self, value: UUID) -> str:
+        return value.hex  # how the library writes an originator id in a SQLite table
+
+    @contextmanager
+    def transaction(self) -> Iterator[Any]:
+        """BEGIN IMMEDIATE: a batch reads the rows it then rewrites, and a deferred
+        transaction upgrading to a writer fails at once (no busy wait) if another
+        connection wrote in between."""
+        with (
+            self.datastore.get_connection(commit=True) as connection,
+            _ImmediateTransaction(connection, commit=True) as curs,
+        ):
+            yield curs
+
+    def reader(self) -> AbstractContextManager[Any]:
+        return self.datastore.transaction(commit=False)
+
+    def columns(self, curs: Cursor, name: str) -> set[str]:
+        curs.execute(f"PRAGMA table_info({name})")
+        return {self.row(r)["name"] for r in curs.fetchall()}
+
+    def table_exists(self, curs: Cursor, name: str) -> bool:
+        curs.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (name,))
+        return curs.fetchone() is not None
+
+
+class _ImmediateTransaction(SQLiteTransaction):
+    def __enter__(self) -> SQLiteCursor:
+        cursor = self.connection.cursor()
+        cursor.execute("BEGIN IMMEDIATE")
+        return cursor
+
+
+class FileLock:
+    """flock on a file next to the database: the kernel drops it when the holder dies."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._fd: int | None = None
+        self._mutex = threading.Lock()
+
+    def try_acquire(self) -> bool:
+        with self._mutex:
+            if self._fd is not None:
+                return True
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(fd)
+                return False
+            self._fd = fd
+            return True
+
+    def release(self) -> None:
+        with self._mutex:
+            if self._fd is not None:
+                fcntl.flock(self._fd, fcntl.LOCK_UN)
+                os.close(self._fd)
+                self._fd = None
