@@ -21,12 +21,14 @@ import pytest
 from projections import JobViews
 
 from jobledger import Engine, FunctionRegistry
+from jobledger.adapters.backends.postgres import AdvisoryLock
+from jobledger.adapters.backends.sqlite import FileLock
 from jobledger.adapters.clock import FakeClock, SystemClock
 from jobledger.adapters.event_store import EventSourcedJobStore
 from jobledger.adapters.jwt_tokens import JwtResumeTokens
 from jobledger.adapters.leases import LeaseTable
 from jobledger.adapters.local_queue import LocalQueue
-from jobledger.adapters.locks import AdvisoryLock, FileLock, lock_for
+from jobledger.adapters.locks import lock_for
 from jobledger.adapters.log_spend import LogSpend
 from jobledger.adapters.notifier import MemoryNotifier
 from jobledger.adapters.store_url import parse_store_url
