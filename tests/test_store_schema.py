@@ -6,9 +6,11 @@ opened and migrated without folding the views again."""
 from __future__ import annotations
 
 import sys
+import uuid
 from collections.abc import Callable
 from typing import Any
 
+import psycopg
 import pytest
 from eventsourcing.persistence import Tracking, TrackingRecorder
 from eventsourcing.postgres import PostgresTrackingRecorder
@@ -22,9 +24,11 @@ from jobledger.adapters.backends import StoreBackend
 from jobledger.adapters.backends.base import SCHEMA_TABLE, TRACKING_TABLE
 from jobledger.adapters.backends.migrations import COMPONENT, STORE_MIGRATIONS
 from jobledger.adapters.event_store import EventSourcedJobStore
+from jobledger.adapters.store_url import parse_store_url
 from jobledger.audit.log import job_uuids
 from jobledger.cli import main
-from jobledger.errors import StoreSchemaError
+from jobledger.errors import StoreMissingError, StoreSchemaError
+from tests.support.services import postgres_schema_url
 
 EngineFactory = Callable[..., Engine]
 
@@ -189,3 +193,20 @@ def test_the_cli_refuses_a_newer_store_with_exit_3(
         err = capsys.readouterr().err
         assert done.value.code == 3, (command, err)
         assert "store schema version 99, newer than this jobledger knows" in err, command
+
+
+def test_a_writer_creates_a_postgresql_schema_that_does_not_exist_and_a_reader_says_so() -> None:
+    base = next(postgres_schema_url())  # skips without PostgreSQL; a schema of its own
+    server = base.split("?")[0]
+    schema = f"new_{uuid.uuid4().hex[:10]}"
+    url = f"{server}?schema={schema}"
+    try:
+        with pytest.raises(StoreMissingError, match=f"no store in schema '{schema}'"):
+            EventSourcedJobStore(parse_store_url(url), mode="read")
+        store = EventSourcedJobStore(parse_store_url(url), mode="create")
+        store.close()
+        reopened = EventSourcedJobStore(parse_store_url(url), mode="read")
+        reopened.close()
+    finally:
+        with psycopg.connect(server, autocommit=True) as conn:
+            conn.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")

@@ -111,6 +111,8 @@ class EventSourcedJobStore:
         if mode != "create":
             self.backend.require_exists()
         try:
+            if mode == "create":
+                self.backend.create_home()
             with self.backend.opening_lock(read_only=self.read_only):
                 opened = self.backend.for_reading() if self.read_only else location
                 self.partitions = _open(opened, partitions, cache_size, not self.read_only)

@@ -104,6 +104,10 @@ class StoreBackend(ABC):
         return self.location
 
     @abstractmethod
+    def create_home(self) -> None:
+        """Make the place a new store lives in, when a command that writes creates it."""
+
+    @abstractmethod
     def opening_lock(self, *, read_only: bool) -> AbstractContextManager[None]:
         """Held while a store is opened and its tables created or migrated."""
 

@@ -45,6 +45,20 @@ class PostgresBackend(StoreBackend):
             f"{env['POSTGRES_HOST']}"
         )
 
+    def create_home(self) -> None:
+        """A ``?schema=`` that does not exist yet is created: a writer asked for a store
+        there. (A reader is told there is no store, and which schema it looked in.)"""
+        if self.schema == "public":
+            return
+        try:
+            with psycopg.connect(self.conninfo(), autocommit=True) as conn:
+                conn.execute(SQL("CREATE SCHEMA IF NOT EXISTS {}").format(Identifier(self.schema)))
+        except psycopg.Error as error:
+            raise OperationalError(
+                f"cannot create schema {self.schema!r}: {error} (create it, or have a role "
+                "with CREATE on the database run a command that writes)"
+            ) from error
+
     def opening_lock(self, *, read_only: bool) -> AbstractContextManager[None]:
         # A read takes it too: it waits out a creation in progress, and its connection
         # says plainly why a server is unreachable.

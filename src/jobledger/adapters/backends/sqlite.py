@@ -61,6 +61,9 @@ class SQLiteBackend(StoreBackend):
         uri = f"file:{quote(path.as_posix())}?mode=ro&immutable=1"
         return replace(self.location, env={**self.location.env, "SQLITE_DBNAME": uri})
 
+    def create_home(self) -> None:
+        """Nothing: opening a SQLite file creates it (its directory must exist)."""
+
     def opening_lock(self, *, read_only: bool) -> AbstractContextManager[None]:
         # A read never takes the lock: it is a file, and the store may be on read-only media.
         return nullcontext() if read_only else self.schema_lock()
