@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from datetime import datetime
+from dataclasses import dataclass
+from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any
+from uuid import UUID
 
 from eventsourcing.persistence import Notification, Tracking
 
@@ -22,6 +24,7 @@ from jobledger.adapters.backends.migrations import COMPONENT, STORE_MIGRATIONS
 from jobledger.adapters.event_store import EventSourcedJobStore, LedgerPartition
 from jobledger.adapters.follower import Lag, LogFollower, Progress, TrackedReader
 from jobledger.adapters.store_errors import store_errors
+from jobledger.errors import InvalidPayloadError
 from jobledger.job import Job
 from jobledger.ports import BlockedNote
 from jobledger.status import TERMINAL_STATUSES, JobStatus
@@ -34,7 +37,41 @@ BATCH = 200
 VIEW_TABLES = ("jobledger_job_status", "jobledger_tenant_spend", "jobledger_pending_approvals")
 SCHEMA = "views"
 """The views' component in the store's schema table (their own numbered migrations)."""
-__all__ = ["BATCH", "JobViews", "Lag", "Progress"]
+__all__ = ["BATCH", "JobQuery", "JobViews", "Lag", "Progress", "cursor"]
+
+
+@dataclass(frozen=True)
+class JobQuery:
+    """What ``list`` asks the status view: every field narrows the listing."""
+
+    tenant_id: str | None = None
+    status_in: Sequence[str] = ()
+    workflow_type: str | None = None
+    workflow_version: int | None = None
+    mission_id: str | None = None
+    correlation_id: str | None = None
+    created_after: datetime | None = None
+    created_before: datetime | None = None
+    updated_after: datetime | None = None
+    updated_before: datetime | None = None
+    after: str | None = None
+    limit: int = 100
+
+
+def cursor(row: StatusRow) -> str:
+    """Where a listing continues after ``row`` (its change time in microseconds and its
+    job): stable while the job does not change."""
+    micros = int(row.updated_at.timestamp() * 1_000_000)
+    return f"{micros:x}-{UUID(row.job_uuid).hex}"
+
+
+def parse_cursor(text: str) -> tuple[datetime, str]:
+    try:
+        micros, job = text.split("-")
+        moment = datetime.fromtimestamp(int(micros, 16) / 1_000_000, UTC)
+        return moment, str(UUID(hex=job))
+    except ValueError:
+        raise InvalidPayloadError(f"not a listing cursor: {text!r}") from None
 
 
 class JobViews(TrackedReader):
@@ -57,7 +94,8 @@ class JobViews(TrackedReader):
         an earlier release adopts them); every later change is a new number."""
         return (
             Migration(1, "the status, spend, approvals and blocked-jobs tables", _create),
-            Migration(2, "the status view's deadline_at, folded again", self._deadline),
+            Migration(2, "the status view's deadline_at, folded again", self._add_columns),
+            Migration(3, "the status view's mission and correlation ids", self._add_columns),
         )
 
     @store_errors("creating the views")
@@ -67,9 +105,9 @@ class JobViews(TrackedReader):
                 self.backend.migrate(COMPONENT, STORE_MIGRATIONS)
             self.backend.migrate(SCHEMA, self.migrations())
 
-    def _deadline(self, b: StoreBackend, curs: Cursor) -> None:
-        """A status view of a release before the deadline lacks the column; its rows
-        lack the values, so every view is folded again from the log."""
+    def _add_columns(self, b: StoreBackend, curs: Cursor) -> None:
+        """A status view of an earlier release lacks columns (the deadline; the mission
+        and correlation ids); its rows lack the values, so every view is folded again."""
         if status.upgrade(b, curs):
             log.warning("the status view gained columns; it is folded again from the log")
             self._forget(curs)
@@ -131,29 +169,43 @@ class JobViews(TrackedReader):
     # ---- reading ---------------------------------------------------------------------
 
     @store_errors("listing jobs")
-    def jobs(
-        self,
-        *,
-        tenant_id: str | None = None,
-        status_in: Sequence[str] = (),
-        workflow_type: str | None = None,
-        limit: int = 100,
-    ) -> list[StatusRow]:
+    def jobs(self, query: JobQuery | None = None, **filters: Any) -> list[StatusRow]:
+        """Jobs matching ``query`` (or the same fields as keywords), newest update
+        first; ``query.after`` (a row's :func:`cursor`) continues a listing where its
+        last page ended, however many jobs changed meanwhile (keyset, not an offset)."""
+        q = query if query is not None else JobQuery(**filters)
         where = ["1 = 1"]
-        params: dict[str, Any] = {"limit": limit}
-        if tenant_id is not None:
-            where.append("tenant_id = :tenant_id")
-            params["tenant_id"] = tenant_id
-        if workflow_type is not None:
-            where.append("workflow_type = :workflow_type")
-            params["workflow_type"] = workflow_type
-        if status_in:
-            names = [f"s{n}" for n in range(len(status_in))]
+        params: dict[str, Any] = {"limit": q.limit}
+        for column in ("tenant_id", "workflow_type", "workflow_version", "mission_id"):
+            if getattr(q, column) is not None:
+                where.append(f"{column} = :{column}")
+                params[column] = getattr(q, column)
+        if q.correlation_id is not None:
+            where.append("correlation_id = :correlation_id")
+            params["correlation_id"] = q.correlation_id
+        if q.status_in:
+            names = [f"s{n}" for n in range(len(q.status_in))]
             where.append(f"status IN ({', '.join(':' + n for n in names)})")
-            params.update(dict(zip(names, status_in, strict=True)))
+            params.update(dict(zip(names, q.status_in, strict=True)))
+        for column, op, value in (
+            ("created_at", ">=", q.created_after),
+            ("created_at", "<", q.created_before),
+            ("updated_at", ">=", q.updated_after),
+            ("updated_at", "<", q.updated_before),
+        ):
+            if value is not None:
+                name = f"{column}_{'from' if op == '>=' else 'to'}"
+                where.append(f"{column} {op} :{name}")
+                params[name] = self.backend.ts(value)
+        if q.after is not None:
+            updated_at, job_uuid = parse_cursor(q.after)
+            where.append(
+                "(updated_at < :after_at OR (updated_at = :after_at AND job_uuid < :after_job))"
+            )
+            params.update(after_at=self.backend.ts(updated_at), after_job=job_uuid)
         statement = (
             f"SELECT * FROM {self.backend.table('jobledger_job_status')} "
-            f"WHERE {' AND '.join(where)} ORDER BY updated_at DESC LIMIT :limit"
+            f"WHERE {' AND '.join(where)} ORDER BY updated_at DESC, job_uuid DESC LIMIT :limit"
         )
         return [status.row_from(r) for r in self.backend.fetch(statement, params)]
 

@@ -41,6 +41,8 @@ class StatusRow:
     created_at: datetime
     updated_at: datetime
     version: int
+    mission_id: str | None = None
+    correlation_id: str | None = None
 
     @property
     def due_at(self) -> datetime | None:
@@ -74,7 +76,7 @@ def create_statements(d: StoreBackend) -> list[str]:
         f"pending_approval TEXT, cost_micros {d.big_int} NOT NULL, "
         "steps_executed INTEGER NOT NULL, last_error TEXT, "
         f"created_at {ts} NOT NULL, updated_at {ts} NOT NULL, version INTEGER NOT NULL, "
-        f"due_at {ts})",
+        f"due_at {ts}, mission_id TEXT, correlation_id TEXT)",
         # The reconciler's question: which jobs in this status are due by now.
         f"CREATE INDEX IF NOT EXISTS jobledger_job_status_due ON {t} (status, due_at)",
         # list --tenant --status
@@ -86,11 +88,13 @@ def create_statements(d: StoreBackend) -> list[str]:
 def upgrade(d: StoreBackend, curs: Cursor) -> bool:
     """Add the columns a view made by an older release lacks. True when it did: the rows
     then lack those values, and the caller folds the views again from the log."""
-    if "deadline_at" in d.columns(curs, "jobledger_job_status"):
-        return False
+    added = {"deadline_at": d.timestamp_type, "mission_id": "TEXT", "correlation_id": "TEXT"}
+    present = d.columns(curs, "jobledger_job_status")
+    missing = {name: kind for name, kind in added.items() if name not in present}
     t = d.table("jobledger_job_status")
-    curs.execute(d.sql(f"ALTER TABLE {t} ADD COLUMN deadline_at {d.timestamp_type}"))
-    return True
+    for name, kind in missing.items():
+        curs.execute(d.sql(f"ALTER TABLE {t} ADD COLUMN {name} {kind}"))
+    return bool(missing)
 
 
 def load(d: StoreBackend, curs: Cursor, job_uuid: str) -> StatusRow | None:
@@ -152,6 +156,8 @@ def fold(row: StatusRow | None, event: Job.Event) -> StatusRow:
         created_at=created,
         updated_at=event.timestamp,
         version=event.originator_version,
+        mission_id=job.mission_id,
+        correlation_id=job.correlation_id,
     )
 
 
@@ -161,6 +167,7 @@ def _shell(row: StatusRow | None) -> Job:
     if row is None:
         return job
     job.tenant_id, job.job_id = row.tenant_id, row.job_id
+    job.mission_id, job.correlation_id = row.mission_id, row.correlation_id
     job.workflow_type, job.workflow_version = row.workflow_type, row.workflow_version
     job.status = JobStatus(row.status)
     job.current_step, job.cursor = row.current_step, row.next_step

@@ -310,3 +310,43 @@ def test_show_says_why_a_job_failed_and_why_one_is_parked(operator: Operator) ->
     shown = " ".join(operator("show", "t", "thrifty").stdout.split())
     assert "parked budget max_steps reached" in shown
     assert "deadline 2030-01-01 00:00:00 UTC" in shown
+
+
+def test_list_filters_pages_and_prints_plain_lines(operator: Operator) -> None:
+    for n in range(5):
+        operator.json(
+            "submit",
+            "t",
+            f"job-{n}",
+            "chores",
+            "--mission",
+            "m-even" if n % 2 == 0 else "m-odd",
+            "--correlation",
+            f"c-{n}",
+        )
+    by_mission = operator.json("list", "--mission", "m-even")
+    assert sorted(row["job_id"] for row in by_mission) == ["job-0", "job-2", "job-4"]
+    assert [row["job_id"] for row in operator.json("list", "--correlation", "c-3")] == ["job-3"]
+    assert len(operator.json("list", "--workflow", "chores", "--version", "1")) == 5
+    assert operator.json("list", "--workflow", "chores", "--version", "2") == []
+    assert operator.json("list", "--created-after", "2999-01-01") == []
+    assert len(operator.json("list", "--updated-before", "2999-01-01T00:00:00Z")) == 5
+    # Pages of two: every job exactly once, newest change first.
+    seen: list[str] = []
+    after: list[str] = []
+    while True:
+        page = operator.json("list", "--limit", "2", *after)
+        seen += [row["job_id"] for row in page]
+        if len(page) < 2:
+            break
+        after = ["--after", page[-1]["cursor"]]
+    assert seen == [f"job-{n}" for n in reversed(range(5))]
+    table = operator("list", "--limit", "2").stdout
+    assert f"more: --after {operator.json('list', '--limit', '2')[-1]['cursor']}" in table
+    plain = operator("list", "--output", "plain", "--mission", "m-odd").stdout.splitlines()
+    assert [line.split("\t")[:3] for line in plain] == [
+        ["t", "job-3", "queued"],
+        ["t", "job-1", "queued"],
+    ]
+    refused = operator("list", "--after", "not-a-cursor")
+    assert refused.returncode == 1 and "not a listing cursor: 'not-a-cursor'" in refused.stderr

@@ -40,6 +40,16 @@ def submit(
         str | None,
         typer.Option("--idempotency-key", metavar="K", help="Same key, same job: no duplicate."),
     ] = None,
+    mission: Annotated[
+        str | None, typer.Option("--mission", metavar="ID", help="The mission it serves.")
+    ] = None,
+    employee: Annotated[
+        str | None, typer.Option("--employee", metavar="ID", help="Who (or which agent) it is for.")
+    ] = None,
+    correlation: Annotated[
+        str | None,
+        typer.Option("--correlation", metavar="ID", help="Ties it to a request elsewhere."),
+    ] = None,
     store: StoreOption = None,
     config: ConfigOption = None,
     json: JsonFlag = False,
@@ -58,6 +68,9 @@ def submit(
             input=input,
             budget=budget,
             idempotency_key=idempotency_key,
+            mission_id=mission,
+            employee_id=employee,
+            correlation_id=correlation,
         )
         _print_job(engine.history(tenant, view.job_id), view, json)
 

@@ -11,11 +11,14 @@ import logging
 import signal
 from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
+from datetime import datetime
+from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import typer
 from projections import JobViews, StatusRow
+from projections.job_views import JobQuery, cursor
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 from rich.table import Table
 
@@ -24,13 +27,13 @@ from jobledger.cli import output
 from jobledger.cli.config_file import Settings, load_settings
 from jobledger.cli.logs import LogFormat, LogFormatOption, LogLevel, LogLevelOption
 from jobledger.cli.logs import configure as configure_logs
-from jobledger.cli.params import LARGEST
+from jobledger.cli.params import LARGEST, parse_moment
 from jobledger.cli.session import ConfigOption, JsonFlag, StoreOption, open_engine
 from jobledger.engine import Engine
 from jobledger.errors import JobLedgerError
 from jobledger.ports import BlockedNote
 from jobledger.redaction import redact
-from jobledger.status import JobStatus
+from jobledger.status import TERMINAL_STATUSES, JobStatus
 from jobledger.supervisor import Services, Supervisor
 
 log = logging.getLogger(__name__)
@@ -50,7 +53,18 @@ TransportOption = Annotated[
     ),
 ]
 TRANSPORTS = ("local", "kafka")
+TERMINAL = {str(status) for status in TERMINAL_STATUSES}
 Transport = Literal["local", "kafka"]
+
+
+def _moment_option(name: str, help: str) -> Any:
+    return typer.Option(name, metavar="TIME", parser=parse_moment, help=help)
+
+
+class ListOutput(StrEnum):
+    TABLE = "table"
+    JSON = "json"
+    PLAIN = "plain"
 
 
 def list_jobs(
@@ -60,24 +74,80 @@ def list_jobs(
         typer.Option("--status", help="Comma-separated statuses, e.g. waiting_event,failed."),
     ] = None,
     workflow: Annotated[str | None, typer.Option("--workflow", help="Workflow type.")] = None,
+    version: Annotated[
+        int | None,
+        typer.Option("--version", min=1, max=LARGEST, help="Workflow version (with --workflow)."),
+    ] = None,
+    mission: Annotated[str | None, typer.Option("--mission", help="Mission id.")] = None,
+    correlation: Annotated[
+        str | None, typer.Option("--correlation", help="Correlation id.")
+    ] = None,
+    created_after: Annotated[
+        datetime | None, _moment_option("--created-after", "Created at or after (ISO 8601).")
+    ] = None,
+    created_before: Annotated[
+        datetime | None, _moment_option("--created-before", "Created before (ISO 8601).")
+    ] = None,
+    updated_after: Annotated[
+        datetime | None, _moment_option("--updated-after", "Changed at or after (ISO 8601).")
+    ] = None,
+    updated_before: Annotated[
+        datetime | None, _moment_option("--updated-before", "Changed before (ISO 8601).")
+    ] = None,
+    after: Annotated[
+        str | None,
+        typer.Option("--after", metavar="CURSOR", help="Continue after this row (a row's cursor)."),
+    ] = None,
     limit: Annotated[
         int, typer.Option("--limit", min=1, max=LARGEST, help="At most this many rows.")
     ] = 100,
+    wide: Annotated[
+        bool, typer.Option("--wide", help="Every column (workflow, step, updated) in the table.")
+    ] = False,
+    output_format: Annotated[
+        ListOutput | None,
+        typer.Option(
+            "--output",
+            "-o",
+            help="table (people), json (machines), plain (tab-separated, for scripts).",
+        ),
+    ] = None,
     store: StoreOption = None,
     config: ConfigOption = None,
     json: JsonFlag = False,
 ) -> None:
-    """List jobs from the status view (brought up to date with the log first)."""
-    statuses = _statuses(status)
+    """List jobs from the status view (brought up to date with the log first), newest
+    change first. A listing that stops at --limit says how to go on (--after CURSOR)."""
+    query = JobQuery(
+        tenant_id=tenant,
+        status_in=_statuses(status),
+        workflow_type=workflow,
+        workflow_version=version,
+        mission_id=mission,
+        correlation_id=correlation,
+        created_after=created_after,
+        created_before=created_before,
+        updated_after=updated_after,
+        updated_before=updated_before,
+        after=after,
+        limit=limit,
+    )
     with open_engine(store, config, purpose="list", mode="read") as engine:
         views = _views(engine)
         views.catch_up()
-        rows = views.jobs(tenant_id=tenant, status_in=statuses, workflow_type=workflow, limit=limit)
+        rows = views.jobs(query)
         blocked = views.blocked_notes(rows)
-    if json:
+    shape = output_format or (ListOutput.JSON if json else ListOutput.TABLE)
+    if shape is ListOutput.JSON:
         output.print_json([_row_document(r, blocked.get(r.job_uuid)) for r in rows])
-        return
-    output.console().print(_jobs_table(rows, blocked))
+    elif shape is ListOutput.PLAIN:
+        for row in rows:
+            print("\t".join(_plain_cells(row, blocked.get(row.job_uuid))))
+    else:
+        output.console().print(_jobs_table(rows, blocked, wide=wide))
+        if len(rows) == limit:
+            # The command on a line of its own, to paste.
+            output.console().print(f"more: --after {cursor(rows[-1])}", soft_wrap=True)
 
 
 def run(
@@ -405,26 +475,61 @@ def _row_document(row: StatusRow, blocked: BlockedNote | None) -> dict[str, Any]
         {**vars(row), "cost_usd": row.cost_usd, "due_at": row.due_at, "blocked": blocked}
     )
     document.pop("cost_micros", None)
+    document["cursor"] = cursor(row)
     return document
 
 
-def _jobs_table(rows: list[StatusRow], blocked: dict[str, BlockedNote]) -> Table:
-    table = Table("tenant", "job", "workflow", "status", "step", "next", "due", "cost", "updated")
+def _due(row: StatusRow) -> str:
+    return output.when(row.due_at) if row.status not in TERMINAL else ""
+
+
+def _plain_cells(row: StatusRow, note: BlockedNote | None) -> list[str]:
+    """One job a line for scripts: tenant, job, status, workflow, version, step, next
+    step, due, cost, updated, cursor (tabs and newlines in values become spaces)."""
+    cells = [
+        row.tenant_id,
+        row.job_id,
+        row.status if note is None else f"{row.status} (blocked)",
+        row.workflow_type,
+        str(row.workflow_version),
+        str(row.current_step),
+        row.next_step or "",
+        row.due_at.isoformat() if row.due_at and row.status not in TERMINAL else "",
+        str(row.cost_usd),
+        row.updated_at.isoformat(),
+        cursor(row),
+    ]
+    return [" ".join(cell.split()) if cell else cell for cell in cells]
+
+
+def _jobs_table(rows: list[StatusRow], blocked: dict[str, BlockedNote], *, wide: bool) -> Table:
+    """Ids are never cut: they wrap (fold) when the terminal is narrow, and the less
+    important columns only appear with --wide."""
+    table = Table()
+    table.add_column("tenant", overflow="fold")
+    table.add_column("job", overflow="fold")
+    if wide:
+        table.add_column("workflow", overflow="fold")
+        table.add_column("step", justify="right")
+    table.add_column("status", overflow="fold")
+    table.add_column("next", overflow="fold")
+    table.add_column("due (UTC)", overflow="fold")
+    table.add_column("cost", justify="right", no_wrap=True)
+    if wide:
+        table.add_column("updated (UTC)", overflow="fold")
     for row in rows:
         note = blocked.get(row.job_uuid)
-        table.add_row(
-            row.tenant_id,
-            row.job_id,
-            f"{row.workflow_type} v{row.workflow_version}",
-            row.status if note is None else f"{row.status}, blocked: {output.blocked_text(note)}",
-            str(row.current_step),
-            row.next_step or "",
-            output.when(row.due_at)
-            if row.status not in ("completed", "failed", "cancelled")
-            else "",
-            output.money(row.cost_usd),
-            output.when(row.updated_at),
+        state = (
+            row.status if note is None else f"{row.status}, blocked: {output.blocked_text(note)}"
         )
+        cells = [row.tenant_id, row.job_id]
+        if wide:
+            cells += [f"{row.workflow_type} v{row.workflow_version}", str(row.current_step)]
+        cells += [state, row.next_step or "", _due(row).removesuffix(" UTC")]
+        cells.append(output.money(row.cost_usd))
+        if wide:
+            cells.append(output.when(row.updated_at).removesuffix(" UTC"))
+        table.add_row(*cells)
     if not rows:
         table.caption = "no jobs match"
     return table
