@@ -167,8 +167,9 @@ ERRORS = [
         3,
         ("tick", "a", "b", "--config", "empty.toml"),
         [
-            "error: tick needs workflow definitions: set definitions = DIR in the --config file "
-            "or JOBLEDGER_DEFINITIONS"
+            "error: tick needs workflow definitions (definitions = DIR, or "
+            "JOBLEDGER_DEFINITIONS) and a step executor (executor = 'module:attr', or "
+            "JOBLEDGER_EXECUTOR): set them in the config file"
         ],
     ),
 ]

@@ -117,6 +117,7 @@ def open_engine(
     engine_config = settings.engine
     if transport is not None:
         engine_config = engine_config.model_copy(update={"transport": transport})
+    _require(settings, purpose, definitions=definitions, executor=executor)
     # Commands that run no step need no definitions (loading them costs start-up time).
     registry = _registry(settings, purpose) if definitions else FunctionRegistry()
     engine = Engine.open(
@@ -130,6 +131,18 @@ def open_engine(
         yield engine
     finally:
         engine.close()
+
+
+def _require(settings: Settings, purpose: str, *, definitions: bool, executor: bool) -> None:
+    """Every setting the command needs and lacks, named at once (not one per attempt)."""
+    missing = []
+    if definitions and settings.definitions is None:
+        missing.append("workflow definitions (definitions = DIR, or JOBLEDGER_DEFINITIONS)")
+    if executor and settings.executor is None:
+        missing.append("a step executor (executor = 'module:attr', or JOBLEDGER_EXECUTOR)")
+    if missing:
+        where = "the config file" if settings.config_file else "a config file (jobledger.toml)"
+        raise ConfigError(f"{purpose} needs {' and '.join(missing)}: set them in {where}")
 
 
 def _registry(settings: Settings, purpose: str) -> WorkflowRegistry:
