@@ -326,6 +326,9 @@ class WorkflowRegistry(Protocol):
 
     def has(self, workflow_type: str, workflow_version: int) -> bool: ...
 
+    def known(self) -> list[tuple[str, int]]:
+        """Every (type, version) it can resolve, sorted: what a worker runs, said at start."""
+
     def budget_defaults(self, workflow_type: str, workflow_version: int) -> dict[str, Any]:
         """The definition's budget (max_steps, max_cost_usd, deadline_seconds); a submit's
         own budget overrides it key by key."""

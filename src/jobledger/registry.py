@@ -30,6 +30,9 @@ class FunctionRegistry:
     def has(self, workflow_type: str, workflow_version: int) -> bool:
         return (workflow_type, workflow_version) in self._workflows
 
+    def known(self) -> list[tuple[str, int]]:
+        return sorted(self._workflows)
+
     def budget_defaults(self, workflow_type: str, workflow_version: int) -> dict[str, Any]:
         return {}
 

@@ -97,6 +97,9 @@ class RecordingRegistry:
     def has(self, workflow_type: str, workflow_version: int) -> bool:
         return self.inner.has(workflow_type, workflow_version)
 
+    def known(self) -> list[tuple[str, int]]:
+        return self.inner.known()
+
     def budget_defaults(self, workflow_type: str, workflow_version: int) -> dict[str, Any]:
         return self.inner.budget_defaults(workflow_type, workflow_version)
 

@@ -349,9 +349,7 @@ def _setup(engine: Engine, settings: Settings, runs_steps: bool) -> list[str]:
         f"transport: {engine.config.transport}"
     ]
     if runs_steps:
-        from jobledger.workflows import DefinitionRegistry
-
-        known = engine.registry.known() if isinstance(engine.registry, DefinitionRegistry) else []
+        known = engine.registry.known()
         names = ", ".join(f"{kind}@{version}" for kind, version in known) or "none"
         lines.append(f"definitions: {names} (from {settings.definitions})")
         lines.append(f"executor: {settings.executor}")
