@@ -12,7 +12,16 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-PROCESS = ("jobledger.engine", "jobledger.runner", "jobledger.kafka_runner", "jobledger.cli")
+PROCESS = (
+    "jobledger.engine",
+    "jobledger.engine_parts",
+    "jobledger.commands",
+    "jobledger.ticking",
+    "jobledger.reading",
+    "jobledger.runner",
+    "jobledger.kafka_runner",
+    "jobledger.cli",
+)
 PROCESS += ("jobledger.bootstrap", "jobledger.supervisor", "jobledger.demo", "jobledger.__init__")
 LAYERS = {"core": 0, "adapters": 1, "audit": 2, "projections": 3, "process": 4}
 

@@ -1,0 +1,572 @@
+"""The commands on jobs: submit, and what people and outside systems send a job (resume
+tokens, signals, approval decisions, budget raises, cancellation, migration). Each loads
+the job, calls one of its commands (the aggregate states the rule and raises the domain
+error) and appends, taking turns with the other writers of that job."""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import time
+from collections.abc import Callable, Mapping
+from datetime import datetime
+from decimal import Decimal
+from enum import StrEnum
+from typing import TYPE_CHECKING, Any
+from uuid import uuid4
+
+from jobledger import retry
+from jobledger.budget import parse_budget
+from jobledger.engine_parts import EngineParts, _check_id
+from jobledger.errors import (
+    ApprovalAlreadyDecidedError,
+    ConcurrencyError,
+    ConfigError,
+    DuplicateKeyError,
+    InvalidPayloadError,
+    JobConflictError,
+    JobLedgerError,
+    JobNotWaitingError,
+    TokenMismatchError,
+    TokenReplayedError,
+    UnknownJobError,
+    UnknownWorkflowError,
+    VersionConflict,
+)
+from jobledger.identity import LEGACY_KEY_SCHEME, job_uuid, key_uuid
+from jobledger.job import Job
+from jobledger.keys import ConsumedKey, KeyKind, key_id
+from jobledger.payloads import json_object, text
+from jobledger.ports import (
+    IssuedToken,
+    Tick,
+    TokenClaims,
+)
+from jobledger.status import JobStatus
+from jobledger.views import JobView
+
+if TYPE_CHECKING:
+    from jobledger.audit.replay import ReplayReport
+
+
+_DECISIONS = {
+    "approve": "approved",
+    "approved": "approved",
+    "reject": "rejected",
+    "rejected": "rejected",
+}
+
+
+class SignalOutcome(StrEnum):
+    RESUMED = "resumed"
+    BUFFERED = "buffered"
+    DUPLICATE = "duplicate"
+
+
+class JobCommands(EngineParts):
+    """Submitting, and every input a job takes from outside."""
+
+    # ---- submitting ------------------------------------------------------------------
+
+    def submit(
+        self,
+        tenant_id: str,
+        job_id: str | None,
+        workflow_type: str,
+        *,
+        workflow_version: int | None = None,
+        input: Mapping[str, Any] | None = None,
+        budget: Mapping[str, Any] | None = None,
+        idempotency_key: str | None = None,
+        mission_id: str | None = None,
+        employee_id: str | None = None,
+        correlation_id: str | None = None,
+    ) -> JobView:
+        """Create a job and enqueue its first tick. Submitting the same job again, or
+        with an idempotency key already used, returns the existing job unchanged."""
+        _check_id("tenant_id", tenant_id)
+        job_id = job_id if job_id is not None else uuid4().hex
+        _check_id("job_id", job_id)
+        if idempotency_key is not None:
+            _check_id("idempotency_key", idempotency_key)
+            marker = self._submit_key(tenant_id, idempotency_key)
+            if marker is not None:
+                existing = self.store.load(marker.job_uuid)
+                if existing is not None:
+                    return JobView.of(existing)
+                # The key was reserved by a submit that died before creating its job.
+                job_id = marker.job_id
+        version = self._workflow_version(workflow_type, workflow_version)
+        limit = self.config.max_payload_bytes
+        job = Job.submit(
+            tenant_id=tenant_id,
+            job_id=job_id,
+            workflow_type=workflow_type,
+            workflow_version=version,
+            state=json_object(input, what="job input", max_bytes=limit),
+            budget=parse_budget(
+                {
+                    **self.registry.budget_defaults(workflow_type, version),
+                    **json_object(budget, what="job budget", max_bytes=limit),
+                },
+                now=self.clock.now(),
+            ),
+            mission_id=mission_id,
+            employee_id=employee_id,
+            correlation_id=correlation_id,
+            submit_key=idempotency_key,
+            timestamp=self.clock.now(),
+        )
+        stored = self._create(job, idempotency_key)
+        if stored is job:
+            self._report(job, "job.submitted", workflowType=workflow_type, workflowVersion=version)
+            self.queue.enqueue(Tick(tenant_id, job_id, "create"), dedupe_key="create")
+        return JobView.of(stored)
+
+    def _workflow_version(self, workflow_type: str, version: int | None) -> int:
+        if version is None:
+            return self.registry.latest_version(workflow_type)
+        if not self.registry.has(workflow_type, version):
+            raise UnknownWorkflowError(f"unknown workflow {workflow_type!r} v{version}")
+        return version
+
+    def _submit_key(self, tenant_id: str, key: str) -> ConsumedKey | None:
+        key_id = key_uuid(tenant_id, KeyKind.SUBMIT, key)
+        return self.store.find_key(key_id, key_id)
+
+    def _create(self, job: Job, idempotency_key: str | None) -> Job:
+        """Append Submitted (and its key); a job or key that already exists is returned
+        when it is the same request, refused when it is a different one."""
+        try:
+            if idempotency_key is None:
+                self.store.append(job)
+            else:
+                self._append_with_submit_key(job, idempotency_key)
+            return job
+        except VersionConflict:
+            existing = self.store.load(job.id)
+        assert existing is not None
+        submitted = self.store.events(existing.id, to_version=1)[0]
+        assert isinstance(submitted, Job.Submitted)
+        _check_same_request(submitted, job)
+        return existing
+
+    def _append_with_submit_key(self, job: Job, idempotency_key: str) -> None:
+        """A submit key lives in the partition its own id hashes to, so it is unique per
+        tenant whatever the job id. When that is the job's partition, key and job are one
+        append; otherwise the key is reserved first and a retry finishes the job."""
+        marker = self._key(job, KeyKind.SUBMIT, idempotency_key)
+        if self.store.colocated(marker.id, job.id):
+            try:
+                self.store.append(job, marker)
+            except DuplicateKeyError:
+                raise ConcurrencyError(
+                    f"another submit with idempotency key {idempotency_key!r} won the race; "
+                    "submit again to get its job"
+                ) from None
+            return
+        try:
+            self.store.reserve_key(marker)
+        except DuplicateKeyError:
+            reserved = self.store.find_key(marker.id, marker.id)
+            if reserved is None or reserved.job_uuid != job.id:
+                raise ConcurrencyError(
+                    f"another submit with idempotency key {idempotency_key!r} is in flight; "
+                    "submit again to get its job"
+                ) from None
+        self.store.append(job)
+
+    # ---- outside events: tokens, signals, approvals, budgets, cancellation ----------
+
+    def resume(
+        self,
+        token: str,
+        payload: Mapping[str, Any] | None = None,
+        *,
+        tenant_id: str | None = None,
+    ) -> JobView:
+        """Resume the job a token was issued for. The token's nonce is consumed in the
+        same append as the resume: a replayed token is refused and changes nothing."""
+        if self.tokens is None:
+            raise ConfigError("resume tokens need JOBLEDGER_TOKEN_SECRET")
+        claims = self.tokens.verify(token, now=self.clock.now())
+        if tenant_id is not None and tenant_id != claims.tenant_id:
+            raise TokenMismatchError("the resume token belongs to another tenant")
+        data = json_object(payload, what="resume payload", max_bytes=self.config.max_payload_bytes)
+        token_sha256 = hashlib.sha256(token.encode()).hexdigest()
+
+        def resume(job: Job) -> list[ConsumedKey]:
+            if self._key_used(job, KeyKind.TOKEN, claims.nonce):
+                raise DuplicateKeyError(KeyKind.TOKEN, claims.nonce)
+            job.resume_by_token(
+                step_number=claims.step_number,
+                event_name=claims.event_name,
+                nonce=claims.nonce,
+                token_sha256=token_sha256,
+                payload=data,
+                now=self.clock.now(),
+            )
+            return [self._key(job, KeyKind.TOKEN, claims.nonce)]
+
+        try:
+            job = self._apply(claims.tenant_id, claims.job_id, resume, missing=TokenMismatchError)
+        except DuplicateKeyError:
+            raise self._used_token(claims) from None
+        self._wake(job, "resumed")
+        self._report(
+            job, "job.resumed", source="token", nonce=claims.nonce, stepNumber=claims.step_number
+        )
+        return JobView.of(job)
+
+    def _used_token(self, claims: TokenClaims) -> JobLedgerError:
+        """A consumed nonce: used to resume the job, or voided by a reissue."""
+        job = self.store.load(job_uuid(claims.tenant_id, claims.job_id))
+        wait = job.wait_event if job is not None else None
+        if wait is not None and claims.nonce in wait.superseded_nonces:
+            return TokenMismatchError(
+                "the resume token was superseded by a reissued one; use the new token"
+            )
+        return TokenReplayedError("the resume token was already used")
+
+    def reissue_token(self, tenant_id: str, job_id: str, *, by: str) -> IssuedToken:
+        """A new resume token for a job waiting for an event (the old one was lost, or
+        lapsed). The old token's nonce is consumed in the same append that records the
+        new one, so from then on only the new token resumes the job. The notifier is
+        handed the new token, as when the wait opened."""
+        if self.tokens is None:
+            raise ConfigError("resume tokens need JOBLEDGER_TOKEN_SECRET")
+        tokens = self.tokens
+        _check_id("by", by)
+        issued: list[IssuedToken] = []
+
+        def reissue(job: Job) -> list[ConsumedKey]:
+            wait = job.open_wait()
+            now = self.clock.now()
+            token = tokens.issue(
+                JobView.of(job),
+                step_number=job.current_step,
+                event_name=wait.name,
+                now=now,
+                lasts_until=job.wait_ends_at,
+            )
+            job.reissue_token(
+                nonce=token.nonce,
+                token_sha256=token.token_sha256,
+                expires_at=token.expires_at,
+                reissued_by=by,
+                now=now,
+            )
+            issued[:] = [token]
+            return [self._key(job, KeyKind.TOKEN, wait.nonce)]
+
+        try:
+            job = self._apply(tenant_id, job_id, reissue)
+        except DuplicateKeyError:
+            # The old token resumed the job in the meantime: there is no wait to reissue for.
+            raise JobNotWaitingError(
+                f"job {job_id!r} was resumed with its token meanwhile; nothing reissued"
+            ) from None
+        token = issued[0]
+        self._report(
+            job,
+            "job.resume_token.reissued",
+            reissuedBy=by,
+            nonce=token.nonce,
+            stepNumber=job.current_step,
+        )
+        notifier = self.orchestrator.notifier
+        if notifier is not None and job.wait_event is not None:
+            notifier.waiting_for_event(JobView.of(job), job.wait_event.name, token)
+        return token
+
+    def signal(
+        self,
+        tenant_id: str,
+        job_id: str,
+        event_name: str,
+        payload: Mapping[str, Any] | None = None,
+        *,
+        signal_id: str,
+    ) -> SignalOutcome:
+        """Deliver an outside event by name (trusted callers). A job waiting for it
+        resumes; otherwise the signal is kept and consumed when the wait opens. The
+        signal id makes delivery idempotent."""
+        _check_id("event_name", event_name)
+        _check_id("signal_id", signal_id)
+        data = json_object(payload, what="signal payload", max_bytes=self.config.max_payload_bytes)
+        outcome = SignalOutcome.BUFFERED
+
+        def deliver(job: Job) -> list[ConsumedKey]:
+            nonlocal outcome
+            if self._key_used(job, KeyKind.SIGNAL, signal_id):
+                raise DuplicateKeyError(KeyKind.SIGNAL, signal_id)
+            resumed = job.deliver_signal(
+                signal_id=signal_id, event_name=event_name, payload=data, now=self.clock.now()
+            )
+            outcome = SignalOutcome.RESUMED if resumed else SignalOutcome.BUFFERED
+            return [self._key(job, KeyKind.SIGNAL, signal_id)]
+
+        try:
+            job = self._apply(tenant_id, job_id, deliver)
+        except DuplicateKeyError:
+            return SignalOutcome.DUPLICATE
+        if outcome is SignalOutcome.RESUMED:
+            self._wake(job, "signal")
+        self._report(job, f"job.signal.{outcome}", signalId=signal_id, eventName=event_name)
+        return outcome
+
+    def decide(
+        self,
+        tenant_id: str,
+        job_id: str,
+        approval_id: str,
+        decision: str,
+        decided_by: str,
+        comment: str | None = None,
+        *,
+        action_sha256: str | None = None,
+    ) -> JobView:
+        """Approve or reject the job's open approval request, once, by someone allowed."""
+        verdict = _DECISIONS.get(decision)
+        if verdict is None:
+            raise InvalidPayloadError(f"decision must be approve or reject, got {decision!r}")
+        _check_id("decided_by", decided_by)
+        if comment is not None:
+            text(comment, what="approval comment", max_bytes=self.config.max_payload_bytes)
+
+        def decide(job: Job) -> list[ConsumedKey]:
+            if self._key_used(job, KeyKind.APPROVAL, approval_id):
+                raise DuplicateKeyError(KeyKind.APPROVAL, approval_id)
+            job.decide_approval(
+                approval_id=approval_id,
+                decision=verdict,
+                decided_by=decided_by,
+                comment=comment,
+                action_sha256=action_sha256,
+                now=self.clock.now(),
+            )
+            return [self._key(job, KeyKind.APPROVAL, approval_id)]
+
+        try:
+            job = self._apply(tenant_id, job_id, decide)
+        except DuplicateKeyError:
+            raise ApprovalAlreadyDecidedError(
+                f"approval {approval_id!r} was already decided"
+            ) from None
+        self._wake(job, "approval_decided")
+        self._report(
+            job,
+            "job.approval.decided",
+            approvalId=approval_id,
+            decision=verdict,
+            decidedBy=decided_by,
+        )
+        return JobView.of(job)
+
+    def raise_budget(
+        self,
+        tenant_id: str,
+        job_id: str,
+        *,
+        raised_by: str,
+        reason: str,
+        max_steps: int | None = None,
+        max_cost_usd: Decimal | str | float | None = None,
+        deadline_at: datetime | None = None,
+    ) -> JobView:
+        """Lift a job's limits (recorded with who and why); a parked job goes on."""
+        _check_id("raised_by", raised_by)
+        text(reason, what="budget raise reason", max_bytes=self.config.max_payload_bytes)
+        changes = {
+            k: v
+            for k, v in {
+                "max_steps": max_steps,
+                "max_cost_usd": max_cost_usd,
+                "deadline_at": deadline_at,
+            }.items()
+            if v is not None
+        }
+
+        def raise_(job: Job) -> list[ConsumedKey]:
+            budget = parse_budget({**job.budget.to_dict(), **changes}, now=self.clock.now())
+            job.raise_budget(
+                raised_by=raised_by, reason=reason, budget=budget, now=self.clock.now()
+            )
+            return []
+
+        job = self._apply(tenant_id, job_id, raise_)
+        self._wake(job, "budget_raised")
+        self._report(job, "job.budget_raised", raisedBy=raised_by, reason=reason)
+        return JobView.of(job)
+
+    def cancel(self, tenant_id: str, job_id: str, reason: str, by: str) -> JobView:
+        """Terminal. A step still running finishes, but its result is discarded and
+        recorded as such; open resume tokens and approvals stop working."""
+        _check_id("by", by)
+        text(reason, what="cancel reason", max_bytes=self.config.max_payload_bytes)
+
+        def cancel(job: Job) -> list[ConsumedKey]:
+            job.cancel(reason=reason, cancelled_by=by, now=self.clock.now())
+            return []
+
+        job = self._apply(tenant_id, job_id, cancel)
+        self._report(job, "job.cancelled", reason=reason, cancelledBy=by)
+        return JobView.of(job)
+
+    def _apply(
+        self,
+        tenant_id: str,
+        job_id: str,
+        command: Callable[[Job], list[ConsumedKey]],
+        *,
+        missing: type[JobLedgerError] | None = None,
+    ) -> Job:
+        """Load, decide, append; on a lost race decide again on the fresh job, after a
+        jittered back-off (``retry.CONTENTION``): many writers to one job all land,
+        instead of the losers being told no. Only contention that outlasts the budget
+        (in wall-clock time) is reported, as ConcurrencyError: try again, not refused."""
+        backoff = retry.CONTENTION
+        deadline = time.monotonic() + backoff.budget_seconds
+        for attempt in itertools.count(1):
+            try:
+                job = self._attempt(tenant_id, job_id, command, deadline)
+            except VersionConflict:
+                delay = backoff.delay(attempt)
+                if time.monotonic() + delay > deadline:
+                    break
+                # Real time, not the engine's clock: the other writers are real processes,
+                # and a fake clock's sleep would wait for none of them.
+                time.sleep(delay)
+                continue
+            if job is None:
+                if missing is not None:
+                    raise missing(f"no job {job_id!r} for tenant {tenant_id!r}")
+                raise UnknownJobError(tenant_id, job_id)
+            return job
+        raise ConcurrencyError(f"job {job_id!r} kept changing; try again")
+
+    def _attempt(
+        self,
+        tenant_id: str,
+        job_id: str,
+        command: Callable[[Job], list[ConsumedKey]],
+        deadline: float,
+    ) -> Job | None:
+        """One load, decide, append (None: no such job). The threads of this process take
+        turns at a job, so they never race each other at the database; only another
+        process can make the append lose (VersionConflict)."""
+        turn = self._turns[job_uuid(tenant_id, job_id).int % len(self._turns)]
+        if not turn.acquire(timeout=max(0.0, deadline - time.monotonic())):
+            raise VersionConflict("other writers in this process held the job throughout")
+        try:
+            job = self._fetch(tenant_id, job_id)
+            if job is None:
+                return None
+            self.store.append(job, *command(job))
+            return job
+        finally:
+            turn.release()
+
+    def _key(self, job: Job, kind: KeyKind, key: str) -> ConsumedKey:
+        return ConsumedKey.consume(
+            kind=kind,
+            key=key,
+            tenant_id=job.tenant_id,
+            job_id=job.job_id,
+            job_uuid=job.id,
+            timestamp=self.clock.now(),
+        )
+
+    def _key_used(self, job: Job, kind: KeyKind, key: str) -> bool:
+        """Whether the job consumed the key already. Asked of the job as loaded, before
+        deciding: a racing use that committed first is then seen here (or collides with
+        this append), so the loser is told it was a replay, not that the job moved on."""
+        if self.store.find_key(job.id, key_id(kind, job.tenant_id, job.job_id, key)):
+            return True
+        if job.key_scheme != LEGACY_KEY_SCHEME:
+            return False
+        # A job submitted before signal ids, nonces and approval ids were scoped to their
+        # job may have consumed one under its per-tenant id (never written any more).
+        legacy = self.store.find_key(job.id, key_uuid(job.tenant_id, kind, key))
+        return legacy is not None and legacy.job_uuid == job.id
+
+    def _wake(self, job: Job, reason: str) -> None:
+        if job.status is JobStatus.QUEUED:
+            self.queue.enqueue(
+                Tick(job.tenant_id, job.job_id, reason), dedupe_key=f"{reason}:{job.version}"
+            )
+
+    def migrate(
+        self,
+        tenant_id: str,
+        job_id: str,
+        to_version: int,
+        *,
+        by: str | None = None,
+        reason: str | None = None,
+        force: bool = False,
+    ) -> tuple[JobView, ReplayReport]:
+        """Move a job that has not finished to another version of its definition, as a
+        ``Migrated`` event in its history. Only when replay against that version says it
+        is safe, or with ``force`` (then ``by`` and ``reason`` are required, and kept)."""
+        from jobledger.audit import migrate as migration
+
+        if force and not (by and reason):
+            raise InvalidPayloadError("a forced migration needs who (by) and why (reason)")
+        if by is not None:
+            _check_id("by", by)
+        if reason is not None:
+            text(reason, what="migration reason", max_bytes=self.config.max_payload_bytes)
+        reports: list[ReplayReport] = []
+
+        def move(job: Job) -> list[ConsumedKey]:
+            if not self.registry.has(job.workflow_type, to_version):
+                raise UnknownWorkflowError(f"unknown workflow {job.workflow_type!r} v{to_version}")
+            now = self.clock.now()
+            events = self.store.events(job.id, to_version=job.version)
+            report = migration.plan(
+                job,
+                events,
+                self.registry.resolve,
+                to_version,
+                force=force,
+                now=now,
+                default_wait_ms=self.config.default_wait_ms,
+                kept_until=self._kept_until(job),
+            )
+            migration.migrate(job, report, to_version, by=by, reason=reason, now=now)
+            reports.append(report)
+            return []
+
+        job = self._apply(tenant_id, job_id, move)
+        report = reports[-1]
+        self._report(
+            job, "job.migrated", toVersion=to_version, forced=not report.safe, by=by, reason=reason
+        )
+        return JobView.of(job), report
+
+
+def _check_same_request(existing: Job.Submitted, requested: Job) -> None:
+    """A repeated submit must ask for what the job was submitted with, not what it is now."""
+    wanted = (
+        requested.workflow_type,
+        requested.workflow_version,
+        requested.state,
+        requested.mission_id,
+        requested.employee_id,
+        requested.correlation_id,
+    )
+    found = (
+        existing.workflow_type,
+        existing.workflow_version,
+        existing.state,
+        existing.mission_id,
+        existing.employee_id,
+        existing.correlation_id,
+    )
+    if wanted != found:
+        raise JobConflictError(
+            f"job {existing.job_id!r} of tenant {existing.tenant_id!r} already exists as "
+            f"{existing.workflow_type!r} v{existing.workflow_version} with other input or ids; "
+            f"this submit asks for {requested.workflow_type!r} v{requested.workflow_version}"
+        )

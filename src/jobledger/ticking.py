@@ -1,0 +1,135 @@
+"""The tick, as the facade offers it: one job by hand, one tick as delivered, the local
+queue drained, and what a consumer does with a tick that cannot run as deployed."""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import replace
+
+from jobledger import retry
+from jobledger.engine_parts import EngineParts
+from jobledger.errors import (
+    ConfigError,
+    DeploymentError,
+    JobLedgerError,
+    StoreUnavailableError,
+)
+from jobledger.orchestrator import TickReport
+from jobledger.ports import (
+    BlockedNote,
+    OpsEvent,
+    Tick,
+    WorkflowRegistry,
+)
+
+log = logging.getLogger(__name__)
+
+
+class TickRunner(EngineParts):
+    def tick(self, tenant_id: str, job_id: str, reason: str = "queue") -> TickReport:
+        return self.run_tick(Tick(tenant_id, job_id, reason))
+
+    def run_tick(self, tick: Tick) -> TickReport:
+        """One tick as delivered (an interrupted tick's claim included), every error left
+        to the caller: what a consumer that answers with offsets needs (``handle`` is the
+        local queue's, which answers by re-enqueueing)."""
+        started = time.perf_counter()
+        report = self.orchestrator.tick(tick)
+        log.info(
+            "tick %s/%s (%s): %s, %d step(s), now %s at step %d, v%d, %.1f ms",
+            tick.tenant_id,
+            tick.job_id,
+            tick.reason,
+            report.outcome,
+            report.steps_executed,
+            report.status,
+            report.step,
+            report.version,
+            (time.perf_counter() - started) * 1000,
+        )
+        return report
+
+    def run_until_idle(self, *, wait_for_timers: bool = False, max_ticks: int = 100_000) -> int:
+        """Handle the local queue's ticks until none is due (or, with ``wait_for_timers``,
+        until none is pending at all, sleeping on the engine's clock until each is due).
+        Returns how many ticks were handled."""
+        queue = self.deps.local_queue
+        if queue is None:
+            raise ConfigError("run_until_idle drives the local queue; this engine has another")
+        handled = 0
+        while handled < max_ticks:
+            tick = queue.pop_due()
+            if tick is None:
+                due = queue.next_due()
+                if due is None or not wait_for_timers:
+                    return handled
+                self.clock.sleep((due - self.clock.now()).total_seconds())
+                continue
+            self.handle(tick)
+            handled += 1
+        return handled
+
+    def handle(self, tick: Tick) -> TickReport | None:
+        """What a queue consumer does with one tick: bad ticks are reported and dropped;
+        an infrastructure error is re-enqueued with a growing, jittered delay, never
+        turned into a failure; a deployment error leaves the job as it is (noted, warned)
+        for a later tick: the reconciler sends one while the job is due."""
+        try:
+            return self.run_tick(tick)
+        except DeploymentError as error:
+            self.deployment_blocked(error)
+        except StoreUnavailableError as error:
+            log.warning(
+                "tick for %s/%s hit a store error, retrying: %s", tick.tenant_id, tick.job_id, error
+            )
+            # The retry inherits the interrupted tick's claim, so it can go on at once
+            # instead of waiting out its own lease.
+            again = replace(
+                tick, claim_id=error.claim_id or tick.claim_id, attempt=tick.attempt + 1
+            )
+            delay = retry.INFRASTRUCTURE.delay(again.attempt)
+            self.queue.enqueue(again, delay_ms=round(delay * 1000), dedupe_key="infra-retry")
+        except JobLedgerError as error:
+            self.ops.record(
+                OpsEvent(
+                    jobId=tick.job_id,
+                    tenantId=tick.tenant_id,
+                    eventType="job.tick.rejected",
+                    status="unknown",
+                    metadata={"error": str(error), "reason": tick.reason},
+                )
+            )
+        return None
+
+    def deployment_blocked(self, error: DeploymentError) -> None:
+        """This worker could not run a job as deployed: warn in its log and leave a note
+        that ``show`` and ``list`` read. The job itself is not written to."""
+        log.warning(
+            "job %s/%s left untouched, to be retried later: %s",
+            error.tenant_id,
+            error.job_id,
+            error,
+        )
+        if self.blocked_notes is None or error.tenant_id is None or error.job_id is None:
+            return
+        note = BlockedNote(
+            tenant_id=error.tenant_id,
+            job_id=error.job_id,
+            version=error.version or 0,
+            reason=str(error),
+            worker_id=self.config.worker_id,
+            noticed_at=self.clock.now(),
+        )
+        try:
+            self.blocked_notes.note_blocked(note)
+        except Exception as failure:  # a note is a courtesy: the warning above was given
+            log.warning(
+                "could not note why %s/%s is blocked: %r", note.tenant_id, note.job_id, failure
+            )
+
+    def use_registry(self, registry: WorkflowRegistry) -> None:
+        """Run with these definitions from the next resolution on (a reload on SIGHUP).
+        One reference swap: each resolution reads one registry, the old or the new,
+        never a mix."""
+        self.registry = self.orchestrator.registry = registry
