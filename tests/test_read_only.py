@@ -57,7 +57,9 @@ def test_a_missing_sqlite_store_is_an_error_and_is_not_created(
     for args in READS + CHANGES:
         assert cli.config is not None
         code, out, err = run_in_process([*args, "--config", str(cli.config)], capsys)
-        assert (code, out, err) == (3, "", "error: no store at typo.db (no such file)\n"), args
+        # The config file's relative path is the file beside it, named whole.
+        missing = f"error: no store at {tmp_path / 'typo.db'} (no such file)\n"
+        assert (code, out, err) == (3, "", missing), args
         assert listing(tmp_path) == before, args  # no typo.db, no lock file
 
 
