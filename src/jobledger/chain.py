@@ -5,12 +5,15 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from decimal import Decimal
-from typing import Any
+from typing import Any, Final
 from uuid import UUID
+
+import orjson
 
 GENESIS = ""
 CHAIN_FIELD = "chain_hash"
@@ -27,15 +30,46 @@ def _default(value: object) -> object:
 def canonical_json(document: Mapping[str, Any]) -> str:
     """THE canonical form (the chain hashes it; export lines and outbox values are it):
     sorted keys, no spaces, UTF-8 as is; times ISO 8601, amounts and ids as strings."""
-    return json.dumps(
-        document, sort_keys=True, separators=(",", ":"), default=_default, ensure_ascii=False
-    )
+    fast = _fast_canonical(document)
+    return fast.decode() if fast is not None else _stdlib_canonical(document)
 
 
 def canonical_bytes(event_type: str, fields: Mapping[str, Any]) -> bytes:
     """Sorted-key compact JSON of the event's type and fields, chain hash excluded."""
     body = {k: v for k, v in fields.items() if k != CHAIN_FIELD}
-    return canonical_json({"type": event_type, "fields": body}).encode()
+    document = {"type": event_type, "fields": body}
+    fast = _fast_canonical(document)
+    return fast if fast is not None else _stdlib_canonical(document).encode()
+
+
+def _stdlib_canonical(document: Mapping[str, Any]) -> str:
+    """The definition of the canonical form: every stored chain hash was made from it."""
+    return json.dumps(
+        document, sort_keys=True, separators=(",", ":"), default=_default, ensure_ascii=False
+    )
+
+
+_ORJSON_OPTIONS: Final = orjson.OPT_SORT_KEYS | orjson.OPT_PASSTHROUGH_DATETIME
+# Where orjson's bytes can differ from the definition: floats of exponent -5 to -9, which
+# json.dumps writes as 1e-05 (two-digit exponent) and orjson as 0.00001 or 1e-5. Matched as
+# number tokens (after ``:``, ``,`` or ``[``; a one-digit negative exponent closing the
+# token), so ids like "...7e-5a..." do not; a string that looks like one just sends its
+# document the definition's way.
+_FLOAT_FORMS_THAT_DIFFER: Final = re.compile(rb"[:,\[]-?0\.0000|\de-\d[,\]}]")
+
+
+def _fast_canonical(document: Mapping[str, Any]) -> bytes | None:
+    """The canonical bytes by orjson, ~10x faster than json.dumps, or None when this
+    document may not come out byte-identical to ``_stdlib_canonical`` (a float of the forms
+    above; what orjson refuses: integers beyond 64 bits, non-string keys, lone surrogates,
+    types neither knows, which the definition then accepts or refuses as it always did).
+    Datetimes pass through to ``_default`` (orjson's own form differs); UUIDs orjson
+    writes as str(uuid) does, and sorts keys by code point like sort_keys."""
+    try:
+        encoded = orjson.dumps(document, default=_default, option=_ORJSON_OPTIONS)
+    except orjson.JSONEncodeError:
+        return None
+    return None if _FLOAT_FORMS_THAT_DIFFER.search(encoded) else encoded
 
 
 def link(previous_hash: str, event_type: str, fields: Mapping[str, Any]) -> str:
