@@ -56,11 +56,24 @@ def _stdlib_canonical(document: Mapping[str, Any]) -> str:
 
 _ORJSON_OPTIONS: Final = orjson.OPT_SORT_KEYS | orjson.OPT_PASSTHROUGH_DATETIME
 # Where orjson's bytes can differ from the definition: floats of exponent -5 to -9, which
-# json.dumps writes as 1e-05 (two-digit exponent) and orjson as 0.00001 or 1e-5. Matched as
-# number tokens (after ``:``, ``,`` or ``[``; a one-digit negative exponent closing the
-# token), so ids like "...7e-5a..." do not; a string that looks like one just sends its
-# document the definition's way.
-_FLOAT_FORMS_THAT_DIFFER: Final = re.compile(rb"[:,\[]-?0\.0000|\de-\d[,\]}]")
+# json.dumps writes as 1e-05 (two-digit exponent) and orjson as 0.00001 or 1e-5. Found as
+# number tokens (a one-digit negative exponent after a digit, closing the token; 0.0000
+# opening one after ``:``, ``,`` or ``[``), so ids like "...7e-5a..." do not match; a
+# string that looks like one just sends its document the definition's way. Searched for
+# by their literal part first: a regex without a literal prefix scans ~20x slower.
+_ONE_DIGIT_EXPONENT: Final = re.compile(rb"e-\d[,\]}]")
+_SMALL_FIXED: Final = re.compile(rb"0\.0000")
+_NUMBER_OPENERS: Final = (b":", b",", b"[", b":-", b",-", b"[-")
+
+
+def _float_forms_differ(encoded: bytes) -> bool:
+    for found in _ONE_DIGIT_EXPONENT.finditer(encoded):
+        if encoded[found.start() - 1 : found.start()].isdigit():
+            return True
+    for found in _SMALL_FIXED.finditer(encoded):
+        if encoded[max(0, found.start() - 2) : found.start()].endswith(_NUMBER_OPENERS):
+            return True
+    return False
 
 
 def _fast_canonical(document: Mapping[str, Any]) -> bytes | None:
@@ -74,7 +87,7 @@ def _fast_canonical(document: Mapping[str, Any]) -> bytes | None:
         encoded = orjson.dumps(document, default=_default, option=_ORJSON_OPTIONS)
     except orjson.JSONEncodeError:
         return None
-    return None if _FLOAT_FORMS_THAT_DIFFER.search(encoded) else encoded
+    return None if _float_forms_differ(encoded) else encoded
 
 
 def link(previous_hash: str, event_type: str, fields: Mapping[str, Any]) -> str:
