@@ -1,38 +1,42 @@
-"""Step throughput of the embedded engine against the raw commit rate of its database.
+"""Step throughput and latency of the embedded engine against the raw commit rate of its database.
 
-Runs N jobs of M trivial side-effecting steps (``run_interaction_task`` with a no-op
-executor; the last step completes the job) through ``Engine.open(...)`` and
-``engine.run_until_idle()``, and compares the steps per second with the rate at which the
-same database, measured in the same run, commits single-row INSERTs of the same size as
-a stored event:
+For each store (SQLite, PostgreSQL) one engine runs, in this order:
+
+* **sequential**: one job alone, ``--seq-steps`` trivial side-effecting steps
+  (``run_interaction_task`` with a no-op executor; the last step completes the job);
+* **many jobs** at each K of ``--concurrency`` (default 1, 4, 16, 64): K jobs submitted
+  together, ``--total-steps`` steps between them, then advanced until idle.
+
+Each scenario is a ratio to the rate at which the same database, measured in the same run,
+commits single-row INSERTs of the size of a stored event (the raw limit):
 
 * SQLite: the engine on a temporary file (its durable settings: WAL, synchronous=FULL);
   the raw baseline is a plain ``sqlite3`` connection on another file in the same
   directory with the same pragmas, one ``BEGIN; INSERT; COMMIT`` per row.
 * PostgreSQL: the engine in a fresh schema (``?schema=...``) that this script creates and
-  drops; the raw baseline is autocommit single-row INSERTs with psycopg into a table of
-  the events table's shape, in the same schema.
+  drops; the raw baseline is one psycopg connection's autocommit single-row INSERTs into a
+  table of the events table's shape, in the same schema.
 
-A few untimed warm-up jobs run first (they also give the size of a stored event, which
-the raw rows copy); then half the raw commits, the timed ticking phase (all jobs are
-submitted before it, only ``run_until_idle`` is timed), and the other half of the raw
-commits, so a disk that changed speed mid-run shows up as before/after rates far apart.
-The run is only as good as the machine is quiet: the report shows the load average.
+Half the raw commits run before the first scenario and half after the last, so a disk
+that changed speed mid-run shows up as before/after rates far apart. The run is only as
+good as the machine is quiet: the report shows the load average.
 
-Every write the engine makes goes through its event recorders, which the script wraps
-(on the instances, at run time) to count durable commits (appends), the rows they carry
-and the reads, so it can report commits per step. The design aims at ONE durable commit
-per side-effecting step in the steady state (the step record and the continuation claim
-ride in one append); each tick also opens with one claim-only append, so expect about
-1 + 1/max_steps_per_tick commits per step. The throughput aim is
-``steps/s >= 0.5 x raw commits/s`` on SQLite.
+How the many-jobs scenarios run: the engine has no group commit yet (issue 11 item 1), so
+the only concurrency it offers in one process is K runnable jobs interleaved by
+``Engine.run_until_idle`` on one thread, each step committed on its own. ``--batch`` is
+accepted and reported (``batch_applied: false``) so the same command line measures the
+group commit once it lands. Every report says which mode ran.
+
+Counted, not estimated: commits are the calls to the event and snapshot recorders'
+``insert_events`` (one transaction each; the script wraps them on the instances), rows
+are ``count(*)`` of the events tables before and after each scenario. Step latency is
+from the executor being called to the commit of that step's record returning (p50, p99).
 
 Usage::
 
-    . .venv/bin/activate
-    python scripts/bench_steps.py                       # both stores, 200 jobs x 10 steps
-    python scripts/bench_steps.py --store sqlite --jobs 1000 --steps 20
-    python scripts/bench_steps.py --postgres-url postgresql://u:p@127.0.0.1/db --json
+    python scripts/bench_steps.py                      # both stores, K = 1 4 16 64
+    python scripts/bench_steps.py --store sqlite --concurrency 1,16 --total-steps 4000
+    python scripts/bench_steps.py --quick --json       # a smoke run: well under 30 s
     python scripts/bench_steps.py --store sqlite --profile 25   # cProfile the ticking
 
 PostgreSQL is skipped, with a message, when neither ``--postgres-url`` nor
@@ -57,10 +61,11 @@ import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+from uuid import UUID
 
 import psycopg
 from psycopg import sql
@@ -71,37 +76,51 @@ from jobledger import (
     FunctionRegistry,
     JobStatus,
     Resolution,
+    ResolveRequest,
     StepRequest,
     StepResult,
-    linear_workflow,
 )
 from jobledger.adapters.event_store import EventSourcedJobStore
+from jobledger.identity import job_uuid
 
 WORKFLOW = "bench"
 TENANT = "bench"
-SQLITE_AIM = 0.5
-"""The throughput aim on SQLite: engine steps/s over raw single-insert commits/s."""
+MANY_MODE = "run_until_idle"
+MANY_MODE_TEXT = (
+    "K runnable jobs interleaved by Engine.run_until_idle on one thread; each step commits "
+    "alone (no group commit in this engine yet: --batch is recorded, not applied)"
+)
+TARGETS = {"sqlite": (0.5, 1.0), "postgres": (0.4, 1.0)}
+"""Issue 11's targets as (sequential, many jobs at K >= 16) ratios to the raw rate."""
 
 
 # ---- the workload ----------------------------------------------------------------------
 
 
-class NoopExecutor:
-    """A side effect that does nothing: what is measured is the engine's own cost."""
+class TimingExecutor:
+    """A side effect that does nothing (what is measured is the engine's own cost); it
+    notes when each job's step began, for the step latency."""
+
+    def __init__(self) -> None:
+        self.started: dict[tuple[str, str], float] = {}
 
     def execute(self, request: StepRequest) -> StepResult:
+        self.started[request.job.tenant_id, request.job.job_id] = time.perf_counter()
         return StepResult()
 
 
-def bench_registry(steps: int) -> FunctionRegistry:
-    """``steps`` side-effecting steps; the last one completes the job."""
-    work = [Resolution("run_interaction_task", JobStatus.QUEUED) for _ in range(steps - 1)]
+WORK = Resolution("run_interaction_task", JobStatus.QUEUED)
+LAST = Resolution("run_interaction_task", JobStatus.COMPLETED)
+
+
+def bench_registry() -> FunctionRegistry:
+    """Side-effecting steps, as many as the job's input says; the last one completes it."""
+
+    def resolve(request: ResolveRequest) -> Resolution:
+        return LAST if request.current_step + 1 >= request.state["steps"] else WORK
+
     registry = FunctionRegistry()
-    registry.register(
-        WORKFLOW,
-        1,
-        linear_workflow([*work, Resolution("run_interaction_task", JobStatus.COMPLETED)]),
-    )
+    registry.register(WORKFLOW, 1, resolve)
     return registry
 
 
@@ -110,7 +129,7 @@ def bench_registry(steps: int) -> FunctionRegistry:
 
 @dataclass
 class StoreCounts:
-    """Writes (one transaction each), the rows they carry, and reads, by kind."""
+    """Writes (one transaction each), the rows they carry, reads, and step latencies."""
 
     appends: int = 0
     step_appends: int = 0
@@ -123,8 +142,11 @@ class StoreCounts:
     state_bytes: int = 0
     topic_chars: int = 0
     reads: int = 0
+    latencies: list[float] = field(default_factory=list)
+    """Seconds from the executor's call to the step's commit returning."""
 
-    def add_append(self, stored_events: Sequence[Any]) -> None:
+    def add_append(self, stored_events: Sequence[Any]) -> bool:
+        """Count one append; True when it recorded a step."""
         names = [event.topic.rsplit(".", 1)[-1] for event in stored_events]
         self.appends += 1
         self.rows += len(stored_events)
@@ -132,21 +154,30 @@ class StoreCounts:
         self.topic_chars += sum(len(event.topic) for event in stored_events)
         if "StepRecorded" in names:
             self.step_appends += 1
-        elif set(names) == {"Claimed"}:
+            return True
+        if set(names) == {"Claimed"}:
             self.claim_appends += 1
         else:
             self.other_appends += 1
+        return False
 
 
 class CountingRecorders:
     """Wraps each partition's event and snapshot recorders (on the instances only)."""
 
-    def __init__(self, store: EventSourcedJobStore) -> None:
+    def __init__(self, store: EventSourcedJobStore, executor: TimingExecutor) -> None:
         self.counts = StoreCounts()
+        self.executor = executor
+        self.jobs: dict[UUID, tuple[str, str]] = {}
+        """Job uuid -> (tenant, job id), filled at submit so the hot path only looks up."""
+        self.step_committed: Callable[[UUID, float], None] | None = None
         for partition in store.partitions:
             self._wrap_events(partition.recorder)
             if partition.snapshots is not None:
                 self._wrap_snapshots(partition.snapshots.recorder)
+
+    def track(self, tenant_id: str, job_id: str) -> None:
+        self.jobs[job_uuid(tenant_id, job_id)] = (tenant_id, job_id)
 
     def reset(self) -> StoreCounts:
         counts, self.counts = self.counts, StoreCounts()
@@ -158,7 +189,9 @@ class CountingRecorders:
 
         def insert_events(stored_events: Sequence[Any], **kwargs: Any) -> Any:
             result = insert(stored_events, **kwargs)
-            self.counts.add_append(stored_events)
+            now = time.perf_counter()
+            if self.counts.add_append(stored_events):
+                self._step_latency(stored_events, now)
             return result
 
         def select_events(*args: Any, **kwargs: Any) -> Any:
@@ -167,6 +200,17 @@ class CountingRecorders:
 
         recorder.insert_events = insert_events
         recorder.select_events = select_events
+
+    def _step_latency(self, stored_events: Sequence[Any], now: float) -> None:
+        for event in stored_events:
+            if event.topic.endswith("StepRecorded"):
+                job = self.jobs.get(event.originator_id, ("", ""))
+                started = self.executor.started.pop(job, None)
+                if started is not None:
+                    self.counts.latencies.append(now - started)
+                if self.step_committed is not None:
+                    self.step_committed(event.originator_id, now)
+                return
 
     def _wrap_snapshots(self, recorder: Any) -> None:
         insert: Callable[..., Any] = recorder.insert_events
@@ -185,164 +229,171 @@ class CountingRecorders:
         recorder.select_events = select_events
 
 
-# ---- the engine run --------------------------------------------------------------------
+def count_rows(store: EventSourcedJobStore) -> int:
+    """Rows in every partition's events table, asked of the database itself."""
+    total = 0
+    for partition in store.partitions:
+        datastore: Any = getattr(partition.factory, "datastore")  # noqa: B009
+        table = f"{partition.table_prefix}_events"
+        if partition.store_kind != "sqlite":
+            table = f'"{datastore.schema}"."{table}"'
+        with datastore.transaction(commit=False) as cursor:
+            cursor.execute(f"SELECT count(*) FROM {table}")
+            row = cursor.fetchone()
+            total += int(next(iter(row.values())) if isinstance(row, dict) else row[0])
+    return total
+
+
+def percentile(samples: Sequence[float], fraction: float) -> float:
+    """Nearest-rank percentile (no interpolation: every figure is a measured one)."""
+    ordered = sorted(samples)
+    return ordered[min(len(ordered) - 1, max(0, round(fraction * len(ordered)) - 1))]
+
+
+# ---- the scenarios ---------------------------------------------------------------------
 
 
 @dataclass
-class EngineRun:
+class Scenario:
+    name: str
+    """``sequential`` (one job alone) or ``many`` (K jobs at once)."""
+    mode: str
+    concurrency: int
+    """K: jobs runnable at once."""
+    batch: int | None
+    """``--batch`` as asked; not applied until the engine can group-commit."""
+    batch_applied: bool
     jobs: int
     steps_per_job: int
-    max_steps_per_tick: int
     steps: int
-    ticks: int
     seconds: float
-    cpu_seconds: float
-    """CPU time of this process (user + system) during the ticking phase."""
     steps_per_second: float
     cpu_us_per_step: float
+    """CPU time of this process (user + system) per step."""
     commits: int
-    """Durable write transactions during the ticking phase (appends + snapshot writes)."""
+    """Durable write transactions (appends + snapshot writes)."""
     commits_per_step: float
     step_commits: int
     claim_commits: int
     other_commits: int
     snapshot_commits: int
-    rows_per_commit: float
+    rows: int
+    """Rows the events tables gained (count(*) after minus before)."""
+    rows_per_step: float
     reads_per_step: float
-    avg_event_state_bytes: int
-    submit_seconds: float
+    p50_step_ms: float
+    p99_step_ms: float
     incomplete_jobs: int
+    ratio: float = 0.0
+    """steps/s over the raw single-row commits/s of the same run."""
     profile: str | None = None
 
 
-@dataclass
-class RawRun:
-    rows: int
-    row_state_bytes: int
-    seconds: float
-    commits_per_second: float
-    """Over both halves: rows / seconds."""
-    before_per_second: float
-    """The half measured just before the engine's ticking phase ..."""
-    after_per_second: float
-    """... and the half just after: far apart means the machine was noisy."""
+class Bench:
+    """One engine on one store, and the counters wrapped around it."""
 
+    def __init__(self, url: str, label: str, args: argparse.Namespace) -> None:
+        self.label = label
+        self.args = args
+        self.executor = TimingExecutor()
+        config = EngineConfig(
+            store_url=url, worker_id="bench", max_steps_per_tick=args.max_steps_per_tick
+        )
+        self.engine = Engine.open(
+            url, registry=bench_registry(), executor=self.executor, config=config
+        )
+        assert isinstance(self.engine.store, EventSourcedJobStore)
+        self.store = self.engine.store
+        self.counter = CountingRecorders(self.store, self.executor)
+        self.submitted = 0
 
-RawBench = Callable[[int, bytes, str], float]
-"""(rows, state, topic) -> seconds taken to commit that many single-row INSERTs."""
+    def close(self) -> None:
+        self.engine.close()
 
-
-def measure(
-    url: str, args: argparse.Namespace, label: str, raw: RawBench
-) -> tuple[EngineRun, RawRun]:
-    """Warm the engine up, then: raw baseline, the timed ticking phase, raw baseline."""
-    config = EngineConfig(
-        store_url=url, worker_id="bench", max_steps_per_tick=args.max_steps_per_tick
-    )
-    engine = Engine.open(
-        url, registry=bench_registry(args.steps), executor=NoopExecutor(), config=config
-    )
-    try:
-        assert isinstance(engine.store, EventSourcedJobStore)
-        counter = CountingRecorders(engine.store)
-
-        # Warm-up: imports, caches, prepared statements; and the size of a stored event.
-        for n in range(args.warmup_jobs):
-            engine.submit("warmup", f"warmup-{n}", WORKFLOW)
-        counter.reset()
-        engine.run_until_idle()
-        warm = counter.reset()
+    def warm_up(self) -> tuple[bytes, str]:
+        """Imports, caches, prepared statements; and the size of a stored event."""
+        for n in range(self.args.warmup_jobs):
+            self.submit(f"warmup-{n}", self.args.max_steps_per_tick)
+        self.counter.reset()
+        self.engine.run_until_idle()
+        warm = self.counter.reset()
         state = raw_payload(round(warm.state_bytes / max(1, warm.rows)))
         topic = "jobledger.job:Job.StepRecorded".ljust(
             round(warm.topic_chars / max(1, warm.rows)), "_"
         )
+        return state, topic
 
-        half = args.raw_rows // 2
-        before = raw(half, state, topic)
+    def submit(self, job_id: str, steps: int) -> None:
+        self.engine.submit(TENANT, job_id, WORKFLOW, input={"steps": steps})
+        self.counter.track(TENANT, job_id)
 
-        job_ids = [f"job-{n:06d}" for n in range(args.jobs)]
-        started = time.perf_counter()
-        with Progress(f"{label}: submit", len(job_ids)) as progress:
-            for job_id in job_ids:
-                engine.submit(TENANT, job_id, WORKFLOW)
-                progress.advance(1)
-        submit_seconds = time.perf_counter() - started
-        counter.reset()
-
-        profiler = cProfile.Profile() if args.profile else None
+    def run(self, name: str, concurrency: int, steps_per_job: int) -> Scenario:
+        """Submit ``concurrency`` jobs (untimed), then tick them all until idle (timed)."""
+        prefix = f"{name}-{concurrency}-{self.submitted}"
+        job_ids = [f"{prefix}-{n:05d}" for n in range(concurrency)]
+        for job_id in job_ids:
+            self.submit(job_id, steps_per_job)
+        self.submitted += 1
+        rows_before = count_rows(self.store)
+        self.counter.reset()
+        profiler = cProfile.Profile() if self.args.profile else None
         cpu_started = time.process_time()
-        ticks, seconds = tick_until_idle(engine, args, label, profiler)
+        steps = concurrency * steps_per_job
+        seconds = self.tick_until_idle(f"{self.label}: {name} K={concurrency}", steps, profiler)
         cpu_seconds = time.process_time() - cpu_started
-        counts = counter.reset()
-
-        after = raw(args.raw_rows - half, state, topic)
+        counts = self.counter.reset()
+        rows = count_rows(self.store) - rows_before
         incomplete = sum(
             1
             for job_id in job_ids
-            if (view := engine.job(TENANT, job_id)).status is not JobStatus.COMPLETED
-            or view.total_steps_executed != args.steps
+            if (view := self.engine.job(TENANT, job_id)).status is not JobStatus.COMPLETED
+            or view.total_steps_executed != steps_per_job
         )
-    finally:
-        engine.close()
+        commits = counts.appends + counts.snapshot_writes
+        latencies = counts.latencies or [0.0]
+        return Scenario(
+            name=name,
+            mode="one job" if name == "sequential" else MANY_MODE,
+            concurrency=concurrency,
+            batch=self.args.batch,
+            batch_applied=False,
+            jobs=concurrency,
+            steps_per_job=steps_per_job,
+            steps=steps,
+            seconds=seconds,
+            steps_per_second=steps / seconds,
+            cpu_us_per_step=1e6 * cpu_seconds / steps,
+            commits=commits,
+            commits_per_step=commits / steps,
+            step_commits=counts.step_appends,
+            claim_commits=counts.claim_appends,
+            other_commits=counts.other_appends,
+            snapshot_commits=counts.snapshot_writes,
+            rows=rows,
+            rows_per_step=rows / steps,
+            reads_per_step=counts.reads / steps,
+            p50_step_ms=1e3 * percentile(latencies, 0.50),
+            p99_step_ms=1e3 * percentile(latencies, 0.99),
+            incomplete_jobs=incomplete,
+            profile=profile_text(profiler, self.args.profile) if profiler else None,
+        )
 
-    steps = args.jobs * args.steps
-    commits = counts.appends + counts.snapshot_writes
-    run = EngineRun(
-        jobs=args.jobs,
-        steps_per_job=args.steps,
-        max_steps_per_tick=args.max_steps_per_tick,
-        steps=steps,
-        ticks=ticks,
-        seconds=seconds,
-        cpu_seconds=cpu_seconds,
-        steps_per_second=steps / seconds,
-        cpu_us_per_step=1e6 * cpu_seconds / steps,
-        commits=commits,
-        commits_per_step=commits / steps,
-        step_commits=counts.step_appends,
-        claim_commits=counts.claim_appends,
-        other_commits=counts.other_appends,
-        snapshot_commits=counts.snapshot_writes,
-        rows_per_commit=counts.rows / max(1, counts.appends),
-        reads_per_step=counts.reads / steps,
-        avg_event_state_bytes=round(counts.state_bytes / max(1, counts.rows)),
-        submit_seconds=submit_seconds,
-        incomplete_jobs=incomplete,
-        profile=profile_text(profiler, args.profile) if profiler else None,
-    )
-    raw_run = RawRun(
-        rows=args.raw_rows,
-        row_state_bytes=len(state),
-        seconds=before + after,
-        commits_per_second=args.raw_rows / (before + after),
-        before_per_second=half / before if half else 0.0,
-        after_per_second=(args.raw_rows - half) / after,
-    )
-    return run, raw_run
-
-
-def tick_until_idle(
-    engine: Engine, args: argparse.Namespace, label: str, profiler: cProfile.Profile | None
-) -> tuple[int, float]:
-    """``run_until_idle`` in slices, so progress can be shown; returns (ticks, seconds)."""
-    total_steps = args.jobs * args.steps
-    expected_ticks = args.jobs * -(-args.steps // args.max_steps_per_tick)
-    chunk = max(1, expected_ticks // 50)
-    ticks = 0
-    elapsed = 0.0
-    with Progress(f"{label}: tick", total_steps) as progress:
-        while True:
-            started = time.perf_counter()
-            if profiler is not None:
-                profiler.enable()
-            handled = engine.run_until_idle(max_ticks=chunk)
-            if profiler is not None:
-                profiler.disable()
-            elapsed += time.perf_counter() - started
-            ticks += handled
-            progress.update(min(ticks * args.max_steps_per_tick, total_steps))
-            if handled < chunk:
-                return ticks, elapsed
+    def tick_until_idle(self, label: str, steps: int, profiler: cProfile.Profile | None) -> float:
+        """``run_until_idle`` in slices, so progress can be shown; returns the seconds."""
+        chunk = max(1, steps // (50 * self.args.max_steps_per_tick))
+        elapsed = 0.0
+        with Progress(label, steps) as progress:
+            while True:
+                started = time.perf_counter()
+                if profiler is not None:
+                    profiler.enable()
+                handled = self.engine.run_until_idle(max_ticks=chunk)
+                if profiler is not None:
+                    profiler.disable()
+                elapsed += time.perf_counter() - started
+                progress.update(min(steps, self.counter.counts.step_appends))
+                if handled < chunk:
+                    return elapsed
 
 
 def profile_text(profiler: cProfile.Profile, top: int) -> str:
@@ -354,6 +405,10 @@ def profile_text(profiler: cProfile.Profile, top: int) -> str:
 
 
 # ---- the raw baselines -----------------------------------------------------------------
+
+
+RawBench = Callable[[int, bytes, str], float]
+"""(rows, state, topic) -> seconds taken to commit that many single-row INSERTs."""
 
 
 def raw_payload(state_bytes: int) -> bytes:
@@ -424,65 +479,77 @@ def raw_postgres(base_url: str, schema: str) -> RawBench:
 
 
 @dataclass
+class RawRun:
+    rows: int
+    row_state_bytes: int
+    seconds: float
+    commits_per_second: float
+    """Over both halves: rows / seconds."""
+    before_per_second: float
+    """The half measured just before the first scenario ..."""
+    after_per_second: float
+    """... and the half just after the last: far apart means the machine was noisy."""
+
+
+@dataclass
 class StoreResult:
     store: str
-    engine: EngineRun
     raw: RawRun
-    ratio: float
-    """Engine steps/s over raw single-insert commits/s."""
-    aim: float | None
-    meets_aim: bool | None
-    us_per_step: float
-    us_per_raw_commit: float
-    overhead_us_per_step: float
-    """Time per step not explained by its commits at the raw commit rate."""
+    scenarios: list[Scenario]
+    targets: dict[str, float]
+    """Issue 11's ratios: ``sequential`` and ``many_k16`` (many jobs at K >= 16)."""
     load_average: tuple[float, float, float]
     """1/5/15-minute load when this store's run began: high means noisy numbers."""
     cpus: int
 
 
-def bench_sqlite(args: argparse.Namespace) -> StoreResult:
+def measure(url: str, label: str, raw: RawBench, args: argparse.Namespace) -> StoreResult:
     load = os.getloadavg()
-    directory = Path(tempfile.mkdtemp(prefix="jobledger-bench-", dir=args.dir))
+    bench = Bench(url, label, args)
     try:
-        url = f"sqlite:///{directory / 'jobs.db'}"
-        engine, raw = measure(url, args, "sqlite", raw_sqlite(directory / "raw.db"))
+        state, topic = bench.warm_up()
+        half = args.raw_rows // 2
+        before = raw(half, state, topic)
+        scenarios = [bench.run("sequential", 1, args.seq_steps)]
+        for k in args.concurrency:
+            scenarios.append(bench.run("many", k, max(1, -(-args.total_steps // k))))
+        after = raw(args.raw_rows - half, state, topic)
     finally:
-        shutil.rmtree(directory, ignore_errors=True)
-    return result("sqlite", engine, raw, SQLITE_AIM, load)
-
-
-def bench_postgres(args: argparse.Namespace, base_url: str) -> StoreResult:
-    load = os.getloadavg()
-    with fresh_schema(base_url) as schema:
-        url = with_query(base_url, schema=schema)
-        engine, raw = measure(url, args, "postgres", raw_postgres(base_url, schema))
-    return result("postgres", engine, raw, None, load)
-
-
-def result(
-    store: str,
-    engine: EngineRun,
-    raw: RawRun,
-    aim: float | None,
-    load: tuple[float, float, float],
-) -> StoreResult:
-    ratio = engine.steps_per_second / raw.commits_per_second
-    us_per_step = 1e6 / engine.steps_per_second
-    us_per_raw_commit = 1e6 / raw.commits_per_second
+        bench.close()
+    raw_run = RawRun(
+        rows=args.raw_rows,
+        row_state_bytes=len(state),
+        seconds=before + after,
+        commits_per_second=args.raw_rows / (before + after),
+        before_per_second=half / before if half else 0.0,
+        after_per_second=(args.raw_rows - half) / after,
+    )
+    for scenario in scenarios:
+        scenario.ratio = scenario.steps_per_second / raw_run.commits_per_second
+    sequential, many = TARGETS[label]
     return StoreResult(
-        store=store,
-        engine=engine,
-        raw=raw,
-        ratio=ratio,
-        aim=aim,
-        meets_aim=None if aim is None else ratio >= aim,
-        us_per_step=us_per_step,
-        us_per_raw_commit=us_per_raw_commit,
-        overhead_us_per_step=us_per_step - engine.commits_per_step * us_per_raw_commit,
+        store=label,
+        raw=raw_run,
+        scenarios=scenarios,
+        targets={"sequential": sequential, "many_k16": many},
         load_average=load,
         cpus=os.cpu_count() or 1,
     )
+
+
+def bench_sqlite(args: argparse.Namespace) -> StoreResult:
+    directory = Path(tempfile.mkdtemp(prefix="jobledger-bench-", dir=args.dir))
+    try:
+        url = f"sqlite:///{directory / 'jobs.db'}"
+        return measure(url, "sqlite", raw_sqlite(directory / "raw.db"), args)
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+def bench_postgres(args: argparse.Namespace, base_url: str) -> StoreResult:
+    with fresh_schema(base_url) as schema:
+        url = with_query(base_url, schema=schema)
+        return measure(url, "postgres", raw_postgres(base_url, schema), args)
 
 
 @contextmanager
@@ -544,37 +611,45 @@ class Progress:
         sys.stderr.flush()
 
 
-def print_text(results: list[StoreResult]) -> None:
+def verdict(ratio: float, aim: float) -> str:
+    return f"{'met' if ratio >= aim else 'NOT met'} (>= {aim})"
+
+
+def print_text(results: list[StoreResult], batch: int | None) -> None:
+    print(f"many-jobs mode: {MANY_MODE_TEXT}" + (f"; --batch {batch}" if batch else ""))
+    header = (
+        f"{'scenario':<14}{'steps':>7}{'steps/s':>10}{'ratio':>7}{'commits/step':>14}"
+        f"{'rows/step':>11}{'p50 ms':>9}{'p99 ms':>9}{'cpu us/step':>13}"
+    )
     for r in results:
-        e, raw = r.engine, r.raw
-        if r.aim is None:
-            aim = "(no aim set for this store)"
-        else:
-            aim = f"aim >= {r.aim}: {'MET' if r.meets_aim else 'NOT MET'}"
+        raw = r.raw
         load = ", ".join(f"{x:.2f}" for x in r.load_average)
-        lines = [
-            f"== {r.store}: {e.jobs} jobs x {e.steps_per_job} steps, "
-            f"max {e.max_steps_per_tick} steps/tick (load {load} on {r.cpus} CPUs)",
-            f"  engine   {e.steps_per_second:>9,.0f} steps/s    {e.steps} steps, {e.ticks} ticks "
-            f"in {e.seconds:.2f}s: {r.us_per_step:,.0f} us/step, "
-            f"{e.cpu_us_per_step:,.0f} us of it CPU in this process",
-            f"  raw      {raw.commits_per_second:>9,.0f} commits/s  {raw.rows} single-row commits "
-            f"of {raw.row_state_bytes} B: {r.us_per_raw_commit:,.0f} us/commit "
-            f"({raw.before_per_second:,.0f}/s before, {raw.after_per_second:,.0f}/s after)",
-            f"  ratio    {r.ratio:>9.2f}              {aim}",
-            f"  commits  {e.commits_per_step:>9.3f} per step   {e.commits} = "
-            f"{e.step_commits} step + {e.claim_commits} tick-opening claim + "
-            f"{e.other_commits} other + {e.snapshot_commits} snapshot",
-            f"  overhead {r.overhead_us_per_step:>9,.0f} us/step    beyond "
-            f"{e.commits_per_step:.2f} raw commits per step",
-            f"  rows     {e.rows_per_commit:>9.2f} per commit "
-            f"avg event {e.avg_event_state_bytes} B; {e.reads_per_step:.2f} reads per step",
-        ]
-        if e.incomplete_jobs:
-            lines.append(f"  !! {e.incomplete_jobs} jobs did not complete {e.steps_per_job} steps")
-        print("\n".join(lines))
-        if e.profile:
-            print(e.profile, file=sys.stderr)
+        print(
+            f"\n== {r.store} (load {load} on {r.cpus} CPUs)\n"
+            f"raw: {raw.commits_per_second:,.0f} single-row commits/s of {raw.row_state_bytes} B "
+            f"({raw.before_per_second:,.0f}/s before, {raw.after_per_second:,.0f}/s after)"
+        )
+        print(header)
+        for s in r.scenarios:
+            name = "sequential" if s.name == "sequential" else f"many K={s.concurrency}"
+            print(
+                f"{name:<14}{s.steps:>7}{s.steps_per_second:>10,.0f}{s.ratio:>7.2f}"
+                f"{s.commits_per_step:>14.3f}{s.rows_per_step:>11.2f}{s.p50_step_ms:>9.3f}"
+                f"{s.p99_step_ms:>9.3f}{s.cpu_us_per_step:>13,.0f}"
+            )
+            if s.incomplete_jobs:
+                print(f"  !! {s.incomplete_jobs} jobs did not complete {s.steps_per_job} steps")
+            if s.profile:
+                print(s.profile, file=sys.stderr)
+        sequential = r.scenarios[0]
+        print(f"target sequential: {verdict(sequential.ratio, r.targets['sequential'])}")
+        many = [s for s in r.scenarios[1:] if s.concurrency >= 16]
+        if many:
+            best = max(many, key=lambda s: s.ratio)
+            print(
+                f"target many K>=16: {verdict(best.ratio, r.targets['many_k16'])}, "
+                f"best at K={best.concurrency}"
+            )
 
 
 # ---- main ------------------------------------------------------------------------------
@@ -587,13 +662,44 @@ def positive(text: str) -> int:
     return value
 
 
+def k_list(text: str) -> list[int]:
+    try:
+        return [positive(part) for part in text.split(",") if part.strip()]
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(f"a comma-separated list of K >= 1: {error}") from None
+
+
+QUICK = {"seq_steps": 60, "total_steps": 128, "raw_rows": 200, "warmup_jobs": 2}
+
+
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
-        description="Engine steps/s vs the raw single-insert commit rate of the same database.",
+        description="Engine steps/s and step latency vs the raw single-row commit rate of the "
+        "same database, for one job alone and for K jobs at once.",
     )
     parser.add_argument("--store", choices=("sqlite", "postgres", "both"), default="both")
-    parser.add_argument("--jobs", type=positive, default=200, help="jobs (default 200)")
-    parser.add_argument("--steps", type=positive, default=10, help="steps per job (default 10)")
+    parser.add_argument(
+        "--concurrency",
+        type=k_list,
+        default=[1, 4, 16, 64],
+        metavar="K,K,...",
+        help="jobs runnable at once in the many-jobs runs (default 1,4,16,64)",
+    )
+    parser.add_argument(
+        "--batch",
+        type=positive,
+        default=None,
+        help="group-commit size to ask for (recorded; this engine has no group commit yet)",
+    )
+    parser.add_argument(
+        "--seq-steps", type=positive, default=1000, help="steps of the lone job (default 1000)"
+    )
+    parser.add_argument(
+        "--total-steps",
+        type=positive,
+        default=2000,
+        help="steps shared by the K jobs of each many-jobs run (default 2000)",
+    )
     parser.add_argument(
         "--max-steps-per-tick", type=positive, default=10, help="engine budget (default 10)"
     )
@@ -611,14 +717,23 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--dir", help="where the SQLite temp files go (default: system temp)")
     parser.add_argument("--json", action="store_true", help="machine-readable output")
     parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="a smoke run (few steps and raw commits; finishes in seconds, noisy figures)",
+    )
+    parser.add_argument(
         "--profile",
         type=int,
         default=0,
         metavar="N",
-        help="cProfile the ticking phase, print the top N functions to stderr "
-        "(slows the engine run; its numbers are then not comparable)",
+        help="cProfile the ticking, print the top N functions to stderr "
+        "(slows the engine; its numbers are then not comparable)",
     )
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    if args.quick:
+        for name, value in QUICK.items():
+            setattr(args, name, value)
+    return args
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -634,11 +749,17 @@ def main(argv: Sequence[str] | None = None) -> int:
             skipped["postgres"] = "no --postgres-url and JOBLEDGER_TEST_POSTGRES_URL is unset"
             print(f"postgres: skipped ({skipped['postgres']})", file=sys.stderr)
     if args.json:
-        report = {"results": [asdict(r) for r in results], "skipped": skipped}
+        report = {
+            "many_jobs_mode": MANY_MODE,
+            "many_jobs_mode_text": MANY_MODE_TEXT,
+            "quick": args.quick,
+            "results": [asdict(r) for r in results],
+            "skipped": skipped,
+        }
         print(json.dumps(report, indent=2))
     else:
-        print_text(results)
-    return 1 if any(r.engine.incomplete_jobs for r in results) else 0
+        print_text(results, args.batch)
+    return 1 if any(s.incomplete_jobs for r in results for s in r.scenarios) else 0
 
 
 if __name__ == "__main__":

@@ -412,7 +412,7 @@ class Orchestrator:
         result = StepResult()
         if resolution.has_side_effect:
             request = StepRequest(
-                job=JobView.of(job),
+                job=JobView.read_only(job),
                 step_number=step_number,
                 step_type=resolution.step_type,
                 triggered_by=resolution.triggered_by,

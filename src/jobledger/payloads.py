@@ -10,6 +10,7 @@ from collections.abc import Callable, Mapping
 from typing import Any, Final
 
 from jobledger.errors import InvalidPayloadError
+from jobledger.frozen import FrozenDict, FrozenList, thaw
 
 MAX_DEPTH: Final = 100
 """How deep arrays and objects may nest: far deeper than any real document, shallow enough
@@ -36,7 +37,7 @@ def json_object(value: Mapping[str, Any] | None, *, what: str, max_bytes: int) -
         raise InvalidPayloadError(f"{what} must be a JSON object, got {type(value).__name__}")
     _check_shape(value, what)
     try:
-        encoded = json.dumps(value, allow_nan=False, separators=(",", ":"))
+        encoded = json.dumps(value, allow_nan=False, separators=(",", ":"), default=_thaw_view)
     except (TypeError, ValueError) as error:
         raise InvalidPayloadError(f"{what} is not serialisable as JSON: {error}") from None
     size = len(encoded.encode())
@@ -44,6 +45,13 @@ def json_object(value: Mapping[str, Any] | None, *, what: str, max_bytes: int) -
         raise InvalidPayloadError(f"{what} is {size} bytes, over the limit of {max_bytes}")
     decoded: dict[str, Any] = json.loads(encoded)
     return decoded
+
+
+def _thaw_view(value: object) -> object:
+    """An executor may return parts of the read-only job state it was handed."""
+    if isinstance(value, FrozenDict | FrozenList):
+        return thaw(value)
+    raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")
 
 
 def text(value: object, *, what: str, max_bytes: int) -> str:

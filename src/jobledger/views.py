@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from copy import deepcopy
 from dataclasses import dataclass
 from datetime import datetime
@@ -9,6 +10,7 @@ from decimal import Decimal
 from typing import Any
 
 from jobledger import chain
+from jobledger.frozen import FrozenDict
 from jobledger.job import Job
 from jobledger.status import JobStatus
 
@@ -21,8 +23,9 @@ class JobView:
     workflow_version: int
     status: JobStatus
     current_step: int
-    state: dict[str, Any]
-    budget: dict[str, Any]
+    state: Mapping[str, Any]
+    """A deep copy (``of``), or a read-only view of the job's own (``read_only``)."""
+    budget: Mapping[str, Any]
     version: int
     attempt: int
     total_steps_executed: int
@@ -44,6 +47,17 @@ class JobView:
 
     @classmethod
     def of(cls, job: Job) -> JobView:
+        """A snapshot the caller may keep and change: state and budget deep-copied."""
+        return cls._of(job, deepcopy(job.state), job.budget.to_dict())
+
+    @classmethod
+    def read_only(cls, job: Job) -> JobView:
+        """What the executor is handed, once per step: state and budget as read-only views
+        of the job's own (``jobledger.frozen``), no copy made."""
+        return cls._of(job, FrozenDict(job.state), FrozenDict(job.budget.to_dict()))
+
+    @classmethod
+    def _of(cls, job: Job, state: Mapping[str, Any], budget: Mapping[str, Any]) -> JobView:
         return cls(
             tenant_id=job.tenant_id,
             job_id=job.job_id,
@@ -51,8 +65,8 @@ class JobView:
             workflow_version=job.workflow_version,
             status=job.status,
             current_step=job.current_step,
-            state=deepcopy(job.state),
-            budget=job.budget.to_dict(),
+            state=state,
+            budget=budget,
             version=job.version,
             attempt=job.attempt,
             total_steps_executed=job.total_steps_executed,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import re
+from copy import deepcopy
 from typing import Any, Literal
 from uuid import UUID
 
@@ -166,6 +167,8 @@ class EventSourcedJobStore:
         except IntegrityError:
             # Telling which collided reads the store again: translated like the rest.
             raise self.conflict(partition, keys) from None
+        if version_before == 0:
+            self.cache_created(partition, job)
         self.snapshot_if_due(partition, job, version_before)
 
     @store_errors("reserving a key")
@@ -212,6 +215,14 @@ class EventSourcedJobStore:
             if next(partition.events.get(key.id, limit=1), None) is not None:
                 return DuplicateKeyError(key.kind, key.key)
         return VersionConflict("the job was changed by another writer since it was loaded")
+
+    def cache_created(self, partition: LedgerPartition, job: Job) -> None:
+        """A job just created goes into the cache as it was committed, so its first tick
+        fast-forwards it (one read) instead of rebuilding it (a snapshot read and an event
+        read). A copy: the caller may go on changing its own object."""
+        cache = partition.repository.cache
+        if cache is not None:
+            cache.put(job.id, deepcopy(job))
 
     def snapshot_if_due(self, partition: LedgerPartition, job: Job, version_before: int) -> None:
         """After the commit, so a failed snapshot can never lose an event: it only costs a

@@ -11,6 +11,7 @@ from __future__ import annotations
 import secrets
 import shutil
 import tempfile
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
@@ -323,7 +324,7 @@ class Demo:
         ok = waited == timedelta(days=3) and woke >= timer["resume_at"]
         return Check("durable timer", ok, f"slept {waited.days} days, woke at {when(woke)}")
 
-    def check_event(self, history: list[HistoryEntry], state: dict[str, object]) -> Check:
+    def check_event(self, history: list[HistoryEntry], state: Mapping[str, object]) -> Check:
         _, token = self.outside.tokens[-1]
         resumed = [e for e in history if e.event_type == "Resumed"]
         ok = (

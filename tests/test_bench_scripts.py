@@ -1,0 +1,65 @@
+"""The benchmark scripts still run and report every figure (a smoke test, never a timed one:
+no assertion here is about speed)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+SCENARIO_FIGURES = (
+    "steps_per_second",
+    "ratio",
+    "commits_per_step",
+    "rows_per_step",
+    "p50_step_ms",
+    "p99_step_ms",
+    "cpu_us_per_step",
+)
+
+
+def run_script(name: str, tmp_path: Path) -> dict[str, Any]:
+    command = [sys.executable, str(ROOT / "scripts" / name)]
+    command += ["--quick", "--json", "--store", "sqlite", "--dir", str(tmp_path)]
+    paths = [str(ROOT / "src"), str(ROOT), os.environ.get("PYTHONPATH", "")]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in paths if p)}
+    done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=120)
+    assert done.returncode == 0, done.stderr
+    report: dict[str, Any] = json.loads(done.stdout)
+    return report
+
+
+def test_bench_steps_quick_reports_every_figure(tmp_path: Path) -> None:
+    report = run_script("bench_steps.py", tmp_path)
+    assert report["many_jobs_mode"] == "run_until_idle" and report["quick"] is True
+    [sqlite] = report["results"]
+    assert sqlite["store"] == "sqlite"
+    assert sqlite["raw"]["commits_per_second"] > 0
+    scenarios = sqlite["scenarios"]
+    assert [(s["name"], s["concurrency"]) for s in scenarios] == [
+        ("sequential", 1),
+        ("many", 1),
+        ("many", 4),
+        ("many", 16),
+        ("many", 64),
+    ]
+    for scenario in scenarios:
+        assert scenario["incomplete_jobs"] == 0
+        for figure in SCENARIO_FIGURES:
+            assert scenario[figure] > 0, (scenario["name"], scenario["concurrency"], figure)
+        # Counted, not estimated: every step is at least its own commit and record row.
+        assert scenario["commits_per_step"] >= 1 and scenario["rows_per_step"] >= 1
+        assert scenario["p99_step_ms"] >= scenario["p50_step_ms"]
+
+
+def test_bench_resume_quick_reports_every_figure(tmp_path: Path) -> None:
+    report = run_script("bench_resume.py", tmp_path)
+    [sqlite] = report["results"]
+    assert [k["kind"] for k in sqlite["kinds"]] == ["token", "signal"]
+    for kind in sqlite["kinds"]:
+        assert kind["incomplete_jobs"] == 0 and kind["samples"] == 20
+        assert 0 < kind["p50_ms"] <= kind["p99_ms"] <= kind["max_ms"]
