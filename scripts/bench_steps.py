@@ -231,16 +231,12 @@ class CountingRecorders:
 
 def count_rows(store: EventSourcedJobStore) -> int:
     """Rows in every partition's events table, asked of the database itself."""
+    backend = store.backend
     total = 0
     for partition in store.partitions:
-        datastore: Any = getattr(partition.factory, "datastore")  # noqa: B009
-        table = f"{partition.table_prefix}_events"
-        if partition.store_kind != "sqlite":
-            table = f'"{datastore.schema}"."{table}"'
-        with datastore.transaction(commit=False) as cursor:
-            cursor.execute(f"SELECT count(*) FROM {table}")
-            row = cursor.fetchone()
-            total += int(next(iter(row.values())) if isinstance(row, dict) else row[0])
+        table = backend.table(partition.events_table)
+        [row] = backend.fetch(f"SELECT count(*) AS n FROM {table}", {})
+        total += int(row["n"])
     return total
 
 
