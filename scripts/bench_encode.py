@@ -36,7 +36,6 @@ from jobledger import (
     StepResult,
     chain,
 )
-from jobledger.adapters.event_store import EventSourcedJobStore
 from jobledger.identity import job_uuid
 from jobledger.ports import StepRequest
 from jobledger.registry import linear_workflow
@@ -61,8 +60,7 @@ def sample_documents() -> dict[str, dict[str, Any]]:
         try:
             engine.submit("t", "j", "enc", input={"brief": "x" * 2000, "tags": ["a", "b"]})
             engine.run_until_idle()
-            assert isinstance(engine.store, EventSourcedJobStore)
-            events = engine.store.events(job_uuid("t", "j"))
+            events = engine.deps.store.events(job_uuid("t", "j"))
         finally:
             engine.close()
     documents: dict[str, dict[str, Any]] = {}

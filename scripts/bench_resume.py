@@ -52,7 +52,6 @@ from jobledger import (
     Resolution,
     linear_workflow,
 )
-from jobledger.adapters.event_store import EventSourcedJobStore
 from jobledger.identity import job_uuid
 from jobledger.ports import ApprovalRequest, IssuedToken
 
@@ -118,8 +117,7 @@ def measure(url: str, label: str, args: argparse.Namespace) -> StoreResult:
         url, registry=resume_registry(), executor=executor, config=config, notifier=inbox
     )
     try:
-        assert isinstance(engine.store, EventSourcedJobStore)
-        counter = CountingRecorders(engine.store, executor)
+        counter = CountingRecorders(engine.deps.store, executor)
         committed: dict[UUID, float] = {}
         counter.step_committed = committed.__setitem__
         kinds = []
