@@ -285,6 +285,33 @@ def test_a_status_view_from_an_older_release_gains_the_deadline_and_is_folded_ag
     assert row.due_at == row.deadline_at
 
 
+def test_a_status_view_without_mission_and_correlation_ids_gains_them_folded_again(
+    make_engine: EngineFactory,
+) -> None:
+    engine = make_engine(registry=waits_for_event())
+    engine.submit("t", "j", "wait", mission_id="m-1", correlation_id="c-1")
+    engine.run_until_idle()
+    views = views_of(engine)
+    views.catch_up()
+    d = views.backend
+    with d.transaction() as curs:  # the table as the release before the ids made it
+        for column in ("mission_id", "correlation_id"):
+            table = d.table("jobledger_job_status")
+            curs.execute(d.sql(f"ALTER TABLE {table} DROP COLUMN {column}"))
+        curs.execute(
+            d.sql(
+                f"DELETE FROM {d.table('jobledger_schema')} "
+                "WHERE component = 'views' AND version = 3"
+            )
+        )
+
+    upgraded = views_of(engine)
+    upgraded.catch_up()
+
+    [row] = upgraded.jobs(mission_id="m-1")
+    assert (row.job_id, row.correlation_id) == ("j", "c-1")
+
+
 def test_a_kafka_worker_without_the_version_commits_the_tick_and_leaves_the_job(
     make_engine: EngineFactory, ops: MemoryOps
 ) -> None:
