@@ -272,3 +272,22 @@ def test_a_job_whose_heartbeat_keeps_its_step_running_is_not_migrated(
     clock.advance(timedelta(seconds=1))  # its worker stopped beating: nothing runs now
     view, _ = engine.migrate(TENANT, JOB, 2)
     assert view.workflow_version == 2
+
+
+def test_a_running_jobs_view_shows_the_lease_its_heartbeat_keeps(
+    make_engine: EngineFactory,
+) -> None:
+    executor = BlockingExecutor(seconds=1.5)
+    owner = make_engine(
+        registry=one_long_step(), executor=executor, clock=SystemClock(), config={"lease_ms": 300}
+    )
+    owner.submit(TENANT, JOB, "long1")
+    running = threading.Thread(target=lambda: owner.tick(TENANT, JOB))
+    running.start()
+    assert executor.entered.wait(10)
+    time.sleep(0.6)  # two heartbeats past the claim's own lease
+    claimed = [e for e in owner.history(TENANT, JOB) if e.event_type == "Claimed"][-1]
+    view = owner.job(TENANT, JOB)
+    running.join()
+    assert view.status is JobStatus.RUNNING and view.lease_until is not None
+    assert view.lease_until > claimed.data["lease_until"]  # the heartbeat's, not the event's

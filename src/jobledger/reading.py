@@ -4,6 +4,7 @@ replay against a definition (pure: nothing runs, nothing is written)."""
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from datetime import datetime
 from typing import TYPE_CHECKING
 
@@ -22,7 +23,14 @@ if TYPE_CHECKING:
 
 class JobReader(EngineParts):
     def job(self, tenant_id: str, job_id: str) -> JobView:
-        return JobView.of(self._load(tenant_id, job_id))
+        """The job now. A running job's lease is the one its worker's heartbeat keeps
+        (the lease row), not only the one its Claimed event recorded."""
+        job = self._load(tenant_id, job_id)
+        view = JobView.of(job)
+        kept = self._kept_until(job)
+        if kept is not None and (view.lease_until is None or kept > view.lease_until):
+            view = replace(view, lease_until=kept)
+        return view
 
     def history(self, tenant_id: str, job_id: str) -> list[HistoryEntry]:
         events = self.store.events(self._load(tenant_id, job_id).id)
