@@ -299,8 +299,10 @@ class Leases(Protocol):
 
 class Queue(Protocol):
     def enqueue(self, tick: Tick, *, delay_ms: int = 0, dedupe_key: str | None = None) -> None:
-        """Deliver ``tick`` after ``delay_ms``; a pending tick with the same job and
-        dedupe key makes this a no-op."""
+        """Deliver ``tick`` after ``delay_ms``. A queue that can see what is pending (the
+        local one) makes a tick with the same job and dedupe key as a pending one a no-op;
+        one that cannot (Kafka keeps no pending set) delivers it again, which is harmless:
+        a tick is only a hint to look at the job, and claims and step keys decide."""
 
 
 class Clock(Protocol):
