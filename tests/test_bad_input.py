@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import os
 import tempfile
+import threading
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from decimal import Decimal
 from typing import Any
 
@@ -224,6 +226,24 @@ def test_a_repeated_submit_key_returns_the_existing_job_even_under_another_job_i
     assert writes(engine) == before
     assert events_of(engine, "t", first_id) == history
     assert_absent(engine, "t", other_id)
+
+
+def test_racing_submits_with_one_key_all_get_the_one_job(make_engine: EngineFactory) -> None:
+    """Submits with the same idempotency key from several engines at once: one creates
+    the job, and every other gets it back, as a later repeat would (none is told to
+    try again, none creates a second job)."""
+    engines = [make_engine() for _ in range(4)]
+    for round_ in range(5):
+        key = f"order-{round_}"
+        barrier = threading.Barrier(len(engines))
+
+        def submit(engine: Engine, barrier: threading.Barrier = barrier, key: str = key) -> str:
+            barrier.wait()
+            return engine.submit("t", None, "agent3", idempotency_key=key).job_id
+
+        with ThreadPoolExecutor(len(engines)) as pool:
+            job_ids = list(pool.map(submit, engines))
+        assert len(set(job_ids)) == 1, job_ids
 
 
 # ---- payloads -----------------------------------------------------------------------------

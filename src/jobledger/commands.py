@@ -140,9 +140,8 @@ class JobCommands(EngineParts):
         try:
             if idempotency_key is None:
                 self.store.append(job)
-            else:
-                self._append_with_submit_key(job, idempotency_key)
-            return job
+                return job
+            return self._append_with_submit_key(job, idempotency_key)
         except VersionConflict:
             existing = self.store.load(job.id)
         assert existing is not None
@@ -151,30 +150,39 @@ class JobCommands(EngineParts):
         _check_same_request(submitted, job)
         return existing
 
-    def _append_with_submit_key(self, job: Job, idempotency_key: str) -> None:
+    def _append_with_submit_key(self, job: Job, idempotency_key: str) -> Job:
         """A submit key lives in the partition its own id hashes to, so it is unique per
         tenant whatever the job id. When that is the job's partition, key and job are one
-        append; otherwise the key is reserved first and a retry finishes the job."""
+        append; otherwise the key is reserved first and a retry finishes the job. Returns
+        the job the key names: this one, or the one a racing submit with the key made
+        first (the loser gets the answer a later repeat would)."""
         marker = self._key(job, KeyKind.SUBMIT, idempotency_key)
         if self.store.colocated(marker.id, job.id):
             try:
                 self.store.append(job, marker)
             except DuplicateKeyError:
-                raise ConcurrencyError(
-                    f"another submit with idempotency key {idempotency_key!r} won the race; "
-                    "submit again to get its job"
-                ) from None
-            return
+                return self._key_holder(marker, idempotency_key)
+            return job
         try:
             self.store.reserve_key(marker)
         except DuplicateKeyError:
             reserved = self.store.find_key(marker.id, marker.id)
             if reserved is None or reserved.job_uuid != job.id:
-                raise ConcurrencyError(
-                    f"another submit with idempotency key {idempotency_key!r} is in flight; "
-                    "submit again to get its job"
-                ) from None
+                return self._key_holder(marker, idempotency_key)
         self.store.append(job)
+        return job
+
+    def _key_holder(self, marker: ConsumedKey, idempotency_key: str) -> Job:
+        """The job a submit key already names; while its submit has reserved the key but
+        not yet written the job, there is nothing to return yet: try again."""
+        found = self.store.find_key(marker.id, marker.id)
+        holder = self.store.load(found.job_uuid) if found is not None else None
+        if holder is None:
+            raise ConcurrencyError(
+                f"another submit with idempotency key {idempotency_key!r} is in flight; "
+                "submit again to get its job"
+            )
+        return holder
 
     # ---- outside events: tokens, signals, approvals, budgets, cancellation ----------
 
