@@ -199,7 +199,7 @@ def job_table(
     reason = parked(view, history)
     if reason is not None:
         table.add_row("parked", Text(reason, style="yellow"))
-    if view.last_error:
+    if view.last_error and view.status != "completed":  # a completed job got past it
         label = "failed because" if view.status == "failed" else "last error"
         table.add_row(label, view.last_error)
     deadline = _moment(view.budget.get("deadline_at"))
