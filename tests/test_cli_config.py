@@ -3,12 +3,11 @@ the file relative to the file; every problem reported at once, in the user's wor
 
 from __future__ import annotations
 
-import os
 import subprocess
-import sys
 from pathlib import Path
 
-JOBLEDGER = Path(sys.executable).parent / "jobledger"
+from tests.support.cli import run_jobledger
+
 SECRET = "0123456789abcdef0123456789abcdef"
 DEFINITION = """
 type: note
@@ -28,16 +27,7 @@ class Writer:
 
 
 def run(cwd: Path, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
-    environment = {k: v for k, v in os.environ.items() if not k.startswith("JOBLEDGER_")}
-    environment.update(COLUMNS="200", **env)
-    return subprocess.run(
-        [str(JOBLEDGER), *args],
-        capture_output=True,
-        text=True,
-        cwd=cwd,
-        env=environment,
-        timeout=60,
-    )
+    return run_jobledger(*args, cwd=cwd, **env)
 
 
 def project(directory: Path) -> Path:

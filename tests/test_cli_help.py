@@ -3,29 +3,14 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from importlib.metadata import version
 from pathlib import Path
 
 import pytest
 
-JOBLEDGER = Path(sys.executable).parent / "jobledger"
+from tests.support.cli import run_jobledger as run
+
 SECRET = "0123456789abcdef0123456789abcdef-secret"
-
-
-def run(*args: str, cwd: Path | None = None, **env: str) -> subprocess.CompletedProcess[str]:
-    environment = {k: v for k, v in os.environ.items() if not k.startswith("JOBLEDGER_")}
-    environment.update(COLUMNS="120", **env)
-    return subprocess.run(
-        [str(JOBLEDGER), *args],
-        capture_output=True,
-        text=True,
-        env=environment,
-        cwd=cwd,
-        timeout=60,
-    )
 
 
 def test_version() -> None:

@@ -5,14 +5,14 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-JOBLEDGER = Path(sys.executable).parent / "jobledger"
+from tests.support.cli import JOBLEDGER, run_jobledger
+
 THREE_STEPS = """
 type: chores
 version: 1
@@ -45,16 +45,7 @@ class Operator:
         )
 
     def __call__(self, *args: str) -> subprocess.CompletedProcess[str]:
-        env = {k: v for k, v in os.environ.items() if not k.startswith("JOBLEDGER_")}
-        env["COLUMNS"] = "120"
-        return subprocess.run(
-            [str(JOBLEDGER), *args],
-            capture_output=True,
-            text=True,
-            env=env,
-            cwd=self.home,
-            timeout=60,
-        )
+        return run_jobledger(*args, cwd=self.home)
 
     def json(self, *args: str) -> Any:
         result = self(*args, "--json")

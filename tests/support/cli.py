@@ -37,6 +37,24 @@ class RecordingExecutor:
 
 JOBLEDGER = Path(sys.executable).parent / "jobledger"
 
+
+def run_jobledger(
+    *args: str, cwd: Path | None = None, **env: str
+) -> subprocess.CompletedProcess[str]:
+    """``jobledger ARGS`` as a user runs it: no JOBLEDGER_* settings but ``env``'s, a
+    120-column terminal, this checkout importable."""
+    environment = {k: v for k, v in os.environ.items() if not k.startswith("JOBLEDGER_")}
+    environment.update(COLUMNS="120", PYTHONPATH=pythonpath(), **env)
+    return subprocess.run(
+        [str(JOBLEDGER), *args],
+        capture_output=True,
+        text=True,
+        env=environment,
+        cwd=cwd,
+        timeout=60,
+    )
+
+
 TICKET = """
 type: ticket
 version: 1
