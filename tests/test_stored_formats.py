@@ -36,25 +36,13 @@ from jobledger.errors import BrokenHistoryError
 from jobledger.identity import job_uuid
 from jobledger.job import Job
 from jobledger.keys import KeyKind, key_id
-from jobledger.ports import ApprovalRequest, ApprovalSpec, IssuedToken
+from jobledger.ports import ApprovalSpec
 from jobledger.substate import ApprovalGate, BufferedSignal, EventWait, JobBudget
-from jobledger.views import JobView
 from tests.support.engines import TOKEN_SECRET, CountingExecutor
+from tests.support.notifiers import Inbox
 
 GOLDEN = Path(__file__).parent / "fixtures" / "stored-formats.jsonl"
 JOBS = ("done", "waiting", "gated")
-
-
-class Inbox:
-    def __init__(self) -> None:
-        self.tokens: dict[str, IssuedToken] = {}
-        self.approvals: dict[str, ApprovalRequest] = {}
-
-    def waiting_for_event(self, job: JobView, event_name: str, token: IssuedToken) -> None:
-        self.tokens[job.job_id] = token
-
-    def approval_requested(self, job: JobView, request: ApprovalRequest) -> None:
-        self.approvals[job.job_id] = request
 
 
 def registry() -> FunctionRegistry:
