@@ -209,9 +209,11 @@ class OneTripRecorder(PostgresApplicationRecorder):
     def __init__(self, datastore: PostgresDatastore, *, events_table_name: str) -> None:
         super().__init__(datastore, events_table_name=events_table_name)
         self.lock_timeout = f"{datastore.lock_timeout}s"
+        # Parameters in binary (%b): the states go as they are, not hex-escaped, which
+        # costs the client less than the text form.
         self.append_statement = SQL(
-            "SELECT id FROM {schema}.{function}(%s, %s::{id_type}[], %s::bigint[], "
-            "%s::text[], %s::bytea[]) AS id"
+            "SELECT id FROM {schema}.{function}(%b, %b::{id_type}[], %b::bigint[], "
+            "%b::text[], %b::bytea[]) AS id"
         ).format(
             schema=Identifier(datastore.schema),
             function=Identifier(append_function_name(events_table_name)),
