@@ -52,9 +52,17 @@ class LedgerPartition(Application[UUID]):
     """
 
     def __init__(
-        self, location: StoreLocation, index: int, cache_size: int, *, create: bool = True
+        self,
+        location: StoreLocation,
+        index: int,
+        cache_size: int,
+        *,
+        backend: StoreBackend,
+        create: bool = True,
     ) -> None:
         self.create_tables = create
+        # Chooses the recorder of the events table (a faster one where the database has it).
+        self.backend = backend
         self.table_prefix = f"jobledger_p{index}"
         # The partition's name is its identity in tracking records (one log each).
         self.name = self.table_prefix
@@ -72,7 +80,8 @@ class LedgerPartition(Application[UUID]):
 
     def construct_recorder(self) -> ApplicationRecorder:
         factory: Any = self.factory
-        recorder: ApplicationRecorder = factory.application_recorder_class(
+        recorder_class = self.backend.application_recorder_class(factory.application_recorder_class)
+        recorder: ApplicationRecorder = recorder_class(
             datastore=factory.datastore, events_table_name=self.events_table
         )
         if self.create_tables:
@@ -116,7 +125,9 @@ class EventSourcedJobStore:
                 self.backend.create_home()
             with self.backend.opening_lock(read_only=self.read_only):
                 opened = self.backend.for_reading() if self.read_only else location
-                self.partitions = _open(opened, partitions, cache_size, not self.read_only)
+                self.partitions = _open(
+                    opened, partitions, cache_size, not self.read_only, self.backend
+                )
                 self.backend.attach(getattr(self.partitions[0].factory, "datastore"))  # noqa: B009
                 if self.read_only:
                     self._require_tables()
@@ -259,8 +270,9 @@ def _broken_at(error: OriginatorVersionError | MapperDeserialisationError) -> in
 
 
 def _open(
-    location: StoreLocation, partitions: int, cache_size: int, create: bool
+    location: StoreLocation, partitions: int, cache_size: int, create: bool, backend: StoreBackend
 ) -> list[LedgerPartition]:
     return [
-        LedgerPartition(location, index, cache_size, create=create) for index in range(partitions)
+        LedgerPartition(location, index, cache_size, create=create, backend=backend)
+        for index in range(partitions)
     ]

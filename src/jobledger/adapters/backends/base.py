@@ -173,6 +173,18 @@ class StoreBackend(ABC):
         partitions' application recorders)."""
         return Waiter()
 
+    # ---- appending ------------------------------------------------------------------------
+
+    def application_recorder_class(self, default: type[Any]) -> type[Any]:
+        """The recorder of a partition's events table: the library's (``default``) unless
+        this database has a faster one that keeps its guarantees."""
+        return default
+
+    def append_functions(self, curs: Cursor) -> Sequence[Any]:
+        """The statements that create the server-side code the recorder of
+        :meth:`application_recorder_class` calls (none: it needs none)."""
+        return ()
+
     # ---- tracking: how far each reader of the log has processed it --------------------------
 
     def position(self, name: str, curs: Cursor | None = None) -> int:

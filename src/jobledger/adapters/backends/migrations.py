@@ -53,7 +53,15 @@ def _tracking(b: StoreBackend, curs: Cursor) -> None:
     )
 
 
+def _append_functions(b: StoreBackend, curs: Cursor) -> None:
+    """PostgreSQL: one function per partition events table that appends in one round trip
+    (see ``OneTripRecorder``). Nothing on SQLite, whose appends are in-process."""
+    for statement in b.append_functions(curs):
+        curs.execute(statement)
+
+
 STORE_MIGRATIONS = (
     Migration(1, "the lease table", _leases),
     Migration(2, "the readers' tracking table, positions carried over", _tracking),
+    Migration(3, "the partitions' one-round-trip append functions", _append_functions),
 )
