@@ -169,3 +169,19 @@ def test_concurrent_appends_commit_their_notification_ids_in_order(
 
     assert len(read) == writers * appends * 2
     assert read == sorted(set(read)) == list(range(1, len(read) + 1))
+
+
+def test_a_partition_added_after_the_migration_gets_its_append_function() -> None:
+    """Store migration 3 made the functions of the tables there were; a store opened
+    later with more partitions makes each new table's function with the table."""
+    for url in postgres_schema_url():
+        EventSourcedJobStore(parse_store_url(url), partitions=1).close()
+        wider = EventSourcedJobStore(parse_store_url(url), partitions=4)
+        try:
+            jobs = [submitted(job_id=f"j{n}") for n in range(16)]
+            assert {wider.partition(job.id).name for job in jobs} != {"jobledger_p0"}
+            for job in jobs:
+                wider.append(job)
+            assert all(wider.load(job.id) is not None for job in jobs)
+        finally:
+            wider.close()

@@ -220,6 +220,17 @@ class OneTripRecorder(PostgresApplicationRecorder):
             id_type=Identifier(datastore.originator_id_type),
         )
 
+    def create_table(self) -> None:
+        """The table, and its append function beside it: a partition added after store
+        migration 3 made the others' (a store opened with more partitions) gets its own
+        when its table is made, never a table nothing can append to."""
+        super().create_table()
+        function = append_function(
+            self.datastore.schema, self.events_table_name, self.datastore.originator_id_type
+        )
+        with self.datastore.transaction(commit=True) as curs:
+            curs.execute(function)
+
     @retry((InterfaceError, OperationalError), max_attempts=10, wait=0.2)
     def insert_events(
         self, stored_events: Sequence[StoredEvent], **kwargs: Any
