@@ -6,7 +6,7 @@ The core (job, orchestrator, engine) imports no adapter. Adapters live in
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from decimal import Decimal
@@ -338,9 +338,10 @@ class Ops(Protocol):
 
 
 class StepExecutor(Protocol):
-    def execute(self, request: StepRequest) -> StepResult:
+    def execute(self, request: StepRequest) -> StepResult | Awaitable[StepResult]:
         """Run the side effect. Raise StepError(retryable=True) for a transient failure;
-        any other exception fails the step for good."""
+        any other exception fails the step for good. An ``async def execute`` is run on
+        the worker's shared event loop, many steps at once."""
 
 
 class WorkflowRegistry(Protocol):

@@ -1,0 +1,262 @@
+"""Group commit across jobs (issue 11, item 1): ticks running at once share one commit for
+their step appends, a refused append leaves its group without failing the others, a lone
+tick never waits, and ``async def execute`` steps run many at once. The crash rule (a kill
+inside or right after a group's commit) is proven with real processes at the end."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections import Counter
+from collections.abc import Sequence
+from typing import Any
+
+from jobledger import Engine, JobStatus, StepRequest, StepResult, StoreUnavailableError
+from jobledger.grouping import GroupCommitter
+from jobledger.identity import job_uuid
+from jobledger.job import Job
+from jobledger.keys import ConsumedKey
+from jobledger.ports import Append, JobStore, Refusal
+from tests.support.crash_worker import TENANT
+from tests.support.engines import EngineFactory
+
+AGENT_STEPS = 3  # agent3: three side-effecting steps, then the pure "complete"
+
+
+class GroupCounter:
+    """The real store, counting the commits each kind of append costs."""
+
+    def __init__(self, inner: JobStore) -> None:
+        self.inner = inner
+        self.groups: list[int] = []
+        self.alone = 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    def append(self, job: Job, *keys: ConsumedKey) -> None:
+        self.alone += 1
+        self.inner.append(job, *keys)
+
+    def append_many(self, appends: Sequence[Append]) -> list[Refusal | None]:
+        self.groups.append(len(appends))
+        return self.inner.append_many(appends)
+
+
+class SlowExecutor:
+    """Each side effect takes a few milliseconds, so the steps of many jobs overlap."""
+
+    def __init__(self, effect_s: float = 0.005) -> None:
+        self.effect_s = effect_s
+        self.calls: Counter[str] = Counter()
+        self.lock = threading.Lock()
+
+    def execute(self, request: StepRequest) -> StepResult:
+        with self.lock:
+            self.calls[request.idempotency_key] += 1
+        time.sleep(self.effect_s)
+        return StepResult(output={"step": request.step_number})
+
+
+def submit_all(engine: Engine, count: int) -> list[str]:
+    jobs = [f"job-{n}" for n in range(count)]
+    for job_id in jobs:
+        engine.submit(TENANT, job_id, "agent3")
+    return jobs
+
+
+def assert_each_step_recorded_once(engine: Engine, job_id: str, steps: int) -> None:
+    events = engine.store.events(job_uuid(TENANT, job_id))
+    recorded = Counter(e.step_number for e in events if isinstance(e, Job.StepRecorded))
+    assert recorded == dict.fromkeys(range(1, steps + 1), 1)
+
+
+def grouped_engine(
+    make_engine: EngineFactory, executor: object, **config: Any
+) -> tuple[Engine, GroupCounter]:
+    counted: list[GroupCounter] = []
+
+    def wrap(store: JobStore) -> GroupCounter:
+        counted.append(GroupCounter(store))
+        return counted[0]
+
+    settings = {"concurrency": 8, "max_batch_wait_ms": 200, **config}
+    engine = make_engine(executor=executor, config=settings, wrap_store=wrap)
+    return engine, counted[0]
+
+
+def test_the_steps_of_many_runnable_jobs_share_commits_and_each_is_recorded_once(
+    make_engine: EngineFactory,
+) -> None:
+    executor = SlowExecutor()
+    engine, store = grouped_engine(make_engine, executor)
+    jobs = submit_all(engine, 8)
+    store.groups.clear()
+    store.alone = 0
+
+    engine.run_until_idle(wait_for_timers=True)
+
+    for job_id in jobs:
+        assert engine.job(TENANT, job_id).status is JobStatus.COMPLETED
+        assert_each_step_recorded_once(engine, job_id, AGENT_STEPS + 1)
+    assert set(executor.calls.values()) == {1} and len(executor.calls) == 8 * AGENT_STEPS
+    steps = 8 * (AGENT_STEPS + 1)
+    assert max(store.groups) >= 2
+    # Fewer commits than steps (the bare claims that open the ticks included).
+    assert len(store.groups) + store.alone < steps
+
+
+def test_a_refused_append_leaves_its_group_and_is_handled_alone_the_others_commit(
+    make_engine: EngineFactory,
+) -> None:
+    """Job 0 is cancelled while its step 2 runs: its append, in the same group as the
+    other jobs' step 2, is refused and discarded; the others' step 2 is recorded."""
+    barrier = threading.Barrier(4, timeout=10)
+    engines: list[Engine] = []
+
+    class CancelsJobZero(SlowExecutor):
+        def execute(self, request: StepRequest) -> StepResult:
+            result = super().execute(request)
+            if request.step_number == 2:
+                if request.job.job_id == "job-0":
+                    engines[0].cancel(TENANT, "job-0", "changed our mind", "ops")
+                barrier.wait()  # every step 2 ends together: one group
+            return result
+
+    engine, store = grouped_engine(make_engine, CancelsJobZero(), concurrency=4)
+    engines.append(engine)
+    jobs = submit_all(engine, 4)
+
+    engine.run_until_idle(wait_for_timers=True)
+
+    cancelled = engine.store.events(job_uuid(TENANT, "job-0"))
+    assert [e.step_number for e in cancelled if isinstance(e, Job.StepRecorded)] == [1]
+    assert any(isinstance(e, Job.LateResultDiscarded) for e in cancelled)
+    assert engine.job(TENANT, "job-0").status is JobStatus.CANCELLED
+    for job_id in jobs[1:]:
+        assert engine.job(TENANT, job_id).status is JobStatus.COMPLETED
+        assert_each_step_recorded_once(engine, job_id, AGENT_STEPS + 1)
+    assert 4 in store.groups  # the refused append was in a group with the others
+
+
+def test_a_failed_group_commit_is_retried_by_each_tick_and_no_step_is_lost_or_doubled(
+    make_engine: EngineFactory,
+) -> None:
+    failed: list[int] = []
+
+    class FailsOnce(GroupCounter):
+        def append_many(self, appends: Sequence[Append]) -> list[Refusal | None]:
+            if not failed and len(appends) >= 2:
+                failed.append(len(appends))
+                raise StoreUnavailableError("connection reset by peer")
+            return super().append_many(appends)
+
+    executor = SlowExecutor()
+    engine = make_engine(
+        executor=executor,
+        config={"concurrency": 4, "max_batch_wait_ms": 200},
+        wrap_store=FailsOnce,
+    )
+    jobs = submit_all(engine, 4)
+
+    engine.run_until_idle(wait_for_timers=True)
+
+    assert failed
+    for job_id in jobs:
+        assert engine.job(TENANT, job_id).status is JobStatus.COMPLETED
+        assert_each_step_recorded_once(engine, job_id, AGENT_STEPS + 1)
+
+
+def test_async_executors_run_many_steps_at_once_on_one_loop(make_engine: EngineFactory) -> None:
+    running = 0
+    most = 0
+
+    class AsyncExecutor:
+        async def execute(self, request: StepRequest) -> StepResult:
+            nonlocal running, most
+            running += 1
+            most = max(most, running)
+            await asyncio.sleep(0.01)
+            running -= 1
+            return StepResult(output={"step": request.step_number})
+
+    engine = make_engine(executor=AsyncExecutor(), config={"concurrency": 8})
+    jobs = submit_all(engine, 8)
+
+    engine.run_until_idle(wait_for_timers=True)
+
+    for job_id in jobs:
+        assert engine.job(TENANT, job_id).status is JobStatus.COMPLETED
+        assert_each_step_recorded_once(engine, job_id, AGENT_STEPS + 1)
+    assert most >= 2
+
+
+# ---- the committer alone -------------------------------------------------------------
+
+
+class RecordingStore:
+    """Only the two appends, remembered."""
+
+    def __init__(self) -> None:
+        self.calls: list[int] = []
+
+    def append(self, job: Job, *keys: ConsumedKey) -> None:
+        self.calls.append(1)
+
+    def append_many(self, appends: Sequence[Append]) -> list[Refusal | None]:
+        self.calls.append(len(appends))
+        return [None] * len(appends)
+
+
+def run_in_thread(target: Any) -> threading.Thread:
+    thread = threading.Thread(target=target, daemon=True)
+    thread.start()
+    return thread
+
+
+def test_a_lone_tick_never_waits_for_a_group() -> None:
+    store = RecordingStore()
+    committer = GroupCommitter(store, max_batch=64, max_wait_ms=600_000)  # type: ignore[arg-type]
+
+    def alone() -> None:
+        with committer.running():
+            committer.append(object())  # type: ignore[arg-type]
+
+    thread = run_in_thread(alone)
+    thread.join(timeout=10)  # the wait is ten minutes: returning at all proves no wait
+    assert not thread.is_alive() and store.calls == [1]
+
+
+def test_the_appends_of_ticks_in_flight_form_one_group() -> None:
+    store = RecordingStore()
+    committer = GroupCommitter(store, max_batch=64, max_wait_ms=600_000)  # type: ignore[arg-type]
+    entered = threading.Barrier(3, timeout=10)
+
+    def tick() -> None:
+        with committer.running():
+            entered.wait()  # all three in flight before any appends
+            committer.append(object())  # type: ignore[arg-type]
+
+    threads = [run_in_thread(tick) for _ in range(3)]
+    for thread in threads:
+        thread.join(timeout=10)
+    assert not any(t.is_alive() for t in threads)
+    assert store.calls == [3]
+
+
+def test_a_group_is_never_larger_than_max_batch() -> None:
+    store = RecordingStore()
+    committer = GroupCommitter(store, max_batch=2, max_wait_ms=600_000)  # type: ignore[arg-type]
+    entered = threading.Barrier(5, timeout=10)
+
+    def tick() -> None:
+        with committer.running():
+            entered.wait()
+            committer.append(object())  # type: ignore[arg-type]
+
+    threads = [run_in_thread(tick) for _ in range(5)]
+    for thread in threads:
+        thread.join(timeout=10)
+    assert not any(t.is_alive() for t in threads)
+    assert sorted(store.calls) == [1, 2, 2] and max(store.calls) <= 2
