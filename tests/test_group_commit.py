@@ -6,20 +6,29 @@ inside or right after a group's commit) is proven with real processes at the end
 from __future__ import annotations
 
 import asyncio
+import json
+import signal
 import threading
 import time
 from collections import Counter
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
+import pytest
+
 from jobledger import Engine, JobStatus, StepRequest, StepResult, StoreUnavailableError
+from jobledger.adapters.clock import SystemClock
 from jobledger.grouping import GroupCommitter
-from jobledger.identity import job_uuid
+from jobledger.identity import job_uuid, step_key
 from jobledger.job import Job
 from jobledger.keys import ConsumedKey
 from jobledger.ports import Append, JobStore, Refusal
-from tests.support.crash_worker import TENANT
+from tests.support.crash_worker import TENANT, FileCountingExecutor, read_counts, registry
 from tests.support.engines import EngineFactory
+from tests.test_crash_safety import Spawn, assert_completed_exactly_once, spawn, wait_for
+
+__all__ = ["spawn"]  # the fixture, shared with the crash-safety tests
 
 AGENT_STEPS = 3  # agent3: three side-effecting steps, then the pure "complete"
 
@@ -260,3 +269,75 @@ def test_a_group_is_never_larger_than_max_batch() -> None:
         thread.join(timeout=10)
     assert not any(t.is_alive() for t in threads)
     assert sorted(store.calls) == [1, 2, 2] and max(store.calls) <= 2
+
+
+# ---- killing a real worker process mid-group-commit ---------------------------------------
+
+GROUP_STEP = 2
+GROUP_JOBS = [f"grouped-{n}" for n in range(4)]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kill_point", ["inside_commit", "after_commit"])
+def test_sigkill_inside_or_after_a_group_commit_loses_no_step_and_records_none_twice(
+    kill_point: str, tmp_path: Path, make_engine: EngineFactory, spawn: Spawn
+) -> None:
+    """Four jobs' step 2 share one commit; the worker is SIGKILLed with the group's rows
+    written but not committed, or just after the commit. From the store: the group is all
+    in or all out; a fresh worker then finishes every job with each step recorded once,
+    and only an uncommitted group's steps ran twice, each with its same key."""
+    lease_ms = 300
+    counter = tmp_path / "calls"
+    engine = make_engine(
+        registry=registry(),
+        executor=FileCountingExecutor(counter),
+        clock=SystemClock(),
+        config={"lease_ms": lease_ms},
+    )
+    for job_id in GROUP_JOBS:
+        engine.submit(TENANT, job_id, "agent3")
+    marker = tmp_path / "hung.json"
+    hang = (
+        "--hang-in-group-commit" if kill_point == "inside_commit" else "--hang-after-group-commit"
+    )
+    grouped = ["--grouped", "--concurrency", "4", "--max-batch-wait-ms", "2000"]
+    jobs = ",".join(GROUP_JOBS)
+    doomed = spawn(
+        "--jobs",
+        jobs,
+        "--worker-id",
+        "doomed",
+        "--lease-ms",
+        str(lease_ms),
+        *grouped,
+        hang,
+        str(GROUP_STEP),
+        "--marker",
+        str(marker),
+    )
+    wait_for(marker, doomed)
+    doomed.send_signal(signal.SIGKILL)
+    doomed.communicate()
+
+    uuids = set(json.loads(marker.read_text()))
+    group = [j for j in GROUP_JOBS if str(job_uuid(TENANT, j)) in uuids]
+    assert len(group) >= 2
+    committed = kill_point == "after_commit"
+    for job_id in group:
+        left = engine.job(TENANT, job_id)
+        assert left.current_step == (GROUP_STEP if committed else GROUP_STEP - 1), job_id
+    assert read_counts(counter) == {
+        step_key(TENANT, j, n): 1 for j in GROUP_JOBS for n in range(1, GROUP_STEP + 1)
+    }
+
+    fresh = spawn("--jobs", jobs, "--worker-id", "fresh", "--lease-ms", str(lease_ms), *grouped)
+    _, stderr = fresh.communicate(timeout=60)
+    assert fresh.returncode == 0, stderr
+
+    expected = {step_key(TENANT, j, n): 1 for j in GROUP_JOBS for n in range(1, AGENT_STEPS + 1)}
+    if not committed:
+        for job_id in group:  # ran, then lost with its uncommitted group: re-ran, same key
+            expected[step_key(TENANT, job_id, GROUP_STEP)] = 2
+    assert read_counts(counter) == expected
+    for job_id in GROUP_JOBS:
+        assert_completed_exactly_once(engine, job_id, AGENT_STEPS)
