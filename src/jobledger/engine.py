@@ -68,7 +68,7 @@ class Engine(JobCommands, TickRunner, JobReader):
             max_wait_ms=deps.config.max_batch_wait_ms,
         )
         """Commits the step appends of the ticks this engine runs at once together."""
-        self.orchestrator.step_appends = self.group
+        self.orchestrator.tick_appends = self.group
 
     @classmethod
     def open(

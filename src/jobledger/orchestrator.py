@@ -120,9 +120,10 @@ class _Run:
     steps: int = 0
 
 
-class StepAppends(Protocol):
-    """Where a step's append goes: the store itself, or a group commit over it
-    (:class:`jobledger.grouping.GroupCommitter`), with ``JobStore.append``'s promises."""
+class TickAppends(Protocol):
+    """Where a tick's appends go (its claim, its step, a retry or a failure): the store
+    itself, or a group commit over it (:class:`jobledger.grouping.GroupCommitter`), with
+    ``JobStore.append``'s promises."""
 
     def append(self, job: Job, *keys: ConsumedKey) -> None: ...
 
@@ -167,7 +168,7 @@ class Orchestrator:
         self.cost = wiring.cost
         self.tokens = wiring.tokens
         self.notifier = wiring.notifier
-        self.step_appends: StepAppends = self.store
+        self.tick_appends: TickAppends = self.store
         self.async_steps = SharedLoop()
         """Replaced by the engine's group commit when it runs many ticks at once."""
         # Without a Leases port a claim is only its Claimed event's lease (no heartbeat).
@@ -593,7 +594,7 @@ class Orchestrator:
             first = job.pending_events[0]
             assert isinstance(first, Job.Event)
             try:
-                self.step_appends.append(job, self.step_marker(job, step, at))
+                self.tick_appends.append(job, self.step_marker(job, step, at))
             except (DuplicateKeyError, VersionConflict) as refused:
                 if claimed and self.store.holds(job.id, first.originator_version, first.chain_hash):
                     # Our commit landed but its acknowledgement was lost, and the retried
@@ -765,7 +766,7 @@ class Orchestrator:
     def append(self, job: Job) -> None:
         """Append a transition that guards no key; a lost race ends the tick quietly."""
         try:
-            self.store.append(job)
+            self.tick_appends.append(job)
         except VersionConflict:
             raise _LostRace(Outcome.CLAIM_LOST) from None
 
