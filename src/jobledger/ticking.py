@@ -37,7 +37,10 @@ class TickRunner(EngineParts):
         to the caller: what a consumer that answers with offsets needs (``handle`` is the
         local queue's, which answers by re-enqueueing)."""
         started = time.perf_counter()
-        report = self.orchestrator.tick(tick)
+        # Counted in flight, whoever runs it (run_until_idle, the run command's workers,
+        # a Kafka worker): a group commit waits only for ticks that are running.
+        with self.group.running():
+            report = self.orchestrator.tick(tick)
         log.info(
             "tick %s/%s (%s): %s, %d step(s), now %s at step %d, v%d, %.1f ms",
             tick.tenant_id,
@@ -70,7 +73,7 @@ class TickRunner(EngineParts):
                     tick = self._next_free(queue, held, set(running.values()))
                     if tick is None:
                         break
-                    running[pool.submit(self._handle_in_group, tick)] = _job_of(tick)
+                    running[pool.submit(self.handle, tick)] = _job_of(tick)
                 if not running:
                     due = queue.next_due()
                     if handled >= max_ticks or due is None or not wait_for_timers:
@@ -98,10 +101,6 @@ class TickRunner(EngineParts):
                 return tick
             held.append(tick)
         return None
-
-    def _handle_in_group(self, tick: Tick) -> TickReport | None:
-        with self.group.running():
-            return self.handle(tick)
 
     def handle(self, tick: Tick) -> TickReport | None:
         """What a queue consumer does with one tick: bad ticks are reported and dropped;
