@@ -249,6 +249,8 @@ class EventSourcedJobStore:
         refused = self.conflict(partition, one.keys)
         if isinstance(refused, DuplicateKeyError):
             return refused
+        if not one.job.pending_events:
+            return None
         first = one.job.pending_events[0]
         taken = next(
             partition.events.get(one.job.id, gt=first.originator_version - 1, limit=1), None
