@@ -130,7 +130,12 @@ def test_pending_approvals_follow_requests_and_decisions(
     from tests.test_waits_and_gates import approval_workflow
 
     inbox = Inbox()
-    engine = make_engine(registry=approval_workflow(approvers=("alice",)), notifier=inbox)
+    # One tick at a time: "a" requests its approval first (both at the same fake time).
+    engine = make_engine(
+        registry=approval_workflow(approvers=("alice",)),
+        notifier=inbox,
+        config={"concurrency": 1},
+    )
     views = views_of(engine)
     engine.submit("t", "a", "gate")
     engine.submit("t", "b", "gate")

@@ -44,6 +44,15 @@ class EngineConfig(BaseSettings):
     long it takes, and a dead worker's job is taken over about one lease after it died."""
     max_payload_bytes: int = Field(default=256 * 1024, ge=1)
 
+    concurrency: int = Field(default=16, ge=1, le=1024)
+    """Ticks one worker runs at once (threads; an ``async def execute`` runs on one shared
+    event loop). Their step appends are committed together (group commit)."""
+    max_batch: int = Field(default=64, ge=1)
+    """The most step appends one group commit writes."""
+    max_batch_wait_ms: float = Field(default=2.0, ge=0)
+    """How long the first append of a group waits for the other ticks in flight; a tick
+    running alone never waits."""
+
     cache_size: int = Field(default=10_000, ge=0)
     snapshot_interval: int = Field(default=100, ge=0)
     """Snapshot a job every N events so a cold load never replays a long history."""

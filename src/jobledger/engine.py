@@ -16,6 +16,7 @@ from jobledger.bootstrap import Deps
 from jobledger.commands import JobCommands, SignalOutcome
 from jobledger.config import EngineConfig
 from jobledger.engine_parts import EngineParts
+from jobledger.grouping import GroupCommitter
 from jobledger.orchestrator import Orchestrator
 from jobledger.ports import (
     BlockedNotes,
@@ -61,6 +62,13 @@ class Engine(JobCommands, TickRunner, JobReader):
         """Where ``handle`` notes jobs it left untouched for a deployment error (the
         supervisor plugs in the views, so ``show`` and ``list`` say why)."""
         self.orchestrator = Orchestrator(deps)
+        self.group = GroupCommitter(
+            deps.store,
+            max_batch=deps.config.max_batch,
+            max_wait_ms=deps.config.max_batch_wait_ms,
+        )
+        """Commits the step appends of the ticks this engine runs at once together."""
+        self.orchestrator.tick_appends = self.group
 
     @classmethod
     def open(
@@ -102,6 +110,7 @@ class Engine(JobCommands, TickRunner, JobReader):
         return cls(deps)
 
     def close(self) -> None:
+        self.orchestrator.async_steps.close()
         self.deps.close()
 
     def __enter__(self) -> Engine:

@@ -19,6 +19,7 @@ from jobledger.errors import (
     InvalidPayloadError,
     UnknownJobError,
 )
+from jobledger.grouping import GroupCommitter
 from jobledger.identity import job_uuid
 from jobledger.job import Job
 from jobledger.orchestrator import Orchestrator
@@ -50,6 +51,7 @@ class EngineParts:
     tokens: ResumeTokens | None
     leases: Leases | None
     orchestrator: Orchestrator
+    group: GroupCommitter
     blocked_notes: BlockedNotes | None
     _turns: list[threading.Lock]
 

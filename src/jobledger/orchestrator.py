@@ -11,6 +11,7 @@ recording it, and then with the same idempotency key.
 
 from __future__ import annotations
 
+import inspect
 import logging
 from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager, nullcontext, suppress
@@ -34,6 +35,7 @@ from jobledger.errors import (
     VersionConflict,
     WorkflowNotDeployedError,
 )
+from jobledger.grouping import SharedLoop
 from jobledger.heartbeat import Heartbeats
 from jobledger.identity import job_uuid
 from jobledger.job import Job
@@ -118,6 +120,14 @@ class _Run:
     steps: int = 0
 
 
+class TickAppends(Protocol):
+    """Where a tick's appends go (its claim, its step, a retry or a failure): the store
+    itself, or a group commit over it (:class:`jobledger.grouping.GroupCommitter`), with
+    ``JobStore.append``'s promises."""
+
+    def append(self, job: Job, *keys: ConsumedKey) -> None: ...
+
+
 class Wiring(Protocol):
     """What the orchestrator runs with: ports only (``jobledger.bootstrap.Deps`` is one,
     built by the composition root). Read once, when the orchestrator is made."""
@@ -158,6 +168,9 @@ class Orchestrator:
         self.cost = wiring.cost
         self.tokens = wiring.tokens
         self.notifier = wiring.notifier
+        self.tick_appends: TickAppends = self.store
+        self.async_steps = SharedLoop()
+        """Replaced by the engine's group commit when it runs many ticks at once."""
         # Without a Leases port a claim is only its Claimed event's lease (no heartbeat).
         leases = wiring.leases
         self.heartbeats = (
@@ -409,7 +422,7 @@ class Orchestrator:
             reason=run.tick.reason,
             idempotencyKey=key,
         )
-        result = StepResult()
+        result: object = StepResult()
         if resolution.has_side_effect:
             request = StepRequest(
                 job=JobView.read_only(job),
@@ -422,7 +435,14 @@ class Orchestrator:
             assert self.executor is not None  # checked before the claim
             try:
                 with self.heartbeat(job, run):
-                    result = self.executor.execute(request)
+                    returned = self.executor.execute(request)
+                    # An ``async def execute`` runs on the worker's shared loop, so many
+                    # such steps are in flight at once, one per tick thread.
+                    result = (
+                        self.async_steps.run(returned)
+                        if inspect.isawaitable(returned)
+                        else returned
+                    )
             except Exception as error:
                 return self.step_failed(job, resolution, error)
         try:
@@ -574,7 +594,7 @@ class Orchestrator:
             first = job.pending_events[0]
             assert isinstance(first, Job.Event)
             try:
-                self.store.append(job, self.step_marker(job, step, at))
+                self.tick_appends.append(job, self.step_marker(job, step, at))
             except (DuplicateKeyError, VersionConflict) as refused:
                 if claimed and self.store.holds(job.id, first.originator_version, first.chain_hash):
                     # Our commit landed but its acknowledgement was lost, and the retried
@@ -746,7 +766,7 @@ class Orchestrator:
     def append(self, job: Job) -> None:
         """Append a transition that guards no key; a lost race ends the tick quietly."""
         try:
-            self.store.append(job)
+            self.tick_appends.append(job)
         except VersionConflict:
             raise _LostRace(Outcome.CLAIM_LOST) from None
 

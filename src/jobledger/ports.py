@@ -6,13 +6,14 @@ The core (job, orchestrator, engine) imports no adapter. Adapters live in
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from decimal import Decimal
 from typing import Any, Protocol
 from uuid import UUID
 
+from jobledger.errors import DuplicateKeyError, VersionConflict
 from jobledger.job import Job
 from jobledger.keys import ConsumedKey
 from jobledger.status import JobStatus
@@ -242,6 +243,18 @@ class OutboxMessage:
     position: int
 
 
+@dataclass(frozen=True)
+class Append:
+    """One job's pending events and the keys they consume: one unit of ``append_many``."""
+
+    job: Job
+    keys: tuple[ConsumedKey, ...] = ()
+
+
+Refusal = DuplicateKeyError | VersionConflict
+"""Why one append of a group was not written (what ``append`` would have raised)."""
+
+
 # ---- the ports ---------------------------------------------------------------------------
 
 
@@ -258,6 +271,16 @@ class JobStore(Protocol):
         on since it was loaded, StoreUnavailableError for an infrastructure failure (an
         adapter maps its driver's errors onto it): the caller retries.
         """
+
+    def append_many(self, appends: Sequence[Append]) -> list[Refusal | None]:
+        """Write many jobs' appends together: one transaction per partition, so a group
+        costs one commit. Each append stays all-or-nothing. An append the store refuses
+        (its version was taken, or a key was used, by the store or by an earlier append of
+        the same group) is left out and the rest are written without it: the result holds,
+        in order, None for each append written and the refusal for each one left out (its
+        job's pending events are then spent, as after a refused ``append``). Raises
+        StoreUnavailableError if a commit failed: which appends landed is then unknown
+        (none of a partition's, unless only the acknowledgement was lost)."""
 
     def reserve_key(self, key: ConsumedKey) -> None:
         """Append a key on its own, in the partition its id hashes to (for keys that must
@@ -317,9 +340,10 @@ class Ops(Protocol):
 
 
 class StepExecutor(Protocol):
-    def execute(self, request: StepRequest) -> StepResult:
+    def execute(self, request: StepRequest) -> StepResult | Awaitable[StepResult]:
         """Run the side effect. Raise StepError(retryable=True) for a transient failure;
-        any other exception fails the step for good."""
+        any other exception fails the step for good. An ``async def execute`` is run on
+        the worker's shared event loop, many steps at once."""
 
 
 class WorkflowRegistry(Protocol):

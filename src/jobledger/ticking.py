@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import logging
 import time
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import replace
 
 from jobledger import retry
+from jobledger.adapters.local_queue import LocalQueue
 from jobledger.engine_parts import EngineParts
 from jobledger.errors import (
     ConfigError,
@@ -35,7 +37,10 @@ class TickRunner(EngineParts):
         to the caller: what a consumer that answers with offsets needs (``handle`` is the
         local queue's, which answers by re-enqueueing)."""
         started = time.perf_counter()
-        report = self.orchestrator.tick(tick)
+        # Counted in flight, whoever runs it (run_until_idle, the run command's workers,
+        # a Kafka worker): a group commit waits only for ticks that are running.
+        with self.group.running():
+            report = self.orchestrator.tick(tick)
         log.info(
             "tick %s/%s (%s): %s, %d step(s), now %s at step %d, v%d, %.1f ms",
             tick.tenant_id,
@@ -53,22 +58,49 @@ class TickRunner(EngineParts):
     def run_until_idle(self, *, wait_for_timers: bool = False, max_ticks: int = 100_000) -> int:
         """Handle the local queue's ticks until none is due (or, with ``wait_for_timers``,
         until none is pending at all, sleeping on the engine's clock until each is due).
-        Returns how many ticks were handled."""
+        Up to ``concurrency`` ticks run at once, one job at a time each, and their step
+        appends are committed together. Returns how many ticks were handled."""
         queue = self.deps.local_queue
         if queue is None:
             raise ConfigError("run_until_idle drives the local queue; this engine has another")
         handled = 0
-        while handled < max_ticks:
-            tick = queue.pop_due()
-            if tick is None:
-                due = queue.next_due()
-                if due is None or not wait_for_timers:
-                    return handled
-                self.clock.sleep((due - self.clock.now()).total_seconds())
-                continue
-            self.handle(tick)
-            handled += 1
-        return handled
+        width = self.config.concurrency
+        running: dict[Future[TickReport | None], tuple[str, str]] = {}
+        held: list[Tick] = []
+        with ThreadPoolExecutor(max_workers=width, thread_name_prefix="jobledger-tick") as pool:
+            while True:
+                while len(running) < width and handled + len(running) < max_ticks:
+                    tick = self._next_free(queue, held, set(running.values()))
+                    if tick is None:
+                        break
+                    running[pool.submit(self.handle, tick)] = _job_of(tick)
+                if not running:
+                    due = queue.next_due()
+                    if handled >= max_ticks or due is None or not wait_for_timers:
+                        for tick in held:  # only when max_ticks ran out
+                            queue.enqueue(tick)
+                        return handled
+                    self.clock.sleep((due - self.clock.now()).total_seconds())
+                    continue
+                done, _ = wait(running, return_when=FIRST_COMPLETED)
+                for future in done:
+                    del running[future]
+                    handled += 1
+                    future.result()  # what the sequential loop would have raised
+
+    def _next_free(
+        self, queue: LocalQueue, held: list[Tick], busy: set[tuple[str, str]]
+    ) -> Tick | None:
+        """The next due tick of a job with no tick running: two ticks of one job at once
+        would only race for its claim. A tick of a busy job waits its turn in ``held``."""
+        for index, waiting in enumerate(held):
+            if _job_of(waiting) not in busy:
+                return held.pop(index)
+        while (tick := queue.pop_due()) is not None:
+            if _job_of(tick) not in busy:
+                return tick
+            held.append(tick)
+        return None
 
     def handle(self, tick: Tick) -> TickReport | None:
         """What a queue consumer does with one tick: bad ticks are reported and dropped;
@@ -133,3 +165,7 @@ class TickRunner(EngineParts):
         One reference swap: each resolution reads one registry, the old or the new,
         never a mix."""
         self.registry = self.orchestrator.registry = registry
+
+
+def _job_of(tick: Tick) -> tuple[str, str]:
+    return (tick.tenant_id, tick.job_id)

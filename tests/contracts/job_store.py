@@ -11,7 +11,7 @@ from jobledger.errors import DuplicateKeyError, VersionConflict
 from jobledger.identity import job_uuid
 from jobledger.job import Job
 from jobledger.keys import ConsumedKey, KeyKind
-from jobledger.ports import JobStore
+from jobledger.ports import Append, JobStore
 from jobledger.status import JobStatus
 
 AT = datetime(2026, 1, 1, tzinfo=UTC)
@@ -153,3 +153,92 @@ class JobStoreContract:
         assert store.colocated(a, b) == store.colocated(b, a)
         # A job-scoped key lives beside its job: one append covers both (the test above).
         assert store.colocated(job.id, consumed(job, KeyKind.SIGNAL, "s").route)
+
+    # ---- append_many: a group of appends in one commit ---------------------------------
+
+    def test_append_many_writes_every_append_of_the_group_with_its_keys(
+        self, store: JobStore
+    ) -> None:
+        jobs = [submitted(f"g{n}") for n in range(3)]
+        assert store.append_many([Append(job) for job in jobs]) == [None, None, None]
+        for job in jobs:
+            buffer(job, "s1")
+        keys = [consumed(job, KeyKind.SIGNAL, "s1") for job in jobs]
+        assert store.append_many([Append(j, (k,)) for j, k in zip(jobs, keys, strict=True)]) == [
+            None,
+            None,
+            None,
+        ]
+        for job, key in zip(jobs, keys, strict=True):
+            loaded = store.load(job.id)
+            assert loaded is not None and loaded.version == 2 and not job.pending_events
+            assert store.find_key(job.id, key.id) is not None
+
+    def test_a_stale_append_is_left_out_and_reported_and_the_others_are_written(
+        self, store: JobStore
+    ) -> None:
+        first, stale, third = (submitted(f"g{n}") for n in range(3))
+        store.append_many([Append(first), Append(stale), Append(third)])
+        behind = store.load(stale.id)
+        assert behind is not None
+        stale.cancel(reason="wins", cancelled_by="ops", now=AT)
+        store.append(stale)
+        for job in (first, behind, third):
+            buffer(job, "s1")
+
+        refused = store.append_many([Append(first), Append(behind), Append(third)])
+
+        assert refused[0] is None and refused[2] is None
+        assert isinstance(refused[1], VersionConflict)
+        assert [type(e).__name__ for e in store.events(stale.id)] == ["Submitted", "Cancelled"]
+        for job in (first, third):
+            assert [type(e).__name__ for e in store.events(job.id)][-1] == "SignalBuffered"
+
+    def test_an_append_whose_key_was_used_is_left_out_whole_and_the_others_are_written(
+        self, store: JobStore
+    ) -> None:
+        jobs = [submitted(f"g{n}") for n in range(3)]
+        store.append_many([Append(job) for job in jobs])
+        used = store.load(jobs[1].id)
+        assert used is not None
+        buffer(used, "s1")
+        store.append(used, consumed(used, KeyKind.SIGNAL, "s1"))
+        for job in jobs:
+            buffer(job, "s1")
+
+        refused = store.append_many(
+            [Append(job, (consumed(job, KeyKind.SIGNAL, "s1"),)) for job in jobs]
+        )
+
+        assert refused[0] is None and refused[2] is None
+        assert isinstance(refused[1], DuplicateKeyError)
+        # All or nothing per append: the change the refused key guarded was not written.
+        assert len(store.events(jobs[1].id)) == 2
+        for job in (jobs[0], jobs[2]):
+            assert len(store.events(job.id)) == 2
+
+    def test_a_key_is_consumed_once_even_by_two_appends_of_one_group(self, store: JobStore) -> None:
+        job = submitted()
+        store.append(job)
+        twin = store.load(job.id)
+        assert twin is not None
+        other = submitted("other")
+        store.append(other)
+        buffer(job, "s1")
+        buffer(other, "s2")
+        key = consumed(job, KeyKind.SIGNAL, "s1")
+        again = ConsumedKey.consume(
+            kind=KeyKind.SIGNAL,
+            key="s1",
+            tenant_id="t",
+            job_id="j",
+            job_uuid=job.id,
+            timestamp=AT,
+        )
+        buffer(twin, "s1")
+
+        refused = store.append_many([Append(job, (key,)), Append(other), Append(twin, (again,))])
+
+        assert refused[0] is None and refused[1] is None
+        assert isinstance(refused[2], DuplicateKeyError)
+        assert len(store.events(job.id)) == 2 and len(store.events(other.id)) == 2

@@ -15,6 +15,7 @@ import os
 import sys
 import time
 from collections import Counter
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 from uuid import UUID
@@ -29,11 +30,12 @@ from jobledger import (
     StepRequest,
     StepResult,
     StoreUnavailableError,
+    Tick,
     linear_workflow,
 )
 from jobledger.job import Job
 from jobledger.keys import ConsumedKey
-from jobledger.ports import JobStore
+from jobledger.ports import Append, JobStore, Refusal
 from tests.support.engines import StoreWrapper, open_engine
 
 TENANT = "crash-tenant"
@@ -131,6 +133,87 @@ class HangAfterRecord:
         return self.inner.events(job_uuid, to_version=to_version)
 
 
+def group_recording(step: int, events: list[object]) -> list[str]:
+    """The jobs (uuids) whose record of ``step`` is in these events, when a group's."""
+    jobs = sorted(
+        {
+            str(e.originator_id)
+            for e in events
+            if isinstance(e, Job.StepRecorded) and e.step_number == step
+        }
+    )
+    return jobs if len(jobs) >= 2 else []
+
+
+def hang_with(marker: Path, jobs: list[str]) -> None:
+    """Name the group's jobs in the marker (written whole before it appears), then hang."""
+    partial = marker.with_suffix(".partial")
+    partial.write_text(json.dumps(jobs))
+    partial.rename(marker)
+    while True:
+        time.sleep(60)
+
+
+class HangAfterGroupCommit:
+    """A JobStore that hangs right after a group recording ``step`` for several jobs has
+    committed, before any of its ticks hears so."""
+
+    def __init__(self, inner: JobStore, step: int, marker: Path) -> None:
+        self.inner = inner
+        self.step = step
+        self.marker = marker
+
+    def __getattr__(self, name: str) -> Any:
+        """The rest of the port is the real store's."""
+        return getattr(self.inner, name)
+
+    def append_many(self, appends: Sequence[Append]) -> list[Refusal | None]:
+        jobs = group_recording(self.step, [e for a in appends for e in a.job.pending_events])
+        refused = self.inner.append_many(appends)
+        if jobs:
+            hang_with(self.marker, jobs)
+        return refused
+
+
+def hang_inside_group_commit(engine: Engine, step: int, marker: Path) -> None:
+    """Hang inside the transaction of a group recording ``step`` for several jobs, once
+    its rows are written and before its COMMIT: SQLite's inserts, or PostgreSQL's once
+    the server has them (the pipeline synced)."""
+    store = engine.deps.store
+    hook = "_insert_events" if store.location.kind == "sqlite" else "_fetch_ids_after_insert_events"
+    for partition in store.partitions:
+        recorder = partition.events.recorder
+        mapper = partition.mapper
+        original = getattr(recorder, hook)
+
+        def hooked(
+            curs: Any, stored: Sequence[Any], _o: Any = original, _m: Any = mapper, **kw: Any
+        ) -> Any:
+            result = _o(curs, stored, **kw)
+            jobs = group_recording(step, [_m.to_domain_event(s) for s in stored])
+            if jobs:
+                hang_with(marker, jobs)
+            return result
+
+        setattr(recorder, hook, hooked)
+
+
+def run_grouped(engine: Engine, jobs: list[str], deadline: float) -> Counter[str]:
+    """What a worker's loop does: every unfinished job's tick on the local queue, all run
+    by ``run_until_idle`` (many at once, their steps group-committed), until all are
+    terminal."""
+    outcomes: Counter[str] = Counter()
+    pending = list(jobs)
+    while pending:
+        if time.monotonic() > deadline:
+            raise SystemExit(f"deadline passed with jobs still unfinished: {pending}")
+        for job_id in pending:
+            engine.queue.enqueue(Tick(TENANT, job_id, "reconcile"), dedupe_key="worker")
+        outcomes["ticks"] += engine.run_until_idle(wait_for_timers=True)
+        pending = [j for j in pending if not engine.job(TENANT, j).status.is_terminal]
+    return outcomes
+
+
 def run(engine: Engine, jobs: list[str], deadline: float) -> Counter[str]:
     """Tick every unfinished job in turn until all are terminal; count the outcomes."""
     outcomes: Counter[str] = Counter()
@@ -166,6 +249,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--effect-ms", type=float, default=0, help="how long a side effect takes")
     parser.add_argument("--hang-in-step", type=int, help="hang inside this step's side effect")
     parser.add_argument("--hang-after-record", type=int, help="hang once this step is recorded")
+    parser.add_argument(
+        "--hang-in-group-commit",
+        type=int,
+        help="hang inside the commit of a group recording this step for several jobs",
+    )
+    parser.add_argument(
+        "--hang-after-group-commit",
+        type=int,
+        help="hang once a group recording this step for several jobs has committed",
+    )
+    parser.add_argument(
+        "--grouped", action="store_true", help="run all jobs at once (run_until_idle)"
+    )
+    parser.add_argument("--concurrency", type=int, default=1)
+    parser.add_argument("--max-batch-wait-ms", type=float, default=2.0)
     parser.add_argument("--marker", type=Path, help="touched when the worker hangs")
     parser.add_argument("--ready", type=Path, help="touched once the engine is open")
     parser.add_argument("--go", type=Path, help="wait for this file before ticking")
@@ -178,6 +276,8 @@ def main(argv: list[str] | None = None) -> int:
         store_url=args.store,
         worker_id=args.worker_id,
         max_steps_per_tick=args.max_steps_per_tick,
+        concurrency=args.concurrency,
+        max_batch_wait_ms=args.max_batch_wait_ms,
         **lease,
     )
     executor = FileCountingExecutor(
@@ -188,16 +288,22 @@ def main(argv: list[str] | None = None) -> int:
         step: int = args.hang_after_record
         marker: Path = args.marker
         wrap_store = lambda store: HangAfterRecord(store, step, marker)  # noqa: E731
+    if args.hang_after_group_commit is not None:
+        group_step: int = args.hang_after_group_commit
+        wrap_store = lambda store: HangAfterGroupCommit(store, group_step, args.marker)  # noqa: E731
     with open_engine(
         registry=registry(), executor=executor, config=config, wrap_store=wrap_store
     ) as engine:
+        if args.hang_in_group_commit is not None:
+            hang_inside_group_commit(engine, args.hang_in_group_commit, args.marker)
         if args.ready is not None:
             args.ready.touch()
         while args.go is not None and not args.go.exists():
             if time.monotonic() > deadline:
                 raise SystemExit("never told to go")
             time.sleep(0.005)
-        outcomes = run(engine, args.jobs.split(","), deadline)
+        loop = run_grouped if args.grouped else run
+        outcomes = loop(engine, args.jobs.split(","), deadline)
     json.dump(dict(outcomes), sys.stdout)
     return 0
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import re
+from collections.abc import Sequence
 from copy import deepcopy
 from typing import Any, Literal
 from uuid import UUID
@@ -34,6 +35,7 @@ from jobledger.errors import (
 )
 from jobledger.job import Job
 from jobledger.keys import ConsumedKey
+from jobledger.ports import Append, Refusal
 
 log = logging.getLogger(__name__)
 
@@ -182,6 +184,97 @@ class EventSourcedJobStore:
             self.cache_created(partition, job)
         self.snapshot_if_due(partition, job, version_before)
 
+    @store_errors("appending a group")
+    def append_many(self, appends: Sequence[Append]) -> list[Refusal | None]:
+        results: list[Refusal | None] = [None] * len(appends)
+        by_partition: dict[int, list[int]] = {}
+        for index, one in enumerate(appends):
+            by_partition.setdefault(id(self.partition(one.job.id)), []).append(index)
+        for indices in by_partition.values():
+            partition = self.partition(appends[indices[0]].job.id)
+            self.commit_group(partition, appends, indices, results)
+        return results
+
+    def commit_group(
+        self,
+        partition: LedgerPartition,
+        appends: Sequence[Append],
+        indices: list[int],
+        results: list[Refusal | None],
+    ) -> None:
+        """One partition's appends in one transaction. A refused transaction writes
+        nothing; the appends whose version slot or key is taken are named, reported and
+        left out, and the rest are tried again: each round leaves out at least one, so
+        this ends. When none can be named (a race this store does not expect: its rows
+        are never deleted), each append is tried alone, as ``append`` would."""
+        pending = self.refuse_within_group(appends, indices, results)
+        while pending:
+            group = [appends[i] for i in pending]
+            try:
+                partition.events.put([e for one in group for e in _pending(one)])
+            except IntegrityError:
+                refused = {i: self.refusal(partition, appends[i]) for i in pending}
+                named = {i: r for i, r in refused.items() if r is not None}
+                if not named:
+                    for i in pending:
+                        results[i] = self.append_alone(appends[i])
+                    return
+                for i, refusal in named.items():
+                    results[i] = refusal
+                    _spend(appends[i])
+                pending = [i for i in pending if i not in named]
+                continue
+            for one in group:
+                version_before = one.job.version - len(one.job.pending_events)
+                _spend(one)
+                if version_before == 0:
+                    self.cache_created(partition, one.job)
+                self.snapshot_if_due(partition, one.job, version_before)
+            return
+
+    def refuse_within_group(
+        self, appends: Sequence[Append], indices: list[int], results: list[Refusal | None]
+    ) -> list[int]:
+        """Two appends of one group for the same job, or consuming the same key: the
+        first is kept, the later one is refused as if the first had committed before it."""
+        jobs: set[UUID] = set()
+        keys: set[UUID] = set()
+        kept = []
+        for i in indices:
+            one = appends[i]
+            used = next((k for k in one.keys if k.id in keys), None)
+            if used is not None:
+                results[i] = DuplicateKeyError(used.kind, used.key)
+            elif one.job.id in jobs:
+                results[i] = VersionConflict("another append of the same group moved the job")
+            else:
+                jobs.add(one.job.id)
+                keys.update(k.id for k in one.keys)
+                kept.append(i)
+                continue
+            _spend(one)
+        return kept
+
+    def refusal(self, partition: LedgerPartition, one: Append) -> Refusal | None:
+        """Why the store would refuse this append now, if it would."""
+        refused = self.conflict(partition, one.keys)
+        if isinstance(refused, DuplicateKeyError):
+            return refused
+        if not one.job.pending_events:
+            return None
+        first = one.job.pending_events[0]
+        taken = next(
+            partition.events.get(one.job.id, gt=first.originator_version - 1, limit=1), None
+        )
+        return refused if taken is not None else None
+
+    def append_alone(self, one: Append) -> Refusal | None:
+        try:
+            self.append(one.job, *one.keys)
+        except (DuplicateKeyError, VersionConflict) as refused:
+            return refused
+        return None
+
     @store_errors("reserving a key")
     def reserve_key(self, key: ConsumedKey) -> None:
         partition = self.partition(key.route)
@@ -256,6 +349,18 @@ class EventSourcedJobStore:
 
 
 _STORED_VERSION = re.compile(r"originator_version (\d+)")
+
+
+def _pending(one: Append) -> list[Any]:
+    """The events an append writes, left pending until its transaction has committed."""
+    return [*one.job.pending_events, *(e for key in one.keys for e in key.pending_events)]
+
+
+def _spend(one: Append) -> None:
+    """Written, or refused: either way the append's events are no longer pending."""
+    one.job.collect_events()
+    for key in one.keys:
+        key.collect_events()
 
 
 def _broken_at(error: OriginatorVersionError | MapperDeserialisationError) -> int:
