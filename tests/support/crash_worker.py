@@ -33,6 +33,7 @@ from jobledger import (
     Tick,
     linear_workflow,
 )
+from jobledger.adapters.backends.postgres import OneTripRecorder
 from jobledger.job import Job
 from jobledger.keys import ConsumedKey
 from jobledger.ports import Append, JobStore, Refusal
@@ -176,14 +177,19 @@ class HangAfterGroupCommit:
 
 
 def hang_inside_group_commit(engine: Engine, step: int, marker: Path) -> None:
-    """Hang inside the transaction of a group recording ``step`` for several jobs, once
-    its rows are written and before its COMMIT: SQLite's inserts, or PostgreSQL's once
-    the server has them (the pipeline synced)."""
+    """Hang inside the commit of a group recording ``step`` for several jobs: on SQLite
+    once its rows are written and before its COMMIT; on PostgreSQL, whose append is one
+    autocommit statement, before that statement is sent."""
     store = engine.deps.store
-    hook = "_insert_events" if store.location.kind == "sqlite" else "_fetch_ids_after_insert_events"
     for partition in store.partitions:
         recorder = partition.events.recorder
         mapper = partition.mapper
+        if isinstance(recorder, OneTripRecorder):
+            # PostgreSQL's append is one autocommit statement: the last moment the group
+            # is written but not committed, seen from the client, is before it is sent.
+            hang_before_one_trip(recorder, mapper, step, marker)
+            continue
+        hook = "_insert_events"
         original = getattr(recorder, hook)
 
         def hooked(
@@ -196,6 +202,18 @@ def hang_inside_group_commit(engine: Engine, step: int, marker: Path) -> None:
             return result
 
         setattr(recorder, hook, hooked)
+
+
+def hang_before_one_trip(recorder: OneTripRecorder, mapper: Any, step: int, marker: Path) -> None:
+    original = recorder.insert_events
+
+    def hooked(stored: Sequence[Any], **kw: Any) -> Any:
+        jobs = group_recording(step, [mapper.to_domain_event(s) for s in stored])
+        if jobs:
+            hang_with(marker, jobs)
+        return original(stored, **kw)
+
+    recorder.insert_events = hooked  # type: ignore[method-assign]
 
 
 def run_grouped(engine: Engine, jobs: list[str], deadline: float) -> Counter[str]:
