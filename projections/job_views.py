@@ -176,13 +176,11 @@ class JobViews(TrackedReader):
         q = query if query is not None else JobQuery(**filters)
         where = ["1 = 1"]
         params: dict[str, Any] = {"limit": q.limit}
-        for column in ("tenant_id", "workflow_type", "workflow_version", "mission_id"):
+        equal = ("tenant_id", "workflow_type", "workflow_version", "mission_id", "correlation_id")
+        for column in equal:
             if getattr(q, column) is not None:
                 where.append(f"{column} = :{column}")
                 params[column] = getattr(q, column)
-        if q.correlation_id is not None:
-            where.append("correlation_id = :correlation_id")
-            params["correlation_id"] = q.correlation_id
         if q.status_in:
             names = [f"s{n}" for n in range(len(q.status_in))]
             where.append(f"status IN ({', '.join(':' + n for n in names)})")

@@ -316,6 +316,7 @@ def _serve(
     and the executor loaded, and SIGHUP reloads the definitions."""
     runs_steps = services.workers > 0
     kafka = transport == "kafka" or services.outbox
+    settings = load_settings(config, store)
     with (
         open_engine(
             store,
@@ -326,13 +327,11 @@ def _serve(
             mode=mode,
             transport=transport,
         ) as engine,
-        _reload_on_sighup(engine, load_settings(config, store).definitions)
-        if runs_steps
-        else nullcontext(),
+        _reload_on_sighup(engine, settings.definitions) if runs_steps else nullcontext(),
     ):
         supervisor = Supervisor(engine, services)
         output.console().print(_banner(name, engine, services, kafka))
-        for line in _setup(engine, load_settings(config, store), runs_steps):
+        for line in _setup(engine, settings, runs_steps):
             output.console().print(f"  {line}", soft_wrap=True)
         with _stop_on_signals(supervisor.stopping.set):
             supervisor.run()
