@@ -5,7 +5,7 @@ random moments and restarted; ``jobledger reconcile --transport kafka`` and
 
 Afterwards: every job completed; every step key recorded exactly once; no recorded step
 executed twice (an external counter file: the only extra executions are of steps a
-killed worker was running when it died, at most one per kill); the events topic holds
+killed worker was running when it died, at most its concurrency per kill); the events topic holds
 every event of every job, in order.
 """
 
@@ -37,6 +37,8 @@ TENANT = "chaos"
 JOBS = 200
 STEPS = 5
 WORKERS = 3
+CONCURRENCY = 4
+"""Ticks each worker runs at once: the most steps a kill can leave half-done."""
 CHAOS_SECONDS = 25
 SEED = int(os.environ.get("JOBLEDGER_CHAOS_SEED", str(random.randrange(1_000_000))))
 
@@ -137,6 +139,7 @@ def test_chaos_sigkilled_workers_on_kafka_and_postgres(
         "JOBLEDGER_TEST_EFFECT_MS": "8",
         "JOBLEDGER_LEASE_MS": "3000",
         "JOBLEDGER_MAX_STEPS_PER_TICK": "2",
+        "JOBLEDGER_CONCURRENCY": str(CONCURRENCY),
     }
     config = EngineConfig(store_url=pg_url, worker_id="submitter", **kafka_topics.config())
     registry = DefinitionRegistry.from_directory(tmp_path / "defs")
@@ -178,7 +181,8 @@ def test_chaos_sigkilled_workers_on_kafka_and_postgres(
             assert engine.verify(TENANT, job) is None
 
         # No recorded step executed twice: each key ran once by the worker that
-        # recorded it; any other run was by a worker killed mid-step (one per kill).
+        # recorded it; any other run was by a worker killed mid-step (at most one per
+        # tick it had in flight).
         executions: dict[str, list[str]] = defaultdict(list)
         for line in counter.read_text().splitlines():
             key, worker_id = line.split(" ")
@@ -191,7 +195,7 @@ def test_chaos_sigkilled_workers_on_kafka_and_postgres(
                 if other != recorded_by[key]:
                     assert other in fleet.killed, (key, runs, "a live worker re-ran a step")
                     extra_by_worker[other] += 1
-        assert all(n == 1 for n in extra_by_worker.values()), extra_by_worker
+        assert all(n <= CONCURRENCY for n in extra_by_worker.values()), extra_by_worker
 
         # The events topic holds every event of every job.
         def published() -> set[tuple[str, int]]:

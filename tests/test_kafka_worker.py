@@ -200,8 +200,9 @@ def test_ticks_are_keyed_by_job_and_stay_in_order_on_one_partition(
 # ---- the worker --------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("concurrency", [1, 4])
 def test_each_jobs_ticks_are_handled_in_the_order_they_were_published(
-    store_url: str, kafka_topics: KafkaTopics
+    store_url: str, kafka_topics: KafkaTopics, concurrency: int
 ) -> None:
     executor = CountingExecutor()
     engine = open_engine(store_url, kafka_topics, executor)
@@ -216,11 +217,43 @@ def test_each_jobs_ticks_are_handled_in_the_order_they_were_published(
     def observe(message: TickMessage, report: TickReport | None) -> None:
         seen[message.tick.job_id].append(message.tick.reason)
 
-    worker = KafkaWorker(engine, kafka_topics.settings(), on_tick=observe)
+    worker = KafkaWorker(engine, kafka_topics.settings(), on_tick=observe, concurrency=concurrency)
     with running(worker):
         wait_for(lambda: sum(map(len, seen.values())) == 4 * 13, 60, "every tick handled")
     for job in jobs:
         assert seen[job] == ["create", *[f"extra-{n}" for n in range(12)]]
+        assert_steps_once(engine, job, 3)
+    assert max(executor.calls.values()) == 1
+    assert committed_offsets(kafka_topics.bootstrap, kafka_topics.group, kafka_topics.ticks) == (
+        end_offsets(kafka_topics.bootstrap, kafka_topics.ticks)
+    )
+    engine.close()
+
+
+def test_one_worker_runs_many_jobs_ticks_at_once_and_commits_only_what_is_done(
+    store_url: str, kafka_topics: KafkaTopics
+) -> None:
+    """Issue 11: the Kafka worker group-commits whatever is runnable. Its first steps of
+    four jobs only end when all four run at once (a barrier); every offset is committed
+    once every message before it in its partition is done."""
+    width = 4
+    together = threading.Barrier(width, timeout=20)
+    executor = CountingExecutor()
+
+    def first_steps_together(request: Any) -> None:
+        if request.step_number == 1:
+            together.wait()  # passes only when `width` jobs' first steps run at once
+
+    executor.fail_with = first_steps_together
+    engine = open_engine(store_url, kafka_topics, executor, concurrency=width)
+    jobs = [f"job-{n}" for n in range(width)]
+    for job in jobs:
+        engine.submit(TENANT, job, "agent3")
+    worker = KafkaWorker(engine, kafka_topics.settings(), concurrency=width)
+    with running(worker):
+        wait_for(lambda: all_done(engine, jobs), 60, "every job completed")
+    assert not together.broken
+    for job in jobs:
         assert_steps_once(engine, job, 3)
     assert max(executor.calls.values()) == 1
     assert committed_offsets(kafka_topics.bootstrap, kafka_topics.group, kafka_topics.ticks) == (

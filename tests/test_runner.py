@@ -150,9 +150,10 @@ def test_a_kill_9_loses_nothing_and_the_next_start_finishes_in_flight_work(
         restarted.communicate(timeout=60)
     counts = effects(workspace)
     assert len(counts) == 8
-    # A step whose record landed never ran again; only the step in flight at the kill may
-    # have run twice, with the same key.
-    assert sum(1 for c in counts.values() if c > 1) <= 1
+    # A step whose record landed never ran again; only the steps in flight at the kill
+    # (one per job: the runner runs the four jobs' ticks at once) may have run twice.
+    assert max(counts.values()) <= 2
+    assert sum(1 for c in counts.values() if c > 1) <= 4
     for n in range(4):
         history = json.loads(cli(workspace, "history", "acme", f"job-{n}", "--json").stdout)[
             "events"

@@ -30,6 +30,8 @@ from jobledger.adapters.local_queue import LocalQueue
 from jobledger.adapters.locks import lock_for
 from jobledger.engine import Engine
 from jobledger.errors import ConfigError
+from jobledger.lanes import Lanes
+from jobledger.ports import Tick
 from jobledger.reconciler import Reconciler, ReconcileResult
 
 if TYPE_CHECKING:
@@ -149,6 +151,7 @@ class Supervisor:
                 self.kafka,
                 stopping=self.stopping,
                 max_poll_records=self.services.max_poll_records,
+                concurrency=self.engine.config.concurrency,
                 on_tick=on_tick,
                 after_effect=after_effect,
             )
@@ -298,24 +301,44 @@ class Supervisor:
 
 
 class LocalWorker:
-    """Takes ticks from the in-process queue and hands each to the engine."""
+    """Takes ticks from the in-process queue and hands them to the engine, up to the
+    engine's ``concurrency`` at once (one per job), so their step appends share a group
+    commit."""
 
     def __init__(self, engine: Engine, queue: LocalQueue, stopping: threading.Event) -> None:
         self.engine = engine
         self.queue = queue
         self.stopping = stopping
         self.handled = 0
+        self._counting = threading.Lock()
 
     def run(self) -> None:
-        while not self.stopping.is_set():
-            tick = self.queue.get(timeout=0.2)
-            if tick is None:
-                continue
-            try:
-                self.engine.handle(tick)
-            except Exception:  # a bug must not kill the worker; the reconciler retries
-                log.exception("tick for %s/%s failed", tick.tenant_id, tick.job_id)
+        width = self.engine.config.concurrency
+        lanes: Lanes[Tick] = Lanes(width, self.handle, _job_of, name="jobledger-worker")
+        try:
+            while not self.stopping.is_set():
+                if not lanes.wait_below(width, timeout=0.2):
+                    continue
+                tick = self.queue.get(timeout=0.2)
+                if tick is not None:
+                    lanes.put(tick)
+        finally:
+            # The ticks in hand finish; the ones not started go back (the queue is only a
+            # cache of what is due: the reconciler re-enqueues them after a restart).
+            for tick in lanes.close():
+                self.queue.enqueue(tick)
+
+    def handle(self, tick: Tick) -> None:
+        try:
+            self.engine.handle(tick)
+        except Exception:  # a bug must not kill the worker; the reconciler retries
+            log.exception("tick for %s/%s failed", tick.tenant_id, tick.job_id)
+        with self._counting:
             self.handled += 1
 
     def stop(self) -> None:
         self.stopping.set()
+
+
+def _job_of(tick: Tick) -> tuple[str, str]:
+    return (tick.tenant_id, tick.job_id)

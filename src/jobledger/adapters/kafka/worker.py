@@ -54,6 +54,7 @@ from jobledger.errors import (
     StoreUnavailableError,
     UnknownJobError,
 )
+from jobledger.lanes import Lanes
 from jobledger.ports import Ops, OpsEvent, Queue, Tick
 from jobledger.status import JobStatus
 from jobledger.views import JobView
@@ -84,6 +85,14 @@ class WorkerStats:
     commit_failures: int = 0
     assignments: list[frozenset[TopicPartition]] = field(default_factory=list)
     outcomes: Counter[str] = field(default_factory=Counter)
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
+
+    def count(self, name: str, outcome: str | None = None) -> None:
+        """One more of ``name`` (and of ``outcome``): lanes count from their threads."""
+        with self._lock:
+            setattr(self, name, getattr(self, name) + 1)
+            if outcome is not None:
+                self.outcomes[outcome] += 1
 
 
 class TickEngine(Protocol):
@@ -118,6 +127,7 @@ class KafkaWorker:
         *,
         stopping: threading.Event | None = None,
         max_poll_records: int = 50,
+        concurrency: int = 1,
         on_tick: TickObserver | None = None,
         after_effect: RecordHook | None = None,
     ) -> None:
@@ -135,6 +145,12 @@ class KafkaWorker:
         self._claims: dict[Position, str] = {}
         self._errors: Counter[Position] = Counter()
         self._dlq_producer: Any = None
+        # A job's ticks and signals share its key, so they stay in order on one lane.
+        self._lanes: Lanes[Any] = Lanes(
+            concurrency, self._process_in_lane, _lane_of, name=f"{settings.worker_id}-lane"
+        )
+        self._halted = threading.Event()
+        self._done: dict[Position, bool] = {}
 
     # ---- the loop ----------------------------------------------------------------------
 
@@ -160,6 +176,7 @@ class KafkaWorker:
                     self.process_batch(consumer, batch)
         finally:
             try:
+                self._lanes.close()
                 consumer.close(autocommit=False)
             finally:
                 producer, self._dlq_producer = self._dlq_producer, None
@@ -170,32 +187,44 @@ class KafkaWorker:
         self.stopping.set()
 
     def process_batch(self, consumer: Any, batch: dict[TopicPartition, list[Any]]) -> None:
-        """Handle a polled batch in order per partition; commit what is durable; rewind
-        a partition to a message that hit an infrastructure error and back off."""
+        """Handle a polled batch, up to ``concurrency`` jobs at once and each job's
+        messages in order; commit each partition up to its first message not done; rewind
+        it to that message, and back off when one hit an infrastructure error."""
+        self._halted.clear()
+        self._done.clear()
+        for records in batch.values():
+            for record in records:
+                self._lanes.put(record)
+        self._lanes.join()
         done: dict[TopicPartition, int] = {}
-        rewind: dict[TopicPartition, int] = {}
+        failed = False
         for partition, records in batch.items():
             for record in records:
-                if self.stopping.is_set():
-                    break  # stop after the message in hand; the rest is delivered again
-                if rewind:
-                    # The store (or the broker) is away: leave the rest for the retry.
-                    rewind.setdefault(partition, record.offset)
+                outcome = self._done.get((record.topic, record.partition, record.offset))
+                if outcome is not True:
+                    failed = failed or outcome is False
+                    consumer.seek(partition, record.offset)
                     break
-                if not self.process(record):
-                    rewind[partition] = record.offset
-                    break
-                if self.after_effect is not None:
-                    self.after_effect(record)
                 done[partition] = record.offset + 1
-        for partition, offset in rewind.items():
-            consumer.seek(partition, offset)
         self.commit(consumer, done)
-        if rewind:
+        if failed:
             self.failures += 1
             self.stopping.wait(self.backoff())
         else:
             self.failures = 0
+
+    def _process_in_lane(self, record: Any) -> None:
+        """One message of a batch, on a lane's thread. Once one message must be read
+        again (the store or the broker is away), the rest of the batch is left for the
+        retry; so is everything after a stop, past the messages in hand."""
+        if self.stopping.is_set() or self._halted.is_set():
+            return
+        ok = self.process(record)
+        if ok and self.after_effect is not None:
+            self.after_effect(record)
+        if not ok:
+            self._halted.set()
+        self._done[(record.topic, record.partition, record.offset)] = ok
 
     def commit(self, consumer: Any, offsets: dict[TopicPartition, int]) -> None:
         if not offsets:
@@ -231,7 +260,7 @@ class KafkaWorker:
         except (StoreUnavailableError, ConcurrencyError) as error:
             if isinstance(error, StoreUnavailableError) and error.claim_id:
                 self._claims[position] = error.claim_id
-            self.stats.retried += 1
+            self.stats.count("retried")
             log.warning(
                 "%s[%d]@%d hit an infrastructure error; it will be retried: %s",
                 *position,
@@ -242,7 +271,7 @@ class KafkaWorker:
             self._errors[position] += 1
             if self._errors[position] < HANDLER_ATTEMPTS:
                 log.exception("%s[%d]@%d failed; it will be retried", *position)
-                self.stats.retried += 1
+                self.stats.count("retried")
                 return False
             log.exception(
                 "%s[%d]@%d failed %d times; dead-lettering it", *position, HANDLER_ATTEMPTS
@@ -274,9 +303,7 @@ class KafkaWorker:
             # What Engine.handle does: reported and dropped (the reconciler re-publishes
             # the tick while the job is due, e.g. once a missing executor is deployed).
             self.ops(tick, "job.tick.rejected", error=str(error), reason=tick.reason)
-        self.stats.ticks += 1
-        if report is not None:
-            self.stats.outcomes[str(report.outcome)] += 1
+        self.stats.count("ticks", None if report is None else str(report.outcome))
         if self.on_tick is not None:
             self.on_tick(message, report)
 
@@ -296,8 +323,7 @@ class KafkaWorker:
             raise MalformedMessage("invalid", str(error)) from None
         except JobFinishedError as error:
             raise MalformedMessage("job_finished", str(error)) from None
-        self.stats.signals += 1
-        self.stats.outcomes[f"signal_{outcome}"] += 1
+        self.stats.count("signals", f"signal_{outcome}")
         if outcome == "duplicate":
             self.wake_if_queued(signal)
 
@@ -336,9 +362,9 @@ class KafkaWorker:
             future.get(timeout=self.settings.send_timeout_ms / 1000)
         except (KafkaError, KafkaUnavailableError) as error:
             log.warning("could not dead-letter %s@%d; retrying: %r", topic, record.offset, error)
-            self.stats.retried += 1
+            self.stats.count("retried")
             return False
-        self.stats.dead_lettered += 1
+        self.stats.count("dead_lettered")
         log.warning(
             "dead-lettered %s[%d]@%d to %s: %s: %s",
             record.topic,
@@ -394,3 +420,7 @@ class _Listener(ConsumerRebalanceListener):  # type: ignore[misc]
         self.worker.stats.assignments.append(frozenset(assigned))
         self.worker.joined.set()
         log.info("%s: partitions assigned: %s", self.worker.settings.worker_id, sorted(assigned))
+
+
+def _lane_of(record: Any) -> Any:
+    return record.key if record.key is not None else (record.topic, record.partition)

@@ -1,0 +1,123 @@
+"""Lanes: many keys at once up to the width, one item at a time per key, in order."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import defaultdict
+
+import pytest
+
+from jobledger.lanes import Lanes
+
+
+def test_each_keys_items_run_one_at_a_time_in_the_order_they_were_put() -> None:
+    seen: dict[str, list[int]] = defaultdict(list)
+    inside: dict[str, int] = defaultdict(int)
+    overlaps: list[str] = []
+    lock = threading.Lock()
+
+    def handle(item: tuple[str, int]) -> None:
+        key, n = item
+        with lock:
+            inside[key] += 1
+            if inside[key] > 1:
+                overlaps.append(key)
+        time.sleep(0.001)
+        with lock:
+            inside[key] -= 1
+            seen[key].append(n)
+
+    lanes: Lanes[tuple[str, int]] = Lanes(4, handle, lambda item: item[0])
+    for n in range(30):
+        for key in "abcdef":
+            lanes.put((key, n))
+    lanes.join()
+    assert lanes.close() == []
+    assert overlaps == []
+    assert dict(seen) == {key: list(range(30)) for key in "abcdef"}
+
+
+def test_different_keys_run_at_once_up_to_the_width_and_never_beyond() -> None:
+    width = 4
+    together = threading.Barrier(width, timeout=10)
+    running = 0
+    most = 0
+    lock = threading.Lock()
+
+    def handle(key: int) -> None:
+        nonlocal running, most
+        with lock:
+            running += 1
+            most = max(most, running)
+        if key < width:
+            together.wait()  # only passes if `width` keys run at the same time
+        time.sleep(0.002)
+        with lock:
+            running -= 1
+
+    lanes: Lanes[int] = Lanes(width, handle, lambda key: key)
+    for key in range(3 * width):
+        lanes.put(key)
+    lanes.join()
+    lanes.close()
+    assert not together.broken
+    assert most == width
+
+
+def test_close_finishes_the_items_in_hand_and_returns_the_rest_in_order() -> None:
+    started = threading.Event()
+    release = threading.Event()
+    handled: list[int] = []
+
+    def handle(n: int) -> None:
+        started.set()
+        release.wait(10)
+        handled.append(n)
+
+    lanes: Lanes[int] = Lanes(1, handle, lambda n: "one key")
+    for n in range(5):
+        lanes.put(n)
+    assert started.wait(10)
+    closing = threading.Thread(target=lambda: left.extend(lanes.close()))
+    left: list[int] = []
+    closing.start()
+    release.set()
+    closing.join(10)
+    assert handled == [0]
+    assert left == [1, 2, 3, 4]
+    with pytest.raises(RuntimeError, match="closed"):
+        lanes.put(9)
+
+
+def test_a_failing_item_does_not_stall_its_lane() -> None:
+    handled: list[int] = []
+
+    def handle(n: int) -> None:
+        if n == 1:
+            raise ValueError("a bug in one item")
+        handled.append(n)
+
+    lanes: Lanes[int] = Lanes(2, handle, lambda n: "k")
+    for n in range(4):
+        lanes.put(n)
+    lanes.join()
+    lanes.close()
+    assert handled == [0, 2, 3]
+
+
+def test_wait_below_reports_whether_a_lane_came_free() -> None:
+    release = threading.Event()
+    lanes: Lanes[int] = Lanes(2, lambda n: release.wait(10) and None, lambda n: n)
+    lanes.put(1)
+    lanes.put(2)
+    assert lanes.busy() == 2
+    assert lanes.wait_below(2, timeout=0.05) is False
+    release.set()
+    assert lanes.wait_below(2, timeout=10) is True
+    lanes.close()
+
+
+def test_a_width_below_one_is_refused() -> None:
+    with pytest.raises(ValueError, match="width of at least 1"):
+        Lanes(0, print, id)
