@@ -5,11 +5,9 @@ from __future__ import annotations
 
 import logging
 import time
-from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import replace
 
 from jobledger import retry
-from jobledger.adapters.local_queue import LocalQueue
 from jobledger.engine_parts import EngineParts
 from jobledger.errors import (
     ConfigError,
@@ -17,6 +15,7 @@ from jobledger.errors import (
     JobLedgerError,
     StoreUnavailableError,
 )
+from jobledger.lanes import Lanes
 from jobledger.orchestrator import TickReport
 from jobledger.ports import (
     BlockedNote,
@@ -58,49 +57,45 @@ class TickRunner(EngineParts):
     def run_until_idle(self, *, wait_for_timers: bool = False, max_ticks: int = 100_000) -> int:
         """Handle the local queue's ticks until none is due (or, with ``wait_for_timers``,
         until none is pending at all, sleeping on the engine's clock until each is due).
-        Up to ``concurrency`` ticks run at once, one job at a time each, and their step
-        appends are committed together. Returns how many ticks were handled."""
+        Up to ``concurrency`` ticks run at once, one job at a time each (lanes), and their
+        step appends are committed together. Returns how many ticks were handled; the
+        first error a tick raised is raised once the ticks in flight have finished."""
         queue = self.deps.local_queue
         if queue is None:
             raise ConfigError("run_until_idle drives the local queue; this engine has another")
-        handled = 0
         width = self.config.concurrency
-        running: dict[Future[TickReport | None], tuple[str, str]] = {}
-        held: list[Tick] = []
-        with ThreadPoolExecutor(max_workers=width, thread_name_prefix="jobledger-tick") as pool:
-            while True:
-                while len(running) < width and handled + len(running) < max_ticks:
-                    tick = self._next_free(queue, held, set(running.values()))
-                    if tick is None:
-                        break
-                    running[pool.submit(self.handle, tick)] = _job_of(tick)
-                if not running:
-                    due = queue.next_due()
-                    if handled >= max_ticks or due is None or not wait_for_timers:
-                        for tick in held:  # only when max_ticks ran out
-                            queue.enqueue(tick)
-                        return handled
-                    self.clock.sleep((due - self.clock.now()).total_seconds())
-                    continue
-                done, _ = wait(running, return_when=FIRST_COMPLETED)
-                for future in done:
-                    del running[future]
-                    handled += 1
-                    future.result()  # what the sequential loop would have raised
+        taken = 0
+        errors: list[BaseException] = []
 
-    def _next_free(
-        self, queue: LocalQueue, held: list[Tick], busy: set[tuple[str, str]]
-    ) -> Tick | None:
-        """The next due tick of a job with no tick running: two ticks of one job at once
-        would only race for its claim. A tick of a busy job waits its turn in ``held``."""
-        for index, waiting in enumerate(held):
-            if _job_of(waiting) not in busy:
-                return held.pop(index)
-        while (tick := queue.pop_due()) is not None:
-            if _job_of(tick) not in busy:
-                return tick
-            held.append(tick)
-        return None
+        def handle(tick: Tick) -> None:
+            try:
+                self.handle(tick)
+            except BaseException as error:  # raised in the caller's thread, below
+                errors.append(error)
+
+        lanes: Lanes[Tick] = Lanes(width, handle, _job_of, name="jobledger-tick")
+        try:
+            while not errors:
+                busy = lanes.busy()
+                tick = queue.pop_due() if busy < width and taken < max_ticks else None
+                if tick is not None:
+                    lanes.put(tick)
+                    taken += 1
+                elif busy:
+                    lanes.wait_below(busy, timeout=0.05)
+                else:
+                    due = queue.next_due()
+                    if taken >= max_ticks or due is None or not wait_for_timers:
+                        break
+                    self.clock.sleep((due - self.clock.now()).total_seconds())
+            lanes.join()
+        finally:
+            for tick in lanes.close():  # only when a tick raised: the rest stay queued
+                queue.enqueue(tick)
+                taken -= 1
+        if errors:
+            raise errors[0]
+        return taken
 
     def handle(self, tick: Tick) -> TickReport | None:
         """What a queue consumer does with one tick: bad ticks are reported and dropped;
