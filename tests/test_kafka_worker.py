@@ -156,6 +156,10 @@ def test_ticks_and_signals_round_trip_and_bad_values_say_why() -> None:
         b'{"tenant_id": 7, "job_id": "j"}': "bad_field",
         b'{"tenant_id": "t\\u0000", "job_id": "j"}': "bad_field",
         b'{"tenant_id": "t", "job_id": "j", "schema": "other/9"}': "unknown_schema",
+        # Nested past what the decoder can follow: a bad message, not a handler's bug.
+        b'{"tenant_id": "t", "job_id": "j", "x": ' + b"[" * 100_000 + b"]" * 100_000 + b"}": (
+            "not_json"
+        ),
     }
     for raw, reason in bad.items():
         with pytest.raises(MalformedMessage) as caught:

@@ -140,6 +140,8 @@ def _object(value: bytes | None) -> dict[str, Any]:
         document = json.loads(text)
     except ValueError as error:
         raise MalformedMessage("not_json", str(error)) from None
+    except RecursionError:
+        raise MalformedMessage("not_json", "the JSON is nested too deeply to read") from None
     if not isinstance(document, dict):
         kind = type(document).__name__
         raise MalformedMessage("not_object", f"expected a JSON object, got {kind}")
