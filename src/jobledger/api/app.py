@@ -11,7 +11,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from projections import JobViews
 
-from jobledger.api import problems, routes_jobs
+from jobledger.api import console, problems, routes_jobs
 from jobledger.api.auth import Authenticator
 from jobledger.api.limits import BodyLimit, RateLimiter, RequestTimeout
 from jobledger.api.models import Health
@@ -50,6 +50,7 @@ def create_app(
     then find nothing left to fold)."""
     problems.install(app)
     app.include_router(routes_jobs.router, prefix="/v1")
+    app.include_router(console.router())
     _health(app)
     # Outermost first: the timeout covers reading the body too.
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)

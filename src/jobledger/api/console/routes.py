@@ -20,8 +20,8 @@ from urllib.parse import urlencode
 from fastapi import APIRouter, Depends, Form, Request
 from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 from jinja2 import Environment, PackageLoader, select_autoescape
-from projections import JobQuery, JobViews
-from projections.job_views import cursor
+from projections import JobViews
+from projections.job_views import JobQuery, cursor
 
 from jobledger.api.auth import AuthenticationError, Authenticator, Principal, Role
 from jobledger.api.settings import ApiSettings
