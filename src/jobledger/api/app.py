@@ -1,0 +1,81 @@
+"""The application: :func:`create_app` wires the engine, the settings and the routes.
+
+Every endpoint is a plain ``def``: FastAPI runs it on the server's thread pool, so the
+engine (synchronous, thread-safe: see docs/architecture.md) never blocks the event loop."""
+
+from __future__ import annotations
+
+import threading
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+from projections import JobViews
+
+from jobledger.api import problems, routes_jobs
+from jobledger.api.auth import Authenticator
+from jobledger.api.limits import BodyLimit, RateLimiter, RequestTimeout
+from jobledger.api.models import Health
+from jobledger.api.problems import Problem
+from jobledger.api.settings import ApiSettings
+from jobledger.engine import Engine
+from jobledger.errors import JobLedgerError
+
+API_TITLE = "jobledger"
+API_VERSION = "1"
+
+
+def create_app(
+    engine: Engine,
+    settings: ApiSettings,
+    *,
+    authenticator: Authenticator | None = None,
+    views: JobViews | None = None,
+) -> FastAPI:
+    """The API over ``engine``: everything under ``/v1``, plus ``/healthz``, ``/readyz``
+    and ``/openapi.json``. ``views`` (default: the store's own) serve listings."""
+    app = FastAPI(
+        title=API_TITLE,
+        version=API_VERSION,
+        summary="A durable, event-sourced job engine: jobs, their inputs and their audit.",
+        docs_url=None,
+        redoc_url=None,
+    )
+    app.state.engine = engine
+    app.state.settings = settings
+    app.state.authenticator = authenticator or Authenticator.from_settings(settings)
+    app.state.rate_limiter = RateLimiter(settings.rate_limit_per_minute, settings.rate_limit_burst)
+    app.state.views = views if views is not None else JobViews(engine.deps.store)
+    app.state.views_lock = threading.Lock()
+    """One catch-up of the views at a time in this process (the others wait for it,
+    then find nothing left to fold)."""
+    problems.install(app)
+    app.include_router(routes_jobs.router, prefix="/v1")
+    _health(app)
+    # Outermost first: the timeout covers reading the body too.
+    app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
+    app.add_middleware(RequestTimeout, seconds=settings.request_timeout_seconds)
+    return app
+
+
+def _health(app: FastAPI) -> None:
+    @app.get("/healthz", response_model=Health, tags=["health"])
+    def healthz() -> Health:
+        """The process is up (nothing else is checked)."""
+        return Health(status="ok")
+
+    @app.get(
+        "/readyz",
+        response_model=Health,
+        tags=["health"],
+        responses={503: {"description": "The store does not answer."}},
+    )
+    def readyz(request: Request) -> Health | JSONResponse:
+        """The store answers (each partition's newest event and the views' position
+        are read)."""
+        views: JobViews = request.app.state.views
+        try:
+            views.lag()
+        except JobLedgerError as error:
+            detail = f"the store does not answer: {error}"
+            return Problem(503, detail, error=type(error).__name__).response("/readyz")
+        return Health(status="ok")
