@@ -18,7 +18,13 @@ from typing import Annotated, Any
 from urllib.parse import urlencode
 
 from fastapi import APIRouter, Depends, Form, Request
-from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
+from fastapi.responses import (
+    HTMLResponse,
+    JSONResponse,
+    RedirectResponse,
+    Response,
+    StreamingResponse,
+)
 from jinja2 import Environment, PackageLoader, select_autoescape
 from projections import JobViews
 from projections.job_views import JobQuery, cursor
@@ -26,6 +32,7 @@ from projections.job_views import JobQuery, cursor
 from jobledger.api.auth import AuthenticationError, Authenticator, Principal, Role
 from jobledger.api.settings import ApiSettings
 from jobledger.api.console import reads
+from jobledger.api.live import LogBell, job_events
 from jobledger.api.console.session import COOKIE, PRE_SIGN_IN_COOKIE, Session, SessionCodec
 from jobledger.cli.output import audit_line, job_document, jsonable, money, when
 from jobledger.engine import Engine
@@ -36,6 +43,8 @@ from jobledger.errors import (
     JobLedgerError,
     UnknownJobError,
 )
+from jobledger.identity import job_uuid
+from jobledger.job import Job
 from jobledger.status import JobStatus
 
 PREFIX = "/console"
@@ -51,6 +60,16 @@ SECURITY_HEADERS = {
     "Cache-Control": "no-store",
 }
 PAGE_SIZE = 50
+HEARTBEAT_SECONDS = 15.0
+EVENT_TYPES = ",".join(
+    sorted(
+        name
+        for name, kind in vars(Job).items()
+        if isinstance(kind, type) and issubclass(kind, Job.Event) and kind is not Job.Event
+    )
+)
+"""The live stream names each message by its event type; EventSource has no wildcard,
+so the job page's script listens for each of these."""
 STATIC = {"console.css": "text/css", "console.js": "text/javascript"}
 
 
@@ -74,6 +93,7 @@ class Console:
             secret.get_secret_value().encode() if secret is not None else secrets.token_bytes(32)
         )
         self.cookie_secure = settings.cookie_secure
+        self.state = state
         self.templates = Environment(
             loader=PackageLoader("jobledger.api.console", "templates"),
             autoescape=select_autoescape(default=True, default_for_string=True),
@@ -110,6 +130,15 @@ class Console:
 
     def not_found(self, request: Request, session: Session | None) -> HTMLResponse:
         return self.render("not_found.html", request, session, status=404)
+
+    def bell(self) -> LogBell:
+        """The app's log bell (shared with the API's own live routes when they made it
+        first); the console makes it when nothing has yet."""
+        with _made:
+            bell: LogBell | None = getattr(self.state, "bell", None)
+            if bell is None:
+                bell = self.state.bell = LogBell(self.engine.deps.store)
+        return bell
 
     def reads(self, session: Session, tenant: str) -> None:
         if not session.principal.may_read(tenant):
@@ -335,19 +364,25 @@ def _add_jobs(api: APIRouter) -> None:
             return c.not_found(request, session)
         return c.render("job.html", request, session, **context)
 
-    @api.get("/job/version")
-    def job_version(request: Request, c: Of, tenant: str, job: str) -> Response:
-        """The job's version now: what the job page's script watches when the server
-        offers no live stream."""
+    @api.get("/job/events")
+    def job_live(request: Request, c: Of, tenant: str, job: str, after: int = 0) -> Response:
+        """The job's events after version ``after`` (or the ``Last-Event-ID`` a
+        reconnecting EventSource sends), live: the API's own stream, for the session."""
         session = c.session(request)
         try:
             if session is None:
                 raise _NotFound
             c.reads(session, tenant)
-            version = c.engine.job(tenant, job).version
+            c.engine.job(tenant, job)
         except (_NotFound, UnknownJobError):
             return JSONResponse({"error": "not found"}, 404, headers=SECURITY_HEADERS)
-        return JSONResponse({"version": version}, headers=SECURITY_HEADERS)
+        resumed = request.headers.get("last-event-id", "")
+        start = int(resumed) if resumed.isdigit() else after
+        frames = job_events(
+            c.bell(), job_uuid(tenant, job), start, heartbeat_seconds=HEARTBEAT_SECONDS
+        )
+        headers = {**SECURITY_HEADERS, "X-Accel-Buffering": "no"}
+        return StreamingResponse(frames, media_type="text/event-stream", headers=headers)
 
     @api.get("/spend")
     def spend(request: Request, c: Of, tenant: str = "") -> Response:
@@ -408,6 +443,7 @@ def _job_context(c: Console, tenant: str, job: str, version: int | None) -> dict
         "at_version": at_version,
         "error": error,
         "query": urlencode({"tenant": tenant, "job": job}),
+        "event_types": EVENT_TYPES,
         "approval_query": urlencode(
             {"tenant": tenant, "job": job, "approval": now.pending_approval_id or ""}
         ),

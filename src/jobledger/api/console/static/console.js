@@ -1,17 +1,22 @@
 // The jobledger console's one script: a job page follows its job live. No build step.
-// The page is rendered (and escaped) by the server; on a change this swaps in the
-// server's fresh rendering of the same page rather than building any markup here.
+// The page is rendered (and escaped) by the server; when the job's live stream (Server-
+// Sent Events) says it moved, this swaps in the server's fresh rendering of the same
+// page rather than building any markup itself.
 "use strict";
 
 (function () {
   const live = document.getElementById("live");
-  if (!live || !live.dataset.follow) return;
+  if (!live || !live.dataset.follow || !window.EventSource) return;
 
   let version = Number(live.dataset.version);
   let refreshing = false;
+  let again = false;
 
   async function refresh() {
-    if (refreshing) return;
+    if (refreshing) {
+      again = true;
+      return;
+    }
     refreshing = true;
     try {
       const response = await fetch(window.location.href, { credentials: "same-origin" });
@@ -21,29 +26,26 @@
       const current = document.getElementById("live");
       if (next && current) {
         current.replaceWith(next);
-        version = Number(next.dataset.version);
+        document.title = fresh.title;
       }
     } finally {
       refreshing = false;
+      if (again) {
+        again = false;
+        refresh();
+      }
     }
   }
 
-  function changed(newVersion) {
-    if (newVersion > version) refresh();
+  const source = new EventSource(live.dataset.eventsUrl);
+  function moved(event) {
+    const id = Number(event.lastEventId);
+    if (id > version) {
+      version = id;
+      refresh();
+    }
   }
-
-  // Live: the job's event stream (Server-Sent Events), when the server offers one.
-  if (live.dataset.eventsUrl && window.EventSource) {
-    const source = new EventSource(live.dataset.eventsUrl);
-    source.onmessage = function (event) {
-      const id = Number(event.lastEventId);
-      changed(Number.isFinite(id) && id > 0 ? id : version + 1);
-    };
-    return;
+  for (const type of live.dataset.eventTypes.split(",")) {
+    source.addEventListener(type, moved);
   }
-  // Otherwise ask for the job's version once a second.
-  setInterval(async function () {
-    const response = await fetch(live.dataset.versionUrl, { credentials: "same-origin" });
-    if (response.ok) changed((await response.json()).version);
-  }, 1000);
 })();
