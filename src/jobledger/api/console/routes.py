@@ -49,7 +49,7 @@ from jobledger.status import JobStatus
 
 PREFIX = "/console"
 CSP = (
-    "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; "
+    "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
     "connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'"
 )
 SECURITY_HEADERS = {
@@ -336,6 +336,8 @@ def _add_jobs(api: APIRouter) -> None:
             return c.redirect(f"{PREFIX}/sign-in")
         tenants = _tenants(session.principal)
         chosen = tenant or (tenants[0] if tenants else "")
+        if chosen and not session.principal.may_read(chosen):
+            return c.not_found(request, session)
         context: dict[str, Any] = {
             "tenants": tenants,
             "tenant": chosen,
@@ -346,7 +348,7 @@ def _add_jobs(api: APIRouter) -> None:
             "more": None,
             "error": None,
         }
-        if chosen and session.principal.may_read(chosen):
+        if chosen:
             context.update(_listing(c, chosen, status, workflow, after))
         return c.render("jobs.html", request, session, **context)
 
