@@ -105,9 +105,11 @@ def test_an_approver_approves_from_the_inbox_and_watches_the_job_finish_live(
     assert engine.job("acme", "pay-1").status == "completed"
     history = engine.history("acme", "pay-1")
     page.wait(
-        lambda: page.text("#status") == "completed"
-        and [li.text.split()[-1] for li in page.all("#timeline li")]
-        == [entry.chain_hash for entry in history],
+        lambda: (
+            page.text("#status") == "completed"
+            and [li.text.split()[-1] for li in page.all("#timeline li")]
+            == [entry.chain_hash for entry in history]
+        ),
         "the live update: completed, every event with its chain hash",
     )
     assert page.driver.execute_script("return window.stillTheSamePage === true")

@@ -7,13 +7,15 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import httpx
 import pytest
 
 from jobledger import Engine
-from jobledger.api.console.session import COOKIE
+from jobledger.api.auth import Principal, Role
+from jobledger.api.console.session import COOKIE, LIFETIME, SessionCodec
 from jobledger.workflows import DefinitionRegistry, parse_definition
 from tests.support.engines import EngineFactory
 from tests.support.http import ApiServer, api_key, start_api, token
@@ -68,7 +70,8 @@ def test_sign_in_sets_a_signed_http_only_same_site_strict_session_cookie(
     client = browser(server)
     form = client.get("/console/sign-in")
     answer = client.post(
-        "/console/sign-in", data={"credential": token(sub="ann", roles="approver"), "csrf": csrf(form)}
+        "/console/sign-in",
+        data={"credential": token(sub="ann", roles="approver"), "csrf": csrf(form)},
     )
     assert answer.status_code == 303
     assert answer.headers["location"] == "/console/approvals"
@@ -122,7 +125,9 @@ def test_every_page_sends_a_content_security_policy_and_escapes_job_data(
     pages = [
         client.get("/console/sign-in"),
         client.get("/console/approvals"),
-        client.get("/console/approval", params={"tenant": "acme", "job": "pay-1", "approval": APPROVAL}),
+        client.get(
+            "/console/approval", params={"tenant": "acme", "job": "pay-1", "approval": APPROVAL}
+        ),
         client.get("/console/jobs"),
         client.get("/console/job", params={"tenant": "acme", "job": "pay-1"}),
         client.get("/console/job", params={"tenant": "acme", "job": "pay-1", "version": 2}),
@@ -228,3 +233,13 @@ def test_sign_out_ends_the_session(server: ApiServer) -> None:
     answer = client.post("/console/sign-out", data={"csrf": csrf(page)})
     assert answer.headers["location"] == "/console/sign-in"
     assert client.get("/console/jobs").headers["location"] == "/console/sign-in"
+
+
+def test_a_session_ends_when_it_expires() -> None:
+    codec = SessionCodec(b"s" * 32)
+    now = datetime(2026, 1, 1, tzinfo=UTC)
+    principal = Principal("ann", frozenset({"acme"}), frozenset({Role.APPROVER}))
+    cookie = codec.encode(codec.new(principal, now))
+    assert codec.decode(cookie, now + LIFETIME - timedelta(seconds=1)) is not None
+    assert codec.decode(cookie, now + LIFETIME) is None
+    assert SessionCodec(b"t" * 32).decode(cookie, now) is None  # another server's secret

@@ -126,7 +126,9 @@ def approval(engine: Engine, tenant_id: str, job_id: str, approval_id: str) -> A
     )
 
 
-def _last(history: Sequence[HistoryEntry], event_type: str, approval_id: str) -> HistoryEntry | None:
+def _last(
+    history: Sequence[HistoryEntry], event_type: str, approval_id: str
+) -> HistoryEntry | None:
     for entry in reversed(history):
         if entry.event_type == event_type and entry.data.get("approval_id") == approval_id:
             return entry

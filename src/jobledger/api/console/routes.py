@@ -30,10 +30,10 @@ from projections import JobViews
 from projections.job_views import JobQuery, cursor
 
 from jobledger.api.auth import AuthenticationError, Authenticator, Principal, Role
-from jobledger.api.settings import ApiSettings
 from jobledger.api.console import reads
-from jobledger.api.live import LogBell, job_events
 from jobledger.api.console.session import COOKIE, PRE_SIGN_IN_COOKIE, Session, SessionCodec
+from jobledger.api.live import LogBell, job_events
+from jobledger.api.settings import ApiSettings
 from jobledger.cli.output import audit_line, job_document, jsonable, money, when
 from jobledger.engine import Engine
 from jobledger.errors import (
@@ -402,7 +402,13 @@ def _add_jobs(api: APIRouter) -> None:
             ceiling = c.engine.config.cost_ceiling_for(chosen)
             days = [(d, usd, _share(usd, ceiling)) for d, usd in c.views.spend_days(chosen)]
         return c.render(
-            "spend.html", request, session, tenants=tenants, tenant=chosen, ceiling=ceiling, days=days
+            "spend.html",
+            request,
+            session,
+            tenants=tenants,
+            tenant=chosen,
+            ceiling=ceiling,
+            days=days,
         )
 
 

@@ -15,6 +15,9 @@ import json
 import secrets
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from jobledger.api.auth import Principal, Role
 
@@ -33,6 +36,24 @@ class Session:
 
     def csrf_matches(self, submitted: str | None) -> bool:
         return submitted is not None and hmac.compare_digest(self.csrf, submitted)
+
+
+class _Signed(BaseModel):
+    """What a signed cookie holds (its signature checked first)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    csrf: str = Field(min_length=1)
+    exp: int
+
+
+class _SessionBody(_Signed):
+    sub: str = Field(min_length=1)
+    tenants: list[str]
+    roles: list[Role]
+
+
+Body = TypeVar("Body", bound=_Signed)
 
 
 class SessionCodec:
@@ -60,19 +81,11 @@ class SessionCodec:
         )
 
     def decode(self, cookie: str | None, now: datetime) -> Session | None:
-        body = self._verified(cookie)
-        if body is None or int(body.get("exp", 0)) <= now.timestamp():
+        body = self._verified(cookie, _SessionBody, now)
+        if body is None:
             return None
-        try:
-            principal = Principal(
-                subject=str(body["sub"]),
-                tenants=frozenset(str(t) for t in body["tenants"]),
-                roles=frozenset(Role(r) for r in body["roles"]),
-            )
-            expires_at = datetime.fromtimestamp(int(body["exp"]), now.tzinfo)
-            return Session(principal, str(body["csrf"]), expires_at)
-        except (KeyError, TypeError, ValueError):
-            return None
+        principal = Principal(body.sub, frozenset(body.tenants), frozenset(body.roles))
+        return Session(principal, body.csrf, datetime.fromtimestamp(body.exp, now.tzinfo))
 
     def pre_sign_in(self, now: datetime) -> tuple[str, str]:
         """A CSRF token for the sign-in form and the signed cookie that vouches for it."""
@@ -81,26 +94,28 @@ class SessionCodec:
         return token, cookie
 
     def pre_sign_in_matches(self, cookie: str | None, submitted: str | None, now: datetime) -> bool:
-        body = self._verified(cookie)
-        if body is None or submitted is None or int(body.get("exp", 0)) <= now.timestamp():
-            return False
-        return hmac.compare_digest(str(body.get("csrf", "")), submitted)
+        body = self._verified(cookie, _Signed, now)
+        return (
+            body is not None and submitted is not None and hmac.compare_digest(body.csrf, submitted)
+        )
 
     def _sign(self, body: dict[str, object]) -> str:
         payload = _b64(json.dumps(body, separators=(",", ":"), sort_keys=True).encode())
         return f"{payload}.{self._mac(payload)}"
 
-    def _verified(self, cookie: str | None) -> dict[str, object] | None:
+    def _verified(self, cookie: str | None, shape: type[Body], now: datetime) -> Body | None:
+        """The cookie's body if its signature holds, it has ``shape`` and has not expired."""
         if not cookie or cookie.count(".") != 1:
             return None
         payload, mac = cookie.split(".")
         if not hmac.compare_digest(mac, self._mac(payload)):
             return None
         try:
-            body = json.loads(base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4)))
-        except ValueError:
+            raw = base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4))
+            body = shape.model_validate_json(raw)
+        except (ValueError, ValidationError):
             return None
-        return body if isinstance(body, dict) else None
+        return body if body.exp > now.timestamp() else None
 
     def _mac(self, payload: str) -> str:
         digest = hmac.new(self._secret, payload.encode(), hashlib.sha256).digest()
