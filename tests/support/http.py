@@ -20,6 +20,7 @@ from typing import Any
 import httpx
 import jwt
 import uvicorn
+from projections import JobViews
 
 from jobledger import FunctionRegistry, JobStatus, Resolution, linear_workflow
 from jobledger.api.app import create_app
@@ -133,8 +134,11 @@ class ApiServer:
 
 
 @contextmanager
-def start_api(engine: Engine, directory: Path, **settings: Any) -> Iterator[ApiServer]:
-    """Serve ``engine`` over HTTP on 127.0.0.1:<free port> until the block ends."""
+def start_api(
+    engine: Engine, directory: Path, *, views: JobViews | None = None, **settings: Any
+) -> Iterator[ApiServer]:
+    """Serve ``engine`` over HTTP on 127.0.0.1:<free port> until the block ends
+    (``views``: the app's listing views, default the store's own)."""
     config = ApiSettings(
         **{
             "jwt_secret": JWT_SECRET,
@@ -144,7 +148,7 @@ def start_api(engine: Engine, directory: Path, **settings: Any) -> Iterator[ApiS
             **settings,
         }
     )
-    app = create_app(engine, config)
+    app = create_app(engine, config, views=views)
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", 0))
