@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import socket
+import ssl
 import threading
 import time
 from collections.abc import Iterator
@@ -19,6 +20,7 @@ from typing import Any
 import httpx
 import jwt
 import uvicorn
+from projections import JobViews
 
 from jobledger import FunctionRegistry, JobStatus, Resolution, linear_workflow
 from jobledger.api.app import create_app
@@ -32,6 +34,7 @@ JWT_SECRET = "api-test-secret-api-test-secret-0123456789"
 ISSUER = "https://issuer.test"
 AUDIENCE = "jobledger-api"
 TENANTS = ("acme", "globex")
+_TLS = ssl.create_default_context()
 APPROVER = "ann"
 """The subject the test approval lists (an approver JWT is issued to her)."""
 
@@ -122,15 +125,20 @@ class ApiServer:
 
     def client(self, credential: str | None = None, **options: Any) -> httpx.Client:
         headers = {"Authorization": f"Bearer {credential}"} if credential else {}
-        return httpx.Client(base_url=self.url, headers=headers, timeout=30, **options)
+        # One TLS context for every client: httpx would load the CA bundle again for
+        # each (a quarter of a second), though the server speaks plain HTTP.
+        return httpx.Client(base_url=self.url, headers=headers, timeout=30, verify=_TLS, **options)
 
     def as_role(self, role: Role | str, tenant: str = "acme", sub: str = "someone") -> httpx.Client:
         return self.client(token(tenants=tenant, roles=str(role), sub=sub))
 
 
 @contextmanager
-def start_api(engine: Engine, directory: Path, **settings: Any) -> Iterator[ApiServer]:
-    """Serve ``engine`` over HTTP on 127.0.0.1:<free port> until the block ends."""
+def start_api(
+    engine: Engine, directory: Path, *, views: JobViews | None = None, **settings: Any
+) -> Iterator[ApiServer]:
+    """Serve ``engine`` over HTTP on 127.0.0.1:<free port> until the block ends
+    (``views``: the app's listing views, default the store's own)."""
     config = ApiSettings(
         **{
             "jwt_secret": JWT_SECRET,
@@ -140,7 +148,7 @@ def start_api(engine: Engine, directory: Path, **settings: Any) -> Iterator[ApiS
             **settings,
         }
     )
-    app = create_app(engine, config)
+    app = create_app(engine, config, views=views)
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", 0))

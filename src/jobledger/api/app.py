@@ -11,7 +11,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from projections import JobViews
 
-from jobledger.api import console, problems, routes_jobs
+from jobledger.api import console, problems, routes_audit, routes_inputs, routes_jobs
 from jobledger.api.auth import Authenticator
 from jobledger.api.limits import BodyLimit, RateLimiter, RequestTimeout
 from jobledger.api.models import Health
@@ -49,7 +49,8 @@ def create_app(
     """One catch-up of the views at a time in this process (the others wait for it,
     then find nothing left to fold)."""
     problems.install(app)
-    app.include_router(routes_jobs.router, prefix="/v1")
+    for routes in (routes_jobs, routes_inputs, routes_audit):
+        app.include_router(routes.router, prefix="/v1")
     app.include_router(console.router())
     _health(app)
     # Outermost first: the timeout covers reading the body too.
