@@ -11,9 +11,10 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from projections import JobViews
 
-from jobledger.api import problems, routes_jobs
+from jobledger.api import problems, routes_jobs, routes_live
 from jobledger.api.auth import Authenticator
 from jobledger.api.limits import BodyLimit, RateLimiter, RequestTimeout
+from jobledger.api.live import LogBell
 from jobledger.api.models import Health
 from jobledger.api.problems import Problem
 from jobledger.api.settings import ApiSettings
@@ -48,8 +49,11 @@ def create_app(
     app.state.views_lock = threading.Lock()
     """One catch-up of the views at a time in this process (the others wait for it,
     then find nothing left to fold)."""
+    app.state.live = LogBell(engine.deps.store, poll_interval=settings.sse_poll_seconds)
+    """Follows the log for the event streams (started by the first; the server closes it)."""
     problems.install(app)
     app.include_router(routes_jobs.router, prefix="/v1")
+    app.include_router(routes_live.router, prefix="/v1")
     _health(app)
     # Outermost first: the timeout covers reading the body too.
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
