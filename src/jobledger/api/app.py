@@ -11,7 +11,13 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from projections import JobViews
 
-from jobledger.api import problems, routes_jobs, routes_live
+from jobledger.api import (
+    problems,
+    routes_audit,
+    routes_inputs,
+    routes_jobs,
+    routes_live,
+)
 from jobledger.api.auth import Authenticator
 from jobledger.api.limits import BodyLimit, RateLimiter, RequestTimeout
 from jobledger.api.live import LogBell
@@ -52,8 +58,8 @@ def create_app(
     app.state.live = LogBell(engine.deps.store, poll_interval=settings.sse_poll_seconds)
     """Follows the log for the event streams (started by the first; the server closes it)."""
     problems.install(app)
-    app.include_router(routes_jobs.router, prefix="/v1")
-    app.include_router(routes_live.router, prefix="/v1")
+    for routes in (routes_jobs, routes_inputs, routes_audit, routes_live):
+        app.include_router(routes.router, prefix="/v1")
     _health(app)
     # Outermost first: the timeout covers reading the body too.
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)

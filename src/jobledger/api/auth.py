@@ -46,7 +46,11 @@ class Principal:
     roles: frozenset[Role]
 
     def sees(self, tenant_id: str) -> bool:
-        return EVERY_TENANT in self.tenants or tenant_id in self.tenants
+        return self.sees_every_tenant or tenant_id in self.tenants
+
+    @property
+    def sees_every_tenant(self) -> bool:
+        return EVERY_TENANT in self.tenants
 
     def may(self, role: Role, tenant_id: str) -> bool:
         """Whether the caller acts as ``role`` in ``tenant_id`` (an admin acts as any)."""

@@ -19,6 +19,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
 from jobledger import errors
+from jobledger.audit.errors import NoSuchVersionError
 from jobledger.redaction import redact
 
 MEDIA_TYPE = "application/problem+json"
@@ -42,6 +43,7 @@ TITLES = {
 # Refused or invalid (the CLI's exit 1), most specific first: the status that says which.
 _REFUSED: tuple[tuple[type[Exception], int], ...] = (
     (errors.UnknownJobError, 404),
+    (NoSuchVersionError, 404),
     (errors.UnauthorisedDeciderError, 403),
     (errors.InvalidTokenError, 401),
     (errors.ExpiredTokenError, 401),
