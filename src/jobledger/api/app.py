@@ -17,6 +17,7 @@ from jobledger.api import (
     routes_inputs,
     routes_jobs,
     routes_live,
+    routes_resume,
 )
 from jobledger.api.auth import Authenticator
 from jobledger.api.limits import BodyLimit, RateLimiter, RequestTimeout
@@ -58,7 +59,7 @@ def create_app(
     app.state.live = LogBell(engine.deps.store, poll_interval=settings.sse_poll_seconds)
     """Follows the log for the event streams (started by the first; the server closes it)."""
     problems.install(app)
-    for routes in (routes_jobs, routes_inputs, routes_audit, routes_live):
+    for routes in (routes_jobs, routes_inputs, routes_audit, routes_live, routes_resume):
         app.include_router(routes.router, prefix="/v1")
     _health(app)
     # Outermost first: the timeout covers reading the body too.
