@@ -14,9 +14,11 @@ from projections import JobViews
 from jobledger.api import (
     problems,
     routes_audit,
+    routes_export,
     routes_inputs,
     routes_jobs,
     routes_live,
+    routes_replay,
     routes_resume,
 )
 from jobledger.api.auth import Authenticator
@@ -59,7 +61,15 @@ def create_app(
     app.state.live = LogBell(engine.deps.store, poll_interval=settings.sse_poll_seconds)
     """Follows the log for the event streams (started by the first; the server closes it)."""
     problems.install(app)
-    for routes in (routes_jobs, routes_inputs, routes_audit, routes_live, routes_resume):
+    for routes in (
+        routes_jobs,
+        routes_inputs,
+        routes_audit,
+        routes_live,
+        routes_resume,
+        routes_export,
+        routes_replay,
+    ):
         app.include_router(routes.router, prefix="/v1")
     _health(app)
     # Outermost first: the timeout covers reading the body too.
