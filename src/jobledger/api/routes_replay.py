@@ -14,9 +14,9 @@ from pydantic import BaseModel
 
 from jobledger.api.auth import Role
 from jobledger.api.deps import Caller, EngineDep, tenant_scope
-from jobledger.api.models import jsonable
 from jobledger.api.problems import Problem
 from jobledger.audit.replay import ReplayReport, StepReplay
+from jobledger.cli.output import jsonable
 from jobledger.workflows.definition import WorkflowDefinition
 from jobledger.workflows.loader import parse_definition
 
