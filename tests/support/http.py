@@ -7,7 +7,6 @@ of each role in each tenant (HS256 JWTs and API keys).
 from __future__ import annotations
 
 import json
-import socket
 import ssl
 import threading
 import time
@@ -19,12 +18,12 @@ from typing import Any
 
 import httpx
 import jwt
-import uvicorn
 from projections import JobViews
 
 from jobledger import FunctionRegistry, JobStatus, Resolution, linear_workflow
 from jobledger.api.app import create_app
 from jobledger.api.auth import Role, key_sha256
+from jobledger.api.server import ApiServer as Serving
 from jobledger.api.settings import ApiSettings
 from jobledger.engine import Engine
 from jobledger.ports import ApprovalSpec
@@ -149,21 +148,15 @@ def start_api(
         }
     )
     app = create_app(engine, config, views=views)
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off"))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    # The server the `run --http` supervisor runs: stopping it ends the live streams too.
+    server = Serving(app, "127.0.0.1", 0, bell=app.state.live)
+    thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
-    deadline = time.monotonic() + 15
-    while not server.started:
-        if not thread.is_alive() or time.monotonic() > deadline:
-            raise RuntimeError("the API server did not start")
-        time.sleep(0.01)
+    if not server.started.wait(15):
+        server.stop()
+        raise RuntimeError("the API server did not start")
     try:
-        yield ApiServer(f"http://127.0.0.1:{port}", engine, config)
+        yield ApiServer(server.url, engine, config)
     finally:
-        server.should_exit = True
+        server.stop()
         thread.join(15)
-        sock.close()

@@ -11,9 +11,20 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from projections import JobViews
 
-from jobledger.api import console, problems, routes_audit, routes_inputs, routes_jobs
+from jobledger.api import (
+    console,
+    problems,
+    routes_audit,
+    routes_export,
+    routes_inputs,
+    routes_jobs,
+    routes_live,
+    routes_replay,
+    routes_resume,
+)
 from jobledger.api.auth import Authenticator
 from jobledger.api.limits import BodyLimit, RateLimiter, RequestTimeout
+from jobledger.api.live import LogBell
 from jobledger.api.models import Health
 from jobledger.api.problems import Problem
 from jobledger.api.settings import ApiSettings
@@ -48,8 +59,18 @@ def create_app(
     app.state.views_lock = threading.Lock()
     """One catch-up of the views at a time in this process (the others wait for it,
     then find nothing left to fold)."""
+    app.state.live = LogBell(engine.deps.store, poll_interval=settings.sse_poll_seconds)
+    """Follows the log for the event streams (started by the first; the server closes it)."""
     problems.install(app)
-    for routes in (routes_jobs, routes_inputs, routes_audit):
+    for routes in (
+        routes_jobs,
+        routes_inputs,
+        routes_audit,
+        routes_live,
+        routes_resume,
+        routes_export,
+        routes_replay,
+    ):
         app.include_router(routes.router, prefix="/v1")
     app.include_router(console.router())
     _health(app)

@@ -26,10 +26,10 @@ from uuid import UUID
 
 from eventsourcing.persistence import Notification
 
-from jobledger import chain
 from jobledger.adapters.event_store import EventSourcedJobStore, LedgerPartition
 from jobledger.adapters.follower import LogFollower
 from jobledger.adapters.store_errors import store_errors
+from jobledger.api.models import Event
 from jobledger.errors import BrokenHistoryError, StoreUnavailableError
 from jobledger.job import Job
 from jobledger.views import HistoryEntry
@@ -169,16 +169,10 @@ def events_after(
 
 
 def frame(entry: HistoryEntry) -> str:
-    """One SSE message: the version as its id, the event type as its name, the entry
-    as compact JSON (no raw newline can end the data line early)."""
-    document = {
-        "version": entry.version,
-        "type": entry.event_type,
-        "timestamp": entry.timestamp,
-        "data": entry.data,
-        "chain_hash": entry.chain_hash,
-    }
-    data = chain.canonical_json(document)
+    """One SSE message: the version as its id, the event type as its name, the event as
+    the history endpoint gives it, in compact JSON (no raw newline can end the data line
+    early)."""
+    data = Event.of(entry).model_dump_json()
     return f"id: {entry.version}\nevent: {entry.event_type}\ndata: {data}\n\n"
 
 

@@ -48,6 +48,13 @@ class ApiSettings(BaseSettings):
     session_secret: SecretStr | None = Field(default=None, min_length=32)
     """Signs the console's session cookies (a random one per process when unset)."""
 
+    # ---- live updates (Server-Sent Events) -----------------------------------------------
+    sse_heartbeat_seconds: float = Field(default=15.0, gt=0)
+    """A comment line on a quiet event stream this often (keeps proxies from closing it)."""
+    sse_poll_seconds: float = Field(default=0.2, gt=0)
+    """How often the event streams look for new events on SQLite (PostgreSQL wakes them
+    with LISTEN/NOTIFY; this is only its fallback there)."""
+
     @model_validator(mode="after")
     def _jwt_needs_issuer_and_audience(self) -> ApiSettings:
         if (self.jwt_secret is not None or self.jwks_file is not None) and (

@@ -60,7 +60,6 @@ SECURITY_HEADERS = {
     "Cache-Control": "no-store",
 }
 PAGE_SIZE = 50
-HEARTBEAT_SECONDS = 15.0
 EVENT_TYPES = ",".join(
     sorted(
         name
@@ -80,7 +79,7 @@ class _NotFound(Exception):
 class Console:
     """What the console's handlers share; one per app, made from what ``create_app``
     put in ``app.state`` (the engine, the views and their lock, the authenticator, the
-    settings and, when the live routes are mounted, the log bell)."""
+    settings and the log bell of the live streams)."""
 
     def __init__(self, state: Any) -> None:
         self.engine: Engine = state.engine
@@ -93,7 +92,9 @@ class Console:
             secret.get_secret_value().encode() if secret is not None else secrets.token_bytes(32)
         )
         self.cookie_secure = settings.cookie_secure
-        self.state = state
+        self.heartbeat_seconds = settings.sse_heartbeat_seconds
+        self.bell: LogBell = state.live
+        """The app's one follower of the log for live streams (the API's own)."""
         self.templates = Environment(
             loader=PackageLoader("jobledger.api.console", "templates"),
             autoescape=select_autoescape(default=True, default_for_string=True),
@@ -130,15 +131,6 @@ class Console:
 
     def not_found(self, request: Request, session: Session | None) -> HTMLResponse:
         return self.render("not_found.html", request, session, status=404)
-
-    def bell(self) -> LogBell:
-        """The app's log bell (shared with the API's own live routes when they made it
-        first); the console makes it when nothing has yet."""
-        with _made:
-            bell: LogBell | None = getattr(self.state, "bell", None)
-            if bell is None:
-                bell = self.state.bell = LogBell(self.engine.deps.store)
-        return bell
 
     def reads(self, session: Session, tenant: str) -> None:
         if not session.principal.may_read(tenant):
@@ -380,8 +372,9 @@ def _add_jobs(api: APIRouter) -> None:
             return JSONResponse({"error": "not found"}, 404, headers=SECURITY_HEADERS)
         resumed = request.headers.get("last-event-id", "")
         start = int(resumed) if resumed.isdigit() else after
+        c.bell.start()  # here, on the thread pool: a store error is an error page, not a cut stream
         frames = job_events(
-            c.bell(), job_uuid(tenant, job), start, heartbeat_seconds=HEARTBEAT_SECONDS
+            c.bell, job_uuid(tenant, job), start, heartbeat_seconds=c.heartbeat_seconds
         )
         headers = {**SECURITY_HEADERS, "X-Accel-Buffering": "no"}
         return StreamingResponse(frames, media_type="text/event-stream", headers=headers)
