@@ -6,8 +6,13 @@ A missing browser is a skip locally and a failure in CI (tests/support/browser.p
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import os
+import shutil
+import subprocess
+import time
+from collections.abc import Callable, Iterator
 from datetime import timedelta
+from importlib.resources import files
 from pathlib import Path
 
 import pytest
@@ -16,7 +21,9 @@ from selenium.webdriver.remote.webdriver import WebDriver
 from jobledger import Engine
 from jobledger.adapters.clock import FakeClock
 from jobledger.workflows import DefinitionRegistry, parse_definition
+from tests.support import ROOT, pythonpath
 from tests.support.browser import Page, chromium
+from tests.support.cli import JOBLEDGER, run_jobledger
 from tests.support.engines import EngineFactory
 from tests.support.http import start_api, token
 
@@ -201,3 +208,90 @@ def test_an_expired_approval_says_so_and_refuses(
     page.shot("expired-refused")
     assert "expired at" in page.text("#refusal")
     assert not any(e.event_type == "ApprovalDecided" for e in engine.history("acme", "pay-1"))
+
+
+DEMO_KEY = "demo-reviewer-key-not-for-production"
+"""The demo reviewer's API key in examples/console/api-keys.json (stored there hashed)."""
+
+
+@pytest.fixture
+def demo_home(tmp_path: Path) -> Path:
+    home = tmp_path / "console-demo"
+    shutil.copytree(ROOT / "examples" / "console", home)
+    return home
+
+
+@pytest.fixture
+def runner(demo_home: Path) -> Iterator[subprocess.Popen[str]]:
+    """``jobledger run`` in the demo's directory, as README.md says."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("JOBLEDGER_")}
+    env["PYTHONPATH"] = pythonpath()
+    process = subprocess.Popen(
+        [str(JOBLEDGER), "run"],
+        cwd=demo_home,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    yield process
+    process.terminate()
+    _, errors = process.communicate(timeout=30)
+    assert "Traceback" not in errors, errors
+
+
+def test_the_demos_fact_check_is_approved_in_the_console_and_the_job_finishes(
+    driver: WebDriver,
+    demo_home: Path,
+    runner: subprocess.Popen[str],
+    request: pytest.FixtureRequest,
+) -> None:
+    """README.md's console walk-through: ``jobledger run`` (a real process), the API
+    on the same store, ``jobledger submit``; the reviewer approves in the browser."""
+    submitted = run_jobledger("submit", "demo", "brief-1", "fact_checked_brief", cwd=demo_home)
+    assert submitted.returncode == 0, submitted.stderr
+    registry = DefinitionRegistry.from_directory(demo_home / "definitions")
+    store = f"sqlite:///{demo_home / 'console-demo.db'}"
+    with (
+        Engine.open(store, registry=registry, store_mode="open") as engine,
+        # (start_api writes its own test keys file in the directory it is given)
+        start_api(engine, demo_home.parent, api_keys_file=demo_home / "api-keys.json") as server,
+    ):
+        wait_for(lambda: engine.job("demo", "brief-1").status == "awaiting_approval", "review")
+        page = Page(driver, server.url, request.node.name)
+        page.sign_in(DEMO_KEY)
+        page.shot("inbox")
+        card = page.find("section.approval")
+        assert "fact_check" in card.text and "demo/brief-1" in card.text
+        assert "To be fact-checked before it is published." in page.text("pre.state")
+        assert "matches the step, params and state shown" in card.text
+        page.find("input[name=comment]").send_keys("the counts match the field notes")
+        page.find("button.approve").click()
+        page.wait(lambda: page.all("#timeline"), "the job page")
+        page.shot("approved")
+        # The runner (another process) finishes the job; the page follows it live.
+        page.driver.execute_script("window.stillTheSamePage = true")
+        page.wait(lambda: page.text("#status") == "completed", "the job to finish", 30)
+        assert page.driver.execute_script("return window.stillTheSamePage === true")
+        page.shot("finished")
+        types = [li.get_attribute("data-type") for li in page.all("#timeline li")]
+        assert "ApprovalDecided" in types
+        assert engine.job("demo", "brief-1").state["published"] is True
+        decided = [
+            e for e in engine.history("demo", "brief-1") if e.event_type == "ApprovalDecided"
+        ]
+        assert [e.data["decided_by"] for e in decided] == ["demo-reviewer"]
+
+
+def test_the_console_demos_definition_is_the_packaged_one() -> None:
+    packaged = files("jobledger.demo").joinpath("fact_check.yaml").read_text(encoding="utf-8")
+    example = ROOT / "examples" / "console" / "definitions" / "fact_checked_brief.v1.yaml"
+    assert example.read_text(encoding="utf-8") == packaged
+
+
+def wait_for(holds: Callable[[], bool], what: str, seconds: float = 30.0) -> None:
+    deadline = time.monotonic() + seconds
+    while not holds():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"waited {seconds} s for {what}")
+        time.sleep(0.1)
