@@ -9,14 +9,18 @@ import re
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from urllib.parse import unquote
 
 import httpx
 import pytest
 
 from jobledger import Engine
 from jobledger.api.auth import Principal, Role
+from jobledger.api.console import routes
 from jobledger.api.console.session import COOKIE, LIFETIME, SessionCodec
+from jobledger.identity import job_uuid
 from jobledger.workflows import DefinitionRegistry, parse_definition
+from tests.support.audit import RawEvents
 from tests.support.engines import EngineFactory
 from tests.support.http import ApiServer, api_key, start_api, token
 from tests.test_console_browser import HOSTILE, PAYOUT
@@ -243,3 +247,66 @@ def test_a_session_ends_when_it_expires() -> None:
     assert codec.decode(cookie, now + LIFETIME - timedelta(seconds=1)) is not None
     assert codec.decode(cookie, now + LIFETIME) is None
     assert SessionCodec(b"t" * 32).decode(cookie, now) is None  # another server's secret
+
+
+def test_the_job_page_says_where_an_edited_history_breaks_its_chain(
+    server: ApiServer, engine: Engine, store_url: str
+) -> None:
+    client = signed_in(server, api_key("acme", "auditor"))
+    job_page = {"tenant": "acme", "job": "pay-1"}
+    assert 'id="chain">chain intact<' in client.get("/console/job", params=job_page).text
+    RawEvents(store_url).replace_in_state(job_uuid("acme", "pay-1"), 3, '"s1":true', '"s1":false')
+    page = client.get("/console/job", params=job_page).text
+    assert (
+        'id="chain">chain broken at v3 (Job.StepRecorded: chain hash does not match the event)<'
+        in page
+    )
+
+
+def test_the_jobs_page_filters_counts_and_pages(engine: Engine, server: ApiServer) -> None:
+    for n in range(3):
+        engine.submit("acme", f"more-{n}", "payout", input={})
+    client = signed_in(server, api_key("acme", "auditor"))
+    page = client.get("/console/jobs").text
+    counts = dict(re.findall(r'class="status s-(\w+)">\w+</a> <b>(\d+)</b>', page))
+    assert counts == {"queued": "3", "awaiting_approval": "1"}
+    waiting = client.get("/console/jobs", params={"status": "awaiting_approval"}).text
+    assert "pay-1" in waiting and "more-0" not in waiting
+    nothing = client.get("/console/jobs", params={"workflow": "other"}).text
+    assert "No jobs." in nothing
+    bad = client.get("/console/jobs", params={"after": "not-a-cursor"})
+    assert bad.status_code == 200 and "not a listing cursor" in bad.text
+
+
+def test_the_jobs_page_pages_by_cursor(
+    engine: Engine, server: ApiServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(routes, "PAGE_SIZE", 2)
+    for n in range(3):
+        engine.submit("acme", f"more-{n}", "payout", input={})
+    client = signed_in(server, api_key("acme", "auditor"))
+    seen: list[str] = []
+    params: dict[str, str] = {}
+    for _ in range(3):
+        page = client.get("/console/jobs", params=params).text
+        seen += re.findall(r"job=([\w-]+)\">", page)
+        more = re.search(r'id="more" href="[^"]*after=([^"&]+)"', page)
+        if more is None:
+            break
+        params = {"after": unquote(more.group(1))}
+    assert sorted(seen) == ["more-0", "more-1", "more-2", "pay-1"]
+
+
+def test_the_spend_page_shows_each_utc_day_against_the_ceiling(
+    make_engine: EngineFactory, tmp_path: Path
+) -> None:
+    registry = DefinitionRegistry([parse_definition(PAYOUT, "payout.yaml")])
+    ceiling = {"cost_ceiling_usd": "1", "tenant_cost_ceilings_usd": {"acme": "0.40"}}
+    engine = make_engine(registry=registry, config=ceiling)
+    engine.submit("acme", "pay-1", "payout", input={})
+    engine.run_until_idle()
+    with start_api(engine, tmp_path) as server:
+        page = signed_in(server, api_key("acme", "auditor")).get("/console/spend").text
+    day = engine.clock.now().date().isoformat()
+    assert "Ceiling: $0.40 per UTC day" in page
+    assert re.search(rf"<td>{day}</td><td>\$0.10</td>\s*<td><meter[^>]*value=\"25\"", page), page
