@@ -18,7 +18,10 @@ from typing import Final
 import uvicorn
 from starlette.types import ASGIApp
 
+from jobledger.api.app import create_app
 from jobledger.api.live import LogBell
+from jobledger.api.settings import ApiSettings
+from jobledger.engine import Engine
 from jobledger.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -40,6 +43,12 @@ def listen(host: str, port: int) -> socket.socket:
         raise ConfigError(f"cannot listen on {host}:{port}: {error.strerror or error}") from None
     sock.set_inheritable(True)
     return sock
+
+
+def serve_engine(engine: Engine, settings: ApiSettings) -> ApiServer:
+    """The API over ``engine``, bound to the settings' host and port (not yet serving)."""
+    app = create_app(engine, settings)
+    return ApiServer(app, settings.host, settings.port, bell=app.state.live)
 
 
 class ApiServer:
