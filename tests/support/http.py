@@ -18,6 +18,7 @@ from typing import Any
 
 import httpx
 import jwt
+from projections import JobViews
 
 from jobledger import FunctionRegistry, JobStatus, Resolution, linear_workflow
 from jobledger.api.app import create_app
@@ -132,8 +133,11 @@ class ApiServer:
 
 
 @contextmanager
-def start_api(engine: Engine, directory: Path, **settings: Any) -> Iterator[ApiServer]:
-    """Serve ``engine`` over HTTP on 127.0.0.1:<free port> until the block ends."""
+def start_api(
+    engine: Engine, directory: Path, *, views: JobViews | None = None, **settings: Any
+) -> Iterator[ApiServer]:
+    """Serve ``engine`` over HTTP on 127.0.0.1:<free port> until the block ends
+    (``views``: the app's listing views, default the store's own)."""
     config = ApiSettings(
         **{
             "jwt_secret": JWT_SECRET,
@@ -143,7 +147,7 @@ def start_api(engine: Engine, directory: Path, **settings: Any) -> Iterator[ApiS
             **settings,
         }
     )
-    app = create_app(engine, config)
+    app = create_app(engine, config, views=views)
     # The server the `run --http` supervisor runs: stopping it ends the live streams too.
     server = Serving(app, "127.0.0.1", 0, bell=app.state.live)
     thread = threading.Thread(target=server.run, daemon=True)
