@@ -6,8 +6,11 @@ A missing browser is a skip locally and a failure in CI (tests/support/browser.p
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
+import signal
+import socket
 import subprocess
 import time
 from collections.abc import Callable, Iterator
@@ -15,6 +18,7 @@ from datetime import timedelta
 from importlib.resources import files
 from pathlib import Path
 
+import httpx
 import pytest
 from selenium.webdriver.remote.webdriver import WebDriver
 
@@ -221,45 +225,55 @@ def demo_home(tmp_path: Path) -> Path:
     return home
 
 
-@pytest.fixture
-def runner(demo_home: Path) -> Iterator[subprocess.Popen[str]]:
-    """``jobledger run`` in the demo's directory, as README.md says."""
+def jobledger_process(home: Path, *args: str) -> subprocess.Popen[str]:
+    """``jobledger ARGS`` started in ``home`` as README.md says: no JOBLEDGER_* settings
+    but the config file's."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("JOBLEDGER_")}
     env["PYTHONPATH"] = pythonpath()
-    process = subprocess.Popen(
-        [str(JOBLEDGER), "run"],
-        cwd=demo_home,
+    return subprocess.Popen(
+        [str(JOBLEDGER), *args],
+        cwd=home,
         env=env,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         text=True,
     )
-    yield process
-    process.terminate()
-    _, errors = process.communicate(timeout=30)
-    assert "Traceback" not in errors, errors
+
+
+def stopped(process: subprocess.Popen[str]) -> str:
+    """Stop it as Ctrl-C would; what it said on stderr."""
+    process.send_signal(signal.SIGINT)
+    try:
+        _, errors = process.communicate(timeout=30)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        _, errors = process.communicate()
+    return errors
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
 
 
 def test_the_demos_fact_check_is_approved_in_the_console_and_the_job_finishes(
-    driver: WebDriver,
-    demo_home: Path,
-    runner: subprocess.Popen[str],
-    request: pytest.FixtureRequest,
+    driver: WebDriver, demo_home: Path, request: pytest.FixtureRequest
 ) -> None:
-    """README.md's console walk-through: ``jobledger run`` (a real process), the API
-    on the same store, ``jobledger submit``; the reviewer approves in the browser."""
-    submitted = run_jobledger("submit", "demo", "brief-1", "fact_checked_brief", cwd=demo_home)
-    assert submitted.returncode == 0, submitted.stderr
-    registry = DefinitionRegistry.from_directory(demo_home / "definitions")
-    store = f"sqlite:///{demo_home / 'console-demo.db'}"
-    with (
-        Engine.open(store, registry=registry, store_mode="open") as engine,
-        # (start_api writes its own test keys file in the directory it is given)
-        start_api(engine, demo_home.parent, api_keys_file=demo_home / "api-keys.json") as server,
-    ):
-        wait_for(lambda: engine.job("demo", "brief-1").status == "awaiting_approval", "review")
-        page = Page(driver, server.url, request.node.name)
+    """README.md's console walk-through, process for process: ``jobledger run``,
+    ``jobledger serve`` and ``jobledger submit`` in examples/console; the reviewer
+    approves the fact-check in the browser and watches the job finish."""
+    port = free_port()
+    runner = jobledger_process(demo_home, "run")
+    server = jobledger_process(demo_home, "serve", "--port", str(port))
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_for(lambda: _answers(f"{url}/readyz"), "jobledger serve")
+        submitted = run_jobledger("submit", "demo", "brief-1", "fact_checked_brief", cwd=demo_home)
+        assert submitted.returncode == 0, submitted.stderr
+        page = Page(driver, url, request.node.name)
         page.sign_in(DEMO_KEY)
+        page.wait(lambda: _reloaded(page) and page.all("section.approval"), "the fact-check", 30)
         page.shot("inbox")
         card = page.find("section.approval")
         assert "fact_check" in card.text and "demo/brief-1" in card.text
@@ -269,18 +283,39 @@ def test_the_demos_fact_check_is_approved_in_the_console_and_the_job_finishes(
         page.find("button.approve").click()
         page.wait(lambda: page.all("#timeline"), "the job page")
         page.shot("approved")
+        assert "ApprovalDecided" in [
+            li.get_attribute("data-type") for li in page.all("#timeline li")
+        ]
         # The runner (another process) finishes the job; the page follows it live.
         page.driver.execute_script("window.stillTheSamePage = true")
         page.wait(lambda: page.text("#status") == "completed", "the job to finish", 30)
         assert page.driver.execute_script("return window.stillTheSamePage === true")
         page.shot("finished")
-        types = [li.get_attribute("data-type") for li in page.all("#timeline li")]
-        assert "ApprovalDecided" in types
-        assert engine.job("demo", "brief-1").state["published"] is True
-        decided = [
-            e for e in engine.history("demo", "brief-1") if e.event_type == "ApprovalDecided"
-        ]
-        assert [e.data["decided_by"] for e in decided] == ["demo-reviewer"]
+    finally:
+        served, ran = stopped(server), stopped(runner)
+    assert "Traceback" not in served + ran, served + ran
+    shown = run_jobledger("show", "demo", "brief-1", "--json", cwd=demo_home)
+    job = json.loads(shown.stdout)
+    assert job["status"] == "completed" and job["state"]["published"] is True
+    history = json.loads(
+        run_jobledger("history", "demo", "brief-1", "--json", cwd=demo_home).stdout
+    )
+    decided = [e for e in history["events"] if e["event_type"] == "ApprovalDecided"]
+    assert [e["data"]["decided_by"] for e in decided] == ["demo-reviewer"]
+
+
+def _answers(url: str) -> bool:
+    try:
+        return httpx.get(url, timeout=2).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def _reloaded(page: Page) -> bool:
+    """The inbox, read again (the runner takes a moment to reach the fact-check)."""
+    if not page.all("section.approval"):
+        page.open("/console/approvals")
+    return True
 
 
 def test_the_console_demos_definition_is_the_packaged_one() -> None:

@@ -25,6 +25,8 @@ from jobledger.redaction import redact
 if TYPE_CHECKING:
     import uvicorn
 
+    from jobledger.api.live import LogBell
+
 
 class LeftToTheRunner:
     """The queue of ``serve`` on the local transport. The in-process queue of another
@@ -90,7 +92,7 @@ def serve(
             f"auth: {', '.join(_auth_kinds(api))}",
             soft_wrap=True,
         )
-        server = _server_class()(
+        server = _server_class(app.state.live)(
             uvicorn.Config(
                 app,
                 host=api.host,
@@ -104,16 +106,19 @@ def serve(
         output.console().print("stopped cleanly")
 
 
-def _server_class() -> type[uvicorn.Server]:
+def _server_class(live: LogBell) -> type[uvicorn.Server]:
     import uvicorn
 
     class Server(uvicorn.Server):
         def handle_exit(self, sig: int, frame: FrameType | None) -> None:
             """Ctrl-C or SIGTERM: finish the requests in hand and exit 0, as ``run``
             does (uvicorn's own handler also raises the signal again after its
-            shutdown, so the process would end by it). A second Ctrl-C forces it."""
+            shutdown, so the process would end by it). A second Ctrl-C forces it.
+            The live streams end first: an event stream (a console page left open)
+            never ends on its own, and uvicorn waits for every open response."""
             if self.should_exit and sig == signal.SIGINT:
                 self.force_exit = True
+            live.close()
             self.should_exit = True
 
     return Server
