@@ -84,7 +84,7 @@ class Console:
     def __init__(self, state: Any) -> None:
         self.engine: Engine = state.engine
         self.views: JobViews = state.views
-        self.views_lock: threading.Lock = getattr(state, "views_lock", None) or threading.Lock()
+        self.views_lock: threading.Lock = state.views_lock
         self.authenticator: Authenticator = state.authenticator
         settings: ApiSettings = state.settings
         secret = settings.session_secret
