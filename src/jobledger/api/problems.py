@@ -16,9 +16,11 @@ from eventsourcing.persistence import PersistenceError
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from pydantic import BaseModel
 from starlette.exceptions import HTTPException
 
 from jobledger import errors
+from jobledger.adapters.store_errors import STORE_ERRORS
 from jobledger.audit.errors import NoSuchVersionError
 from jobledger.redaction import redact
 
@@ -54,6 +56,37 @@ _REFUSED: tuple[tuple[type[Exception], int], ...] = (
     (errors.ApprovalError, 409),
     (errors.TokenError, 409),
 )
+
+
+class ProblemDetails(BaseModel):
+    """RFC 9457 problem details, as every error is answered."""
+
+    type: str
+    """``urn:jobledger:error:<error>``."""
+    title: str
+    status: int
+    detail: str
+    """What was wrong, in words."""
+    error: str
+    """The engine's error class (``UnknownJobError``, ``StaleApprovalError``, ...) or the
+    API's own (``AuthenticationError``, ``Forbidden``, ``RateLimited``, ...)."""
+    instance: str | None = None
+
+
+def documented(*statuses: int) -> dict[int | str, dict[str, Any]]:
+    """OpenAPI ``responses`` for these statuses: problem+json bodies."""
+    return {
+        status: {
+            "model": ProblemDetails,
+            "description": TITLES[status],
+            "content": {MEDIA_TYPE: {}},
+        }
+        for status in statuses
+    }
+
+
+EVERY_REQUEST = documented(400, 401, 413, 429, 503)
+"""What any /v1 request can be answered besides its own outcomes."""
 
 
 class Problem(Exception):
@@ -133,6 +166,24 @@ def install(app: FastAPI) -> None:
     @app.exception_handler(PersistenceError)
     async def _store(request: Request, error: PersistenceError) -> JSONResponse:
         return of_error(error).response(request.url.path)
+
+    async def _driver(request: Request, error: Exception) -> JSONResponse:
+        # A driver's own error the library did not translate: the store failing.
+        detail = f"store error: {str(error) or type(error).__name__}"
+        return of_error(errors.StoreUnavailableError(detail)).response(request.url.path)
+
+    for kind in STORE_ERRORS:
+        if not issubclass(kind, PersistenceError):
+            app.add_exception_handler(kind, _driver)
+
+    @app.exception_handler(Exception)
+    async def _unexpected(request: Request, error: Exception) -> JSONResponse:
+        """A bug: 500, its message kept out of the answer (it may quote data); the
+        server logs it with its traceback."""
+        problem = Problem(
+            500, "an unexpected error; the server's log has it", error="InternalError"
+        )
+        return problem.response(request.url.path)
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, error: RequestValidationError) -> JSONResponse:

@@ -32,9 +32,9 @@ class LeftToTheRunner:
     """The queue of ``serve`` on the local transport. The in-process queue of another
     process cannot be reached from here, and one in this process has no worker to drain
     it (it would only grow): a submitted or resumed job is ``queued`` in the store, and
-    the runner's reconciler enqueues a queued job whose tick was lost (after
-    ``lost_tick_after``). ``jobledger run --http`` serves the API inside the runner, on
-    its own queue, and the kafka transport publishes each tick at once."""
+    the runner's reconciler enqueues a queued job whose tick was lost (``jobledger run``
+    counts one lost after about two seconds). ``jobledger run --http`` serves the API
+    inside the runner, on its own queue; the kafka transport publishes each tick at once."""
 
     def enqueue(self, tick: Tick, *, delay_ms: int = 0, dedupe_key: str | None = None) -> None:
         """Nothing to do: see the class."""
