@@ -4,16 +4,25 @@ default, as for every other setting)."""
 
 from __future__ import annotations
 
+import os
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
-from pydantic import Field, SecretStr, model_validator
+from pydantic import Field, SecretStr, ValidationError, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from jobledger.errors import ConfigError
+
+ENV_PREFIX = "JOBLEDGER_HTTP_"
+PATHS = ("jwks_file", "api_keys_file")
+"""Settings that name files: relative to the config file that names them."""
 
 
 class ApiSettings(BaseSettings):
     """Where the API listens, who may call it and how much."""
 
-    model_config = SettingsConfigDict(env_prefix="JOBLEDGER_HTTP_", extra="forbid", frozen=True)
+    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="forbid", frozen=True)
 
     host: str = "127.0.0.1"
     """Loopback by default: exposing the API is a decision, not an accident."""
@@ -62,3 +71,35 @@ class ApiSettings(BaseSettings):
         ):
             raise ValueError("JWTs need both jwt_issuer and jwt_audience to check them against")
         return self
+
+
+def load_api_settings(
+    table: Mapping[str, Any], config_file: Path | None = None, **flags: Any
+) -> ApiSettings:
+    """The API's settings, highest first: ``flags`` (not None), ``JOBLEDGER_HTTP_*``
+    variables, the config file's ``[http]`` table, the defaults. Every problem is named
+    in one ConfigError."""
+    in_env = {name for name in ApiSettings.model_fields if os.environ.get(env_name(name))}
+    values = {name: value for name, value in table.items() if name not in in_env}
+    for name in PATHS:
+        if isinstance(values.get(name), str) and config_file is not None:
+            values[name] = config_file.parent / values[name]
+    values |= {name: value for name, value in flags.items() if value is not None}
+    try:
+        return ApiSettings(**values)
+    except ValidationError as error:
+        where = f"[http] of {str(config_file)!r}" if config_file is not None else "settings"
+        problems = "; ".join(_problem(detail) for detail in error.errors())
+        raise ConfigError(f"invalid HTTP {where} (or {ENV_PREFIX}* variable): {problems}") from None
+
+
+def env_name(setting: str) -> str:
+    return f"{ENV_PREFIX}{setting.upper()}"
+
+
+def _problem(detail: Any) -> str:
+    key = ".".join(str(part) for part in detail["loc"])
+    if detail["type"] == "extra_forbidden":
+        return f"unknown setting {key!r} (known: {', '.join(ApiSettings.model_fields)})"
+    message = str(detail["msg"]).removeprefix("Value error, ")
+    return f"{key}: {message}" if key else message
