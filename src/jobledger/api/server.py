@@ -89,6 +89,7 @@ class ApiServer:
             self.app,
             log_config=None,  # the process's logging, as configured by the CLI
             access_log=False,
+            server_header=False,
             timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_SECONDS,
         )
         server = _Server(config, self.started, self.stop)
