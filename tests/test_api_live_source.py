@@ -120,3 +120,16 @@ def test_a_quiet_stream_sends_heartbeats_and_closing_the_bell_ends_it(
     assert frames[0].startswith("retry: ")
     assert frames[1] == HEARTBEAT
     assert not any(f.startswith("id: ") for f in frames)
+
+
+def test_closing_the_bell_ends_its_wait_at_once_not_after_the_poll(
+    engines: tuple[Engine, Engine],
+) -> None:
+    server, _ = engines
+    bell = LogBell(store_of(server), poll_interval=30.0)
+    bell.start()
+    time.sleep(1.0)  # its first pass is done: it waits for new events (or 30 s)
+    started = time.monotonic()
+    bell.close()
+    assert bell._thread is not None and not bell._thread.is_alive()
+    assert time.monotonic() - started < 5.0
