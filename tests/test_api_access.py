@@ -19,15 +19,17 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 
 from jobledger import JobStatus
-from jobledger.api.auth import Role
+from jobledger.api.auth import Authenticator, Role
+from jobledger.api.settings import ApiSettings
 from jobledger.engine import Engine
-from jobledger.errors import StoreUnavailableError
+from jobledger.errors import ConfigError, StoreUnavailableError
 from jobledger.ports import JobStore
 from tests.support.engines import EngineFactory
 from tests.support.http import (
     APPROVER,
     AUDIENCE,
     ISSUER,
+    JWT_SECRET,
     ApiServer,
     api_key,
     api_registry,
@@ -414,3 +416,58 @@ def test_a_store_failure_is_503_try_again(make_engine: EngineFactory, tmp_path: 
     body = problem(response, 503)
     assert body["error"] == "StoreUnavailableError" and response.headers["retry-after"] == "1"
     assert "hunter2" not in response.text
+
+
+# ---- the credential files and claim shapes (no server needed) -----------------------------
+
+
+def test_claims_may_name_one_tenant_and_space_separated_roles() -> None:
+    authenticator = Authenticator(secret=JWT_SECRET, issuer=ISSUER, audience=AUDIENCE)
+    claims = {"sub": "ann", "tenant": "acme", "roles": "approver auditor", "iss": ISSUER}
+    claims |= {"aud": AUDIENCE, "exp": int(time.time()) + 60}
+    who = authenticator.authenticate(jwt.encode(claims, JWT_SECRET, algorithm="HS256"))
+    assert who.tenants == {"acme"} and who.roles == {Role.APPROVER, Role.AUDITOR}
+    assert who.may(Role.APPROVER, "acme") and not who.may(Role.OPERATOR, "acme")
+    assert not who.sees("globex")
+
+
+@pytest.mark.parametrize(
+    ("name", "content", "says"),
+    [
+        ("keys.json", "{nope", "is not JSON"),
+        ("keys.json", '{"keys": [{"sha256": "abc", "subject": "x"}]}', "keys.0.sha256"),
+        ("keys.json", '{"keys": [], "extra": 1}', "extra"),
+        ("jwks.json", "{}", "not usable"),
+        ("missing.json", None, "cannot read"),
+    ],
+)
+def test_an_unusable_keys_or_jwks_file_is_one_clear_config_error(
+    tmp_path: Path, name: str, content: str | None, says: str
+) -> None:
+    path = tmp_path / name
+    if content is not None:
+        path.write_text(content)
+    field = "jwks_file" if name == "jwks.json" else "api_keys_file"
+    settings = ApiSettings(
+        **{field: path},
+        **({"jwt_issuer": ISSUER, "jwt_audience": AUDIENCE} if field == "jwks_file" else {}),
+    )
+    with pytest.raises(ConfigError, match=says) as raised:
+        Authenticator.from_settings(settings)
+    assert str(path) in str(raised.value)
+
+
+def test_a_jwks_key_of_another_algorithm_is_refused_at_start(tmp_path: Path) -> None:
+    key = jwt.algorithms.get_default_algorithms()["HS256"].to_jwk(b"k" * 32)
+    (tmp_path / "jwks.json").write_text(json.dumps({"keys": [{**json.loads(key), "kid": "h"}]}))
+    settings = ApiSettings(
+        jwks_file=tmp_path / "jwks.json", jwt_issuer=ISSUER, jwt_audience=AUDIENCE
+    )
+    with pytest.raises(ConfigError, match="not RS256 or ES256"):
+        Authenticator.from_settings(settings)
+
+
+def test_an_unknown_route_is_a_problem_too(api: ApiServer) -> None:
+    with api.as_role(Role.ADMIN) as http:
+        assert problem(http.get("/v1/nothing/here/at/all/really"), 404)["error"] == "NotFound"
+        assert problem(http.delete("/v1/jobs/acme/j"), 405)["error"] == "MethodNotAllowed"

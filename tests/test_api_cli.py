@@ -169,3 +169,34 @@ def test_docs_openapi_json_is_the_apps_document(make_engine: EngineFactory) -> N
     assert json.loads(OPENAPI.read_text()) == document, "run python scripts/openapi.py"
     assert {"/v1/jobs/{tenant}", "/healthz", "/readyz"} <= set(document["paths"])
     assert str(Role.OPERATOR) in OPENAPI.read_text()  # the docstrings name the roles
+
+
+def test_config_show_lists_the_api_settings_and_where_each_came_from(tmp_path: Path) -> None:
+    secret = "an-http-secret-an-http-secret-0123456789"
+    (tmp_path / "jobledger.toml").write_text(
+        f'[http]\njwt_secret = "{secret}"\njwt_issuer = "i"\njwt_audience = "a"\nport = 9000\n'
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("JOBLEDGER_")}
+    env |= {"PYTHONPATH": pythonpath(), "JOBLEDGER_HTTP_PORT": "9100"}
+    result = subprocess.run(
+        [str(JOBLEDGER), "config", "show", "--json"],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+    rows = {row["setting"]: row for row in json.loads(result.stdout)["settings"]}
+    assert rows["http.port"] == {
+        "setting": "http.port",
+        "value": 9100,
+        "source": "env JOBLEDGER_HTTP_PORT",
+    }
+    assert rows["http.jwt_secret"] == {
+        "setting": "http.jwt_secret",
+        "value": "********",
+        "source": "file jobledger.toml",
+    }
+    assert rows["http.host"] == {"setting": "http.host", "value": "127.0.0.1", "source": "default"}
+    assert secret not in result.stdout

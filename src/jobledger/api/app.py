@@ -6,6 +6,7 @@ engine (synchronous, thread-safe: see docs/architecture.md) never blocks the eve
 from __future__ import annotations
 
 import threading
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
@@ -72,10 +73,31 @@ def create_app(
     ):
         app.include_router(routes.router, prefix="/v1")
     _health(app)
+    _document_400_not_422(app)
     # Outermost first: the timeout covers reading the body too.
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
     app.add_middleware(RequestTimeout, seconds=settings.request_timeout_seconds)
     return app
+
+
+def _document_400_not_422(app: FastAPI) -> None:
+    """FastAPI documents a 422 for every request it validates; this API answers an
+    invalid request 400 (problem+json, as every other error), so the document says so."""
+    build = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            document = build()
+            for path in document.get("paths", {}).values():
+                for operation in path.values():
+                    operation.get("responses", {}).pop("422", None)
+            schemas = document.get("components", {}).get("schemas", {})
+            for name in ("HTTPValidationError", "ValidationError"):
+                schemas.pop(name, None)
+            app.openapi_schema = document
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
 
 
 def _health(app: FastAPI) -> None:

@@ -110,6 +110,9 @@ class RequestTimeout:
     def __init__(self, app: ASGIApp, seconds: float) -> None:
         self.app = app
         self.seconds = seconds
+        self._abandoned: set[asyncio.Future[None]] = set()
+        """Requests answered 503 whose engine call still runs: held until it ends (the
+        event loop keeps only weak references to tasks)."""
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -132,6 +135,8 @@ class RequestTimeout:
             await task
             return
         task.cancel()
+        self._abandoned.add(task)
+        task.add_done_callback(self._abandoned.discard)
         problem = Problem(
             503,
             f"the request took longer than {self.seconds:g} s; it may or may not have taken "

@@ -16,6 +16,7 @@ from eventsourcing.persistence import PersistenceError
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from pydantic import BaseModel
 from starlette.exceptions import HTTPException
 
 from jobledger import errors
@@ -54,6 +55,37 @@ _REFUSED: tuple[tuple[type[Exception], int], ...] = (
     (errors.ApprovalError, 409),
     (errors.TokenError, 409),
 )
+
+
+class ProblemDetails(BaseModel):
+    """RFC 9457 problem details, as every error is answered."""
+
+    type: str
+    """``urn:jobledger:error:<error>``."""
+    title: str
+    status: int
+    detail: str
+    """What was wrong, in words."""
+    error: str
+    """The engine's error class (``UnknownJobError``, ``StaleApprovalError``, ...) or the
+    API's own (``AuthenticationError``, ``Forbidden``, ``RateLimited``, ...)."""
+    instance: str | None = None
+
+
+def documented(*statuses: int) -> dict[int | str, dict[str, Any]]:
+    """OpenAPI ``responses`` for these statuses: problem+json bodies."""
+    return {
+        status: {
+            "model": ProblemDetails,
+            "description": TITLES[status],
+            "content": {MEDIA_TYPE: {}},
+        }
+        for status in statuses
+    }
+
+
+EVERY_REQUEST = documented(400, 401, 413, 429, 503)
+"""What any /v1 request can be answered besides its own outcomes."""
 
 
 class Problem(Exception):

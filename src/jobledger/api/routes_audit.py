@@ -2,23 +2,19 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from fastapi import APIRouter, Request
 from projections import JobViews
 
 from jobledger.api.auth import Principal, Role
 from jobledger.api.deps import Caller, EngineDep, tenant_scope
 from jobledger.api.models import PartitionLag, TenantVerdict, Verdict
-from jobledger.api.problems import Problem
+from jobledger.api.problems import EVERY_REQUEST, Problem, documented
 from jobledger.audit.tamper import JobCheck, verify_one, verify_store
 from jobledger.identity import job_uuid
 
-router = APIRouter(tags=["audit"])
+router = APIRouter(tags=["audit"], responses=EVERY_REQUEST)
 
-NOT_FOUND: dict[int | str, dict[str, Any]] = {
-    404: {"description": "No such job (or not one the caller may see)."}
-}
+NOT_FOUND = documented(403, 404)
 
 
 @router.get("/jobs/{tenant}/{job}/verify", response_model=Verdict, responses=NOT_FOUND)

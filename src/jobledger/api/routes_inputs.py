@@ -4,8 +4,6 @@ the body; the engine's own rules (the job's commands) decide the rest."""
 
 from __future__ import annotations
 
-from typing import Any
-
 from fastapi import APIRouter
 
 from jobledger.api.auth import Role
@@ -18,14 +16,12 @@ from jobledger.api.models import (
     SignalRequest,
     SignalResult,
 )
+from jobledger.api.problems import EVERY_REQUEST, documented
 from jobledger.engine import Engine
 
-router = APIRouter(tags=["inputs"])
+router = APIRouter(tags=["inputs"], responses=EVERY_REQUEST)
 
-REFUSALS: dict[int | str, dict[str, Any]] = {
-    404: {"description": "No such job (or not one the caller may see)."},
-    409: {"description": "The job is not in a state that takes this (finished, not waiting)."},
-}
+REFUSALS = documented(403, 404, 409)
 
 
 def _job(engine: Engine, tenant: str, job: str) -> Job:
@@ -47,10 +43,7 @@ def signal(
 @router.post(
     "/jobs/{tenant}/{job}/approvals/{approval}",
     response_model=Job,
-    responses={
-        **REFUSALS,
-        403: {"description": "The caller is not an approver, or not one this approval lists."},
-    },
+    responses=REFUSALS,
 )
 def decide(
     tenant: str, job: str, approval: str, body: DecisionRequest, caller: Caller, engine: EngineDep

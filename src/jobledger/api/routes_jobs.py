@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Annotated, Any
+from typing import Annotated
 
 from fastapi import APIRouter, Header, Query, Request, Response
 from projections import JobViews
@@ -12,15 +12,13 @@ from projections.job_views import JobQuery, cursor
 from jobledger.api.auth import Role
 from jobledger.api.deps import Caller, EngineDep, tenant_scope
 from jobledger.api.models import Event, HistoryPage, Job, JobPage, JobRow, SubmitRequest
-from jobledger.api.problems import Problem
+from jobledger.api.problems import EVERY_REQUEST, Problem, documented
 from jobledger.status import JobStatus
 
-router = APIRouter(tags=["jobs"])
+router = APIRouter(tags=["jobs"], responses=EVERY_REQUEST)
 
 MAX_PAGE = 1000
-NOT_FOUND: dict[int | str, dict[str, Any]] = {
-    404: {"description": "No such job (or not one the caller may see)."}
-}
+NOT_FOUND = documented(403, 404)
 Limit = Annotated[int, Query(ge=1, le=MAX_PAGE, description="At most this many.")]
 
 
@@ -30,7 +28,7 @@ Limit = Annotated[int, Query(ge=1, le=MAX_PAGE, description="At most this many."
     status_code=201,
     responses={
         200: {"model": Job, "description": "The job this request (or its key) made before."},
-        409: {"description": "The job exists and was submitted differently."},
+        **documented(403, 404, 409),
     },
 )
 def submit(
@@ -176,7 +174,7 @@ def history(
 @router.get(
     "/jobs/{tenant}/{job}/at",
     response_model=Job,
-    responses={**NOT_FOUND, 400: {"description": "Neither or both of version and time."}},
+    responses=NOT_FOUND,
 )
 def job_at(
     tenant: str,
