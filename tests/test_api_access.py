@@ -5,6 +5,7 @@ the limits (body size, rate, time)."""
 from __future__ import annotations
 
 import json
+import sqlite3
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -471,3 +472,31 @@ def test_an_unknown_route_is_a_problem_too(api: ApiServer) -> None:
     with api.as_role(Role.ADMIN) as http:
         assert problem(http.get("/v1/nothing/here/at/all/really"), 404)["error"] == "NotFound"
         assert problem(http.delete("/v1/jobs/acme/j"), 405)["error"] == "MethodNotAllowed"
+
+
+class DriverErrorStore(SlowStore):
+    """A driver's own error surfacing where the library does not translate it."""
+
+    def events(self, *args: Any, **kwargs: Any) -> Any:
+        raise sqlite3.OperationalError("database is locked")
+
+
+class BuggyStore(SlowStore):
+    def events(self, *args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("a bug with a secret inside")
+
+
+def test_a_driver_error_is_503_and_a_bug_is_a_500_problem_without_its_message(
+    make_engine: EngineFactory, tmp_path: Path
+) -> None:
+    make_engine(registry=api_registry()).submit("acme", "j", "agent3")
+    responses = []
+    for wrapper in (DriverErrorStore, BuggyStore):
+        engine = make_engine(registry=api_registry(), wrap_store=lambda s, w=wrapper: w(s, 0))
+        with start_api(engine, tmp_path) as api, api.as_role(Role.AUDITOR) as http:
+            responses.append(http.get("/v1/jobs/acme/j"))
+    driver, bug = responses
+    assert problem(driver, 503)["error"] == "StoreUnavailableError"
+    assert driver.headers["retry-after"] == "1" and "database is locked" in driver.text
+    assert problem(bug, 500)["error"] == "InternalError"
+    assert "secret" not in bug.text

@@ -20,6 +20,7 @@ from pydantic import BaseModel
 from starlette.exceptions import HTTPException
 
 from jobledger import errors
+from jobledger.adapters.store_errors import STORE_ERRORS
 from jobledger.audit.errors import NoSuchVersionError
 from jobledger.redaction import redact
 
@@ -166,6 +167,24 @@ def install(app: FastAPI) -> None:
     @app.exception_handler(PersistenceError)
     async def _store(request: Request, error: PersistenceError) -> JSONResponse:
         return of_error(error).response(request.url.path)
+
+    async def _driver(request: Request, error: Exception) -> JSONResponse:
+        # A driver's own error the library did not translate: the store failing.
+        detail = f"store error: {str(error) or type(error).__name__}"
+        return of_error(errors.StoreUnavailableError(detail)).response(request.url.path)
+
+    for kind in STORE_ERRORS:
+        if not issubclass(kind, PersistenceError):
+            app.add_exception_handler(kind, _driver)
+
+    @app.exception_handler(Exception)
+    async def _unexpected(request: Request, error: Exception) -> JSONResponse:
+        """A bug: 500, its message kept out of the answer (it may quote data); the
+        server logs it with its traceback."""
+        problem = Problem(
+            500, "an unexpected error; the server's log has it", error="InternalError"
+        )
+        return problem.response(request.url.path)
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, error: RequestValidationError) -> JSONResponse:
