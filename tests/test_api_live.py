@@ -14,6 +14,8 @@ import pytest
 
 from jobledger.api.auth import Role
 from jobledger.engine import Engine
+from jobledger.identity import job_uuid
+from tests.support.audit import RawEvents
 from tests.support.engines import EngineFactory
 from tests.support.http import ApiServer, api_registry, start_api, token
 from tests.support.sse import SseReader
@@ -131,3 +133,20 @@ def test_a_quiet_stream_has_heartbeats_and_the_server_stopping_ends_it(
     assert stream.error is None, stream.error
     assert beats >= 2
     http.close()
+
+
+def test_a_broken_history_is_a_503_problem_not_a_stream(
+    api: ApiServer, engines: tuple[Engine, Engine], store_url: str
+) -> None:
+    _, writer = engines
+    writer.submit("acme", "j1", "agent3")
+    writer.run_until_idle()
+    raw = RawEvents(store_url)
+    uuid = job_uuid("acme", "j1")
+    raw.set_state(uuid, 3, raw.rows(uuid)[2].topic, b"{not json")
+    with api.as_role(Role.AUDITOR) as http:
+        answer = http.get(EVENTS)
+    assert answer.status_code == 503
+    assert answer.headers["content-type"] == "application/problem+json"
+    assert answer.json()["error"] == "BrokenHistoryError"
+    assert "broken at v3" in answer.json()["detail"]

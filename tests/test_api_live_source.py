@@ -4,6 +4,7 @@ log from a version, rung by the bell that follows the store's notification log."
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
@@ -13,6 +14,7 @@ import pytest
 from jobledger import Engine
 from jobledger.api.live import HEARTBEAT, LogBell, job_events
 from jobledger.identity import job_uuid
+from tests.support.audit import RawEvents
 from tests.support.engines import EngineFactory, store_of
 
 
@@ -120,3 +122,42 @@ def test_a_quiet_stream_sends_heartbeats_and_closing_the_bell_ends_it(
     assert frames[0].startswith("retry: ")
     assert frames[1] == HEARTBEAT
     assert not any(f.startswith("id: ") for f in frames)
+
+
+def test_closing_the_bell_ends_its_wait_at_once_not_after_the_poll(
+    engines: tuple[Engine, Engine],
+) -> None:
+    server, _ = engines
+    bell = LogBell(store_of(server), poll_interval=30.0)
+    bell.start()
+    time.sleep(1.0)  # its first pass is done: it waits for new events (or 30 s)
+    started = time.monotonic()
+    bell.close()
+    assert bell._thread is not None and not bell._thread.is_alive()
+    assert time.monotonic() - started < 5.0
+
+
+def test_a_history_that_breaks_under_an_open_stream_ends_it_with_an_error(
+    engines: tuple[Engine, Engine], store_url: str
+) -> None:
+    server, writer = engines
+    writer.submit("acme", "j1", "agent3")
+    writer.run_until_idle()
+    raw = RawEvents(store_url)
+    uuid = job_uuid("acme", "j1")
+    raw.set_state(uuid, 3, raw.rows(uuid)[2].topic, b"{not json")
+    bell = LogBell(store_of(server), poll_interval=0.05)
+
+    async def body() -> list[str]:
+        stream = job_events(bell, uuid, 0, heartbeat_seconds=60)
+        return [frame async for frame in stream]  # it ends by itself
+
+    try:
+        frames = asyncio.run(asyncio.wait_for(body(), 10))
+    finally:
+        bell.close()
+    assert versions([f for f in frames if f.startswith("id: ")]) == [1, 2]
+    error = parse(frames[-1])
+    assert error["event"] == "error"
+    assert json.loads(error["data"])["error"] == "BrokenHistoryError"
+    assert "broken at v3" in json.loads(error["data"])["detail"]

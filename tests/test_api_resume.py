@@ -146,3 +146,15 @@ def test_no_token_or_two_different_ones_is_a_clear_problem(
     assert not_object.status_code == 400
     assert two == "two different resume tokens: send one"
     assert engine.job("acme", "j1").status == "waiting_event"
+
+
+def test_a_token_superseded_by_a_reissue_is_refused_and_the_new_one_resumes(
+    api: ApiServer, engine: Engine, inbox: Inbox
+) -> None:
+    old = waiting(engine, inbox, "j1")
+    new = engine.reissue_token("acme", "j1", by="ops").token
+    with api.client(old) as http:
+        detail = problem(http.post("/v1/resume", json={}), 409, "TokenMismatchError")
+    assert "superseded by a reissued one" in detail
+    with api.client(new) as http:
+        assert http.post("/v1/resume", json={}).status_code == 200

@@ -10,6 +10,7 @@ import socket
 import subprocess
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
@@ -44,10 +45,14 @@ def home(tmp_path: Path, store_url: str) -> Path:
     (tmp_path / "definitions").mkdir()
     (tmp_path / "definitions" / "chores.yaml").write_text(CHORES)
     (tmp_path / "chores_executor.py").write_text(EXECUTOR)
+    # The API's settings as serve reads them: the [http] table, paths beside the file.
     (tmp_path / "jobledger.toml").write_text(
         f'store_url = "{store_url}"\n'
         'definitions = "definitions"\n'
         'executor = "chores_executor:Chores"\n'
+        "[http]\n"
+        'api_keys_file = "keys.json"\n'
+        "sse_heartbeat_seconds = 30\n"
     )
     write_keys_file(tmp_path / "keys.json")
     return tmp_path
@@ -59,17 +64,16 @@ def environment(home: Path, **extra: str) -> dict[str, str]:
         PYTHONPATH=pythonpath(),
         PYTHONUNBUFFERED="1",
         COLUMNS="200",
-        JOBLEDGER_HTTP_API_KEYS_FILE=str(home / "keys.json"),
-        JOBLEDGER_HTTP_SSE_HEARTBEAT_SECONDS="0.2",
         **extra,
     )
     return env
 
 
-@pytest.fixture
-def runner(home: Path) -> Iterator[tuple[subprocess.Popen[str], str]]:
+@contextmanager
+def started(home: Path, *args: str) -> Iterator[tuple[subprocess.Popen[str], str]]:
+    """``jobledger ARGS`` in ``home``, and the URL it says it serves at."""
     process = subprocess.Popen(
-        [str(JOBLEDGER), "run", "--http", "127.0.0.1:0"],
+        [str(JOBLEDGER), *args],
         cwd=home,
         env=environment(home),
         stdout=subprocess.PIPE,
@@ -84,6 +88,12 @@ def runner(home: Path) -> Iterator[tuple[subprocess.Popen[str], str]]:
             process.communicate(timeout=30)
 
 
+@pytest.fixture
+def runner(home: Path) -> Iterator[tuple[subprocess.Popen[str], str]]:
+    with started(home, "run", "--http", "127.0.0.1:0") as running:
+        yield running
+
+
 def served_at(process: subprocess.Popen[str]) -> str:
     """The URL the runner says it serves the API at (it chose the port)."""
     assert process.stdout is not None
@@ -92,7 +102,7 @@ def served_at(process: subprocess.Popen[str]) -> str:
         line = process.stdout.readline()
         if not line:
             break
-        found = re.search(r"http: (http://127\.0\.0\.1:\d+)", line)
+        found = re.search(r"(?:http|serve): (http://127\.0\.0\.1:\d+)", line)
         if found:
             return found.group(1)
     process.kill()
@@ -119,6 +129,7 @@ def test_run_http_serves_the_api_beside_the_workers_and_stops_cleanly(
         submitted = http.post("/v1/jobs/acme", json={"job_id": "j1", "workflow_type": "chores"})
         assert submitted.status_code == 201, submitted.text
         wait_for_status(http, "/v1/jobs/acme/j1", "completed")  # the runner's workers ran it
+        # No heartbeat for 30 s: only the runner stopping can end this stream in time.
         stream = SseReader(http, "/v1/jobs/acme/j1/events").__enter__()
         events = [m.event for m in stream.take(4)]
         process.send_signal(signal.SIGTERM)
@@ -137,7 +148,7 @@ def test_a_port_in_use_stops_the_runner_before_it_starts(home: Path) -> None:
     taken.listen()
     port = taken.getsockname()[1]
     try:
-        done = run_jobledger("run", "--http", f"127.0.0.1:{port}", cwd=home, **keys(home))
+        done = run_jobledger("run", "--http", f"127.0.0.1:{port}", cwd=home)
     finally:
         taken.close()
     assert done.returncode == 3, done.stderr
@@ -146,10 +157,28 @@ def test_a_port_in_use_stops_the_runner_before_it_starts(home: Path) -> None:
 
 
 def test_a_malformed_http_address_is_a_usage_error(home: Path) -> None:
-    done = run_jobledger("run", "--http", "8080", cwd=home, **keys(home))
+    done = run_jobledger("run", "--http", "8080", cwd=home)
     assert done.returncode == 2
     assert "expected HOST:PORT" in done.stderr
 
 
-def keys(home: Path) -> dict[str, str]:
-    return {"JOBLEDGER_HTTP_API_KEYS_FILE": str(home / "keys.json")}
+def test_serve_ends_its_open_streams_and_exits_0_on_sigterm(home: Path) -> None:
+    run_jobledger("submit", "acme", "j1", "chores", cwd=home)
+    with started(home, "serve", "--port", "0") as (process, url):
+        headers = {"Authorization": f"Bearer {api_key('acme', Role.AUDITOR)}"}
+        with httpx.Client(base_url=url, headers=headers, timeout=30) as http:
+            stream = SseReader(http, "/v1/jobs/acme/j1/events").__enter__()
+            stream.take(1)
+            process.send_signal(signal.SIGTERM)
+            out, err = process.communicate(timeout=30)
+            assert stream.ended.wait(10) and stream.error is None, stream.error
+    assert process.returncode == 0, err
+    assert "stopped cleanly" in out
+
+
+def test_run_http_without_a_way_to_authenticate_refuses_to_start(home: Path) -> None:
+    config = home / "jobledger.toml"
+    config.write_text(config.read_text().replace('api_keys_file = "keys.json"\n', ""))
+    done = run_jobledger("run", "--http", "127.0.0.1:0", cwd=home)
+    assert done.returncode == 3
+    assert done.stderr.startswith("error: run --http needs a way to authenticate callers")

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import threading
 from collections.abc import AsyncIterator, Iterator, Sequence
@@ -30,6 +31,7 @@ from jobledger.adapters.event_store import EventSourcedJobStore, LedgerPartition
 from jobledger.adapters.follower import LogFollower
 from jobledger.adapters.store_errors import store_errors
 from jobledger.api.models import Event
+from jobledger.api.problems import of_error
 from jobledger.errors import BrokenHistoryError, StoreUnavailableError
 from jobledger.job import Job
 from jobledger.views import HistoryEntry
@@ -155,13 +157,16 @@ class Subscription:
 def events_after(
     store: EventSourcedJobStore, job_uuid: UUID, version: int, limit: int = READ_BATCH
 ) -> list[Job.Event]:
-    """The job's events after ``version``, at most ``limit``, in order."""
+    """The job's events after ``version``, at most ``limit``, in order: up to the first
+    row that no longer decodes, which raises once nothing before it is left to send."""
     partition = store.partition(job_uuid)
     found: list[Job.Event] = []
     for stored in partition.recorder.select_events(job_uuid, gt=version, limit=limit):
         try:
             event = partition.mapper.to_domain_event(stored)
         except Exception:  # a row that no longer decodes: stop there, as load does
+            if found:
+                return found
             raise BrokenHistoryError(str(job_uuid), stored.originator_version) from None
         if isinstance(event, Job.Event):
             found.append(event)
@@ -176,6 +181,17 @@ def frame(entry: HistoryEntry) -> str:
     return f"id: {entry.version}\nevent: {entry.event_type}\ndata: {data}\n\n"
 
 
+def broken_frame(error: BrokenHistoryError) -> str:
+    """The last message of a stream whose history breaks: ``event: error``, with the
+    problem the API answers a broken history with."""
+    problem = of_error(error)
+    data = json.dumps(
+        {"status": problem.status, "error": problem.error, "detail": problem.detail},
+        separators=(",", ":"),
+    )
+    return f"event: error\ndata: {data}\n\n"
+
+
 HEARTBEAT: Final = ": heartbeat\n\n"
 """A comment line: keeps proxies and clients from timing the stream out."""
 
@@ -186,7 +202,8 @@ async def job_events(
     """The job's events after version ``after``, then each new one as it is appended,
     until the bell closes (the server stops) or the client goes away. A comment every
     ``heartbeat_seconds`` while nothing happens. A store outage is waited out (the
-    stream resumes where it was), a broken history ends the stream."""
+    stream resumes where it was); a broken history ends the stream with an ``error``
+    message (:func:`broken_frame`)."""
     store = bell.store
     with bell.subscribe(job_uuid) as subscription:
         yield f"retry: {RETRY_MS}\n\n"
@@ -198,11 +215,16 @@ async def job_events(
                 log.warning("live stream of %s: %s; retrying", job_uuid, error)
                 await asyncio.sleep(STORE_RETRY_SECONDS)
                 continue
+            except BrokenHistoryError as error:
+                # What came before the break was sent; a problem says where it is, and
+                # the stream ends (nothing after a broken link can be trusted).
+                yield broken_frame(error)
+                return
             for event in events:
                 yield frame(HistoryEntry.of(event))
                 after = event.originator_version
-            if len(events) == READ_BATCH:
-                continue  # more to catch up on before waiting
+            if events:
+                continue  # a full page, or one cut short by a broken row: read on first
             if not await subscription.wait(heartbeat_seconds) and not bell.closed.is_set():
                 yield HEARTBEAT
 

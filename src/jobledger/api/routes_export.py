@@ -16,10 +16,11 @@ from fastapi.responses import StreamingResponse
 
 from jobledger.api.auth import Role
 from jobledger.api.deps import Caller, EngineDep, tenant_scope
+from jobledger.api.problems import EVERY_REQUEST, documented
 from jobledger.audit.export import Selection, export_lines
 from jobledger.engine import Engine
 
-router = APIRouter(tags=["audit"])
+router = APIRouter(tags=["audit"], responses=EVERY_REQUEST)
 
 MEDIA_TYPE = "application/jsonl"
 EXPORTED: dict[int | str, dict[str, Any]] = {
@@ -28,7 +29,7 @@ EXPORTED: dict[int | str, dict[str, Any]] = {
         "description": "One canonical JSON line per event (job, then version order), then "
         "the manifest line.",
     },
-    404: {"description": "No such tenant or job (or not one the caller may see)."},
+    **documented(403, 404),
 }
 
 

@@ -17,11 +17,11 @@ from fastapi.responses import StreamingResponse
 
 from jobledger.api.deps import Caller, EngineDep, tenant_scope
 from jobledger.api.live import LogBell, job_events
-from jobledger.api.problems import Problem
+from jobledger.api.problems import EVERY_REQUEST, Problem, documented
 from jobledger.api.settings import ApiSettings
 from jobledger.identity import job_uuid
 
-router = APIRouter(tags=["live"])
+router = APIRouter(tags=["live"], responses=EVERY_REQUEST)
 
 MEDIA_TYPE = "text/event-stream"
 STREAM: dict[int | str, dict[str, Any]] = {
@@ -31,8 +31,7 @@ STREAM: dict[int | str, dict[str, Any]] = {
         "(``id``: the version, ``event``: the event type, ``data``: the event as the "
         "history gives it).",
     },
-    400: {"description": "Last-Event-ID (or after) is not a version of this job."},
-    404: {"description": "No such job (or not one the caller may see)."},
+    **documented(404),
 }
 
 

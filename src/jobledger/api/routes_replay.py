@@ -14,13 +14,13 @@ from pydantic import BaseModel
 
 from jobledger.api.auth import Role
 from jobledger.api.deps import Caller, EngineDep, tenant_scope
-from jobledger.api.problems import Problem
+from jobledger.api.problems import EVERY_REQUEST, Problem, documented
 from jobledger.audit.replay import ReplayReport, StepReplay
 from jobledger.cli.output import jsonable
 from jobledger.workflows.definition import WorkflowDefinition
 from jobledger.workflows.loader import parse_definition
 
-router = APIRouter(tags=["audit"])
+router = APIRouter(tags=["audit"], responses=EVERY_REQUEST)
 
 YAML_TYPES = ("application/yaml", "application/x-yaml", "text/yaml", "text/x-yaml")
 DEFINITION_BODY: dict[str, Any] = {
@@ -33,10 +33,8 @@ DEFINITION_BODY: dict[str, Any] = {
         },
     }
 }
-REFUSALS: dict[int | str, dict[str, Any]] = {
-    400: {"description": "The definition is invalid (every problem listed) or of another type."},
-    404: {"description": "No such job (or not one the caller may see)."},
-}
+REFUSALS = documented(403, 404, 415)
+"""400 also names every problem of an invalid definition, or one of another type."""
 
 
 class StepDiff(BaseModel):

@@ -20,9 +20,9 @@ from pydantic import BaseModel, Field
 from jobledger.api.deps import EngineDep, credential_of
 from jobledger.api.limits import RateLimiter
 from jobledger.api.models import Body
-from jobledger.api.problems import Problem
+from jobledger.api.problems import EVERY_REQUEST, Problem, documented
 
-router = APIRouter(tags=["inputs"])
+router = APIRouter(tags=["inputs"], responses=EVERY_REQUEST)
 
 
 class ResumeRequest(Body):
@@ -39,14 +39,10 @@ class ResumeResult(BaseModel):
     version: int
 
 
-REFUSALS: dict[int | str, dict[str, Any]] = {
-    400: {"description": "No token, two different tokens, or a payload that is not valid."},
-    401: {"description": "The token is forged or expired (InvalidTokenError, ExpiredTokenError)."},
-    409: {
-        "description": "The token was used (TokenReplayedError), superseded or does not fit "
-        "the job's open wait (TokenMismatchError), or the job finished."
-    },
-}
+REFUSALS = documented(409)
+"""401: forged or expired (InvalidTokenError, ExpiredTokenError); 409: used
+(TokenReplayedError), superseded or not the open wait (TokenMismatchError), or the job
+finished."""
 
 
 @router.post("/resume", response_model=ResumeResult, responses=REFUSALS)

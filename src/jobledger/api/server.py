@@ -10,9 +10,13 @@ lets uvicorn finish the requests in hand.
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import signal
 import socket
 import threading
+from collections.abc import Callable, Iterator
+from types import FrameType
 from typing import Final
 
 import uvicorn
@@ -76,17 +80,19 @@ class ApiServer:
         return f"http://{host}:{self.port}"
 
     def run(self) -> None:
-        """Serve until :meth:`stop`. A server that ends on its own (its start-up failed)
-        raises, so a supervisor restarts it, on the same port."""
+        """Serve until :meth:`stop` (or, in the main thread, SIGINT or SIGTERM). A server
+        that ends on its own (its start-up failed) raises, so a supervisor restarts it,
+        on the same port."""
         if self.socket.fileno() == -1:  # uvicorn closed it when it last stopped
             self.socket = listen(self.host, self.port)
         config = uvicorn.Config(
             self.app,
             log_config=None,  # the process's logging, as configured by the CLI
             access_log=False,
+            server_header=False,
             timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_SECONDS,
         )
-        server = _Server(config, self.started)
+        server = _Server(config, self.started, self.stop)
         self.server = server
         if self.stopping.is_set():
             return
@@ -104,18 +110,37 @@ class ApiServer:
         if self.server is not None:
             self.server.should_exit = True
 
-    def close(self) -> None:
-        """Release the socket of a server that never ran."""
-        if self.server is None:
-            self.socket.close()
-
 
 class _Server(uvicorn.Server):
-    """Says when it accepts connections."""
+    """Says when it accepts connections, and ends the live streams when a signal stops it
+    (run in the main thread, uvicorn handles SIGINT and SIGTERM itself)."""
 
-    def __init__(self, config: uvicorn.Config, listening: threading.Event) -> None:
+    def __init__(
+        self, config: uvicorn.Config, listening: threading.Event, on_exit: Callable[[], None]
+    ) -> None:
         super().__init__(config)
         self.listening = listening
+        self.on_exit = on_exit
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        super().handle_exit(sig, frame)
+        self.on_exit()
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        """uvicorn's, but without raising the signal again once it has shut down: that
+        would kill the process (SIGTERM) or raise KeyboardInterrupt (SIGINT) before its
+        caller closes the engine. A stop by signal returns from :meth:`run` instead."""
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        handled = (signal.SIGINT, signal.SIGTERM)
+        previous = {sig: signal.signal(sig, self.handle_exit) for sig in handled}
+        try:
+            yield
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
         await super().startup(sockets)

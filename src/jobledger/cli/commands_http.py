@@ -5,9 +5,7 @@ never when ``jobledger.cli`` is, and their absence is one clear error."""
 
 from __future__ import annotations
 
-import signal
-from types import FrameType
-from typing import TYPE_CHECKING, Annotated
+from typing import Annotated
 
 import typer
 
@@ -21,11 +19,6 @@ from jobledger.cli.session import ConfigOption, StoreOption, open_engine
 from jobledger.errors import ConfigError
 from jobledger.ports import Queue, Tick
 from jobledger.redaction import redact
-
-if TYPE_CHECKING:
-    import uvicorn
-
-    from jobledger.api.live import LogBell
 
 
 class LeftToTheRunner:
@@ -74,60 +67,33 @@ def serve(
     require_http()
     settings = load_settings(config, store)
     api = load_api_settings(settings.http, settings.config_file, host=host, port=port)
-    _require_auth(api)
+    require_auth(api)
     kafka = settings.engine.transport == "kafka"
     queue: Queue | None = None if kafka else LeftToTheRunner()
     with open_engine(
         store, config, purpose="serve", definitions=True, mode="create", queue=queue
     ) as engine:
-        import uvicorn
+        from jobledger.api.server import serve_engine
 
-        from jobledger.api.app import create_app
-
-        app = create_app(engine, api)
-        where = f"http://{api.host}:{api.port}"
-        output.console().print(f"jobledger serve: {where} (Ctrl-C to stop)", soft_wrap=True)
+        # Bound here (a port in use is a one-line error); Ctrl-C or SIGTERM ends the live
+        # event streams, finishes the requests in hand and returns (exit 0); a second
+        # Ctrl-C forces it.
+        server = serve_engine(engine, api)
+        output.console().print(f"jobledger serve: {server.url} (Ctrl-C to stop)", soft_wrap=True)
         output.console().print(
             f"  store: {redact(engine.config.store_url)}; transport: {engine.config.transport}; "
             f"auth: {', '.join(_auth_kinds(api))}",
             soft_wrap=True,
         )
-        server = _server_class(app.state.live)(
-            uvicorn.Config(
-                app,
-                host=api.host,
-                port=api.port,
-                log_config=None,  # the CLI's logging, configured above
-                server_header=False,
-                timeout_graceful_shutdown=10,
-            )
-        )
         server.run()
         output.console().print("stopped cleanly")
 
 
-def _server_class(live: LogBell) -> type[uvicorn.Server]:
-    import uvicorn
-
-    class Server(uvicorn.Server):
-        def handle_exit(self, sig: int, frame: FrameType | None) -> None:
-            """Ctrl-C or SIGTERM: finish the requests in hand and exit 0, as ``run``
-            does (uvicorn's own handler also raises the signal again after its
-            shutdown, so the process would end by it). A second Ctrl-C forces it.
-            The live streams end first: an event stream (a console page left open)
-            never ends on its own, and uvicorn waits for every open response."""
-            if self.should_exit and sig == signal.SIGINT:
-                self.force_exit = True
-            live.close()
-            self.should_exit = True
-
-    return Server
-
-
-def _require_auth(api: ApiSettings) -> None:
+def require_auth(api: ApiSettings, command: str = "serve") -> None:
+    """Refuse to serve with no way to authenticate callers (``serve``, ``run --http``)."""
     if not _auth_kinds(api):
         raise ConfigError(
-            "serve needs a way to authenticate callers: set jwt_secret or jwks_file (with "
+            f"{command} needs a way to authenticate callers: set jwt_secret or jwks_file (with "
             "jwt_issuer and jwt_audience), or api_keys_file, in [http] of the config file "
             "or as JOBLEDGER_HTTP_* variables"
         )

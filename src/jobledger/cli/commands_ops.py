@@ -20,7 +20,6 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 import typer
 from projections import JobViews, StatusRow
 from projections.job_views import JobQuery, cursor
-from pydantic import ValidationError
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 from rich.table import Table
 
@@ -33,7 +32,7 @@ from jobledger.cli.logs import configure as configure_logs
 from jobledger.cli.params import LARGEST, parse_bind, parse_moment
 from jobledger.cli.session import ConfigOption, JsonFlag, StoreOption, open_engine
 from jobledger.engine import Engine
-from jobledger.errors import ConfigError, JobLedgerError
+from jobledger.errors import JobLedgerError
 from jobledger.ports import BlockedNote
 from jobledger.redaction import redact
 from jobledger.status import TERMINAL_STATUSES, JobStatus
@@ -186,24 +185,22 @@ def run(
     kafka = _is_kafka(transport, store, config)
     services = Services.of("run", kafka=kafka, workers=workers)
     if http is not None:
-        services = replace(services, http=_api_settings(http))
+        services = replace(services, http=_api_settings(http, store, config))
     _serve("run", services, store, config, _transport_name(kafka))
 
 
-def _api_settings(bind: str) -> ApiSettings:
-    """The API's settings (JOBLEDGER_HTTP_*), listening at ``bind`` (HOST:PORT)."""
+def _api_settings(bind: str, store: str | None, config: Any) -> ApiSettings:
+    """The API's settings as ``serve`` reads them (JOBLEDGER_HTTP_*, then the config
+    file's [http] table), listening at ``bind`` (HOST:PORT)."""
     host, port = parse_bind(bind)
     require_http()
-    from jobledger.api.settings import ApiSettings
+    from jobledger.api.settings import load_api_settings
+    from jobledger.cli.commands_http import require_auth
 
-    try:
-        return ApiSettings(host=host, port=port)
-    except ValidationError as error:
-        problems = "; ".join(
-            f"{'.'.join(str(p) for p in e['loc']) or 'settings'}: {e['msg']}"
-            for e in error.errors()
-        )
-        raise ConfigError(f"the HTTP API's settings (JOBLEDGER_HTTP_*): {problems}") from None
+    settings = load_settings(config, store)
+    api = load_api_settings(settings.http, settings.config_file, host=host, port=port)
+    require_auth(api, "run --http")
+    return api
 
 
 def worker(
