@@ -25,7 +25,7 @@ from selenium.webdriver.remote.webdriver import WebDriver
 from jobledger import Engine
 from jobledger.adapters.clock import FakeClock
 from jobledger.workflows import DefinitionRegistry, parse_definition
-from tests.support import ROOT, pythonpath
+from tests.support import ROOT, browser, pythonpath
 from tests.support.browser import Page, chromium
 from tests.support.cli import JOBLEDGER, run_jobledger
 from tests.support.engines import EngineFactory
@@ -330,3 +330,15 @@ def wait_for(holds: Callable[[], bool], what: str, seconds: float = 30.0) -> Non
         if time.monotonic() > deadline:
             raise AssertionError(f"waited {seconds} s for {what}")
         time.sleep(0.1)
+
+
+def test_a_missing_browser_is_a_skip_locally_and_a_failure_in_ci(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setattr(browser, "CHROMIUM", tmp_path / "no-chromium")
+    monkeypatch.setattr(browser, "REQUIRED", True)
+    with pytest.raises(pytest.fail.Exception, match="no-chromium missing"):
+        next(browser.chromium())
+    monkeypatch.setattr(browser, "REQUIRED", False)
+    with pytest.raises(pytest.skip.Exception, match="apt-get install chromium"):
+        next(browser.chromium())
