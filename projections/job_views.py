@@ -233,6 +233,22 @@ class JobViews(TrackedReader):
         statement = f"SELECT * FROM {t} {where} ORDER BY requested_at"
         return list(self.backend.fetch(statement, {"tenant_id": tenant_id}))
 
+    @store_errors("counting jobs by status")
+    def status_counts(self, tenant_id: str) -> dict[str, int]:
+        """How many of the tenant's jobs are in each status (statuses with none left out)."""
+        statement = (
+            "SELECT status, COUNT(*) AS jobs "
+            f"FROM {self.backend.table('jobledger_job_status')} "
+            "WHERE tenant_id = :tenant_id GROUP BY status"
+        )
+        rows = self.backend.fetch(statement, {"tenant_id": tenant_id})
+        return {str(r["status"]): int(r["jobs"]) for r in rows}
+
+    @store_errors("reading the tenant's spend per day")
+    def spend_days(self, tenant_id: str, limit: int = 31) -> list[tuple[str, Decimal]]:
+        """The tenant's spend per UTC day (ISO date, dollars), newest first."""
+        return spend.days(self.backend, tenant_id, limit)
+
     @store_errors("reading the jobs pinned to each version")
     def live_pins(self) -> dict[tuple[str, int], int]:
         """How many jobs that have not finished are pinned to each (type, version)."""

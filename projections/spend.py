@@ -45,3 +45,13 @@ def day_spend(d: StoreBackend, tenant_id: str, day_start: datetime) -> Decimal:
         {"tenant_id": tenant_id, "day": day_start.astimezone(UTC).date().isoformat()},
     )
     return sum((Decimal(r["spend_micros"]) / MICROS for r in rows), Decimal(0))
+
+
+def days(d: StoreBackend, tenant_id: str, limit: int) -> list[tuple[str, Decimal]]:
+    """The tenant's spend per UTC day (ISO date), newest day first."""
+    rows = d.fetch(
+        f"SELECT day, spend_micros FROM {d.table('jobledger_tenant_spend')} "
+        "WHERE tenant_id = :tenant_id ORDER BY day DESC LIMIT :limit",
+        {"tenant_id": tenant_id, "limit": limit},
+    )
+    return [(str(r["day"]), Decimal(r["spend_micros"]) / MICROS) for r in rows]

@@ -66,3 +66,25 @@ def test_bench_resume_quick_reports_every_figure(tmp_path: Path) -> None:
     for kind in sqlite["kinds"]:
         assert kind["incomplete_jobs"] == 0 and kind["samples"] == 20
         assert 0 < kind["p50_ms"] <= kind["p99_ms"] <= kind["max_ms"]
+
+
+def test_bench_http_quick_reports_every_figure(tmp_path: Path) -> None:
+    report = run_script("bench_http.py", tmp_path)
+    [sqlite] = report["results"]
+    assert report["quick"] is True and sqlite["store"] == "sqlite"
+    scenarios = sqlite["scenarios"]
+    assert [(s["op"], s["clients"]) for s in scenarios] == [
+        ("submit", 1),
+        ("signal", 1),
+        ("submit", 4),
+        ("signal", 4),
+    ]
+    for scenario in scenarios:
+        assert scenario["http_to_engine"] > 0
+        for way in ("engine", "http"):
+            figures = scenario[way]
+            assert figures["requests"] == 40 and figures["failed"] == 0, (scenario, way)
+            assert 0 < figures["p50_ms"] <= figures["p99_ms"]
+            assert figures["requests_per_second"] > 0
+    sse = sqlite["sse"]
+    assert sse["events"] == 10 and 0 <= sse["p50_ms"] <= sse["p99_ms"] <= sse["max_ms"]

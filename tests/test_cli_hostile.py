@@ -169,6 +169,7 @@ ARGUMENTS: dict[tuple[str, ...], tuple[str, ...]] = {
     ("replay",): ("--definition", "definitions/ticket.yaml", "--all"),
     ("resume",): ("--token", "not-a-token"),
     ("run",): (),
+    ("serve",): ("--port", "0"),
     ("show",): ("acme", "t1"),
     ("signal",): ("acme", "t1", "paid", "--id", "s1"),
     ("submit",): ("acme", "t1", "ticket"),
@@ -215,6 +216,8 @@ def test_no_command_prints_the_store_password(
                 store = []
             monkeypatch.setenv("JOBLEDGER_DEFINITIONS", str(cli.tmp / "definitions"))
             monkeypatch.setenv("JOBLEDGER_EXECUTOR", "tests.support.cli:RecordingExecutor")
+            # serve checks it can authenticate callers before it opens the store.
+            monkeypatch.setenv("JOBLEDGER_HTTP_API_KEYS_FILE", str(cli.tmp / "keys.json"))
             code, out, err = run_in_process([*path, *arguments, *store], capsys)
             assert SECRET not in out + err, (path, store, out, err)
             if path == ("config", "show"):  # it prints the URL, redacted, and opens no store

@@ -21,6 +21,7 @@ PROCESS = (
     "jobledger.runner",
     "jobledger.kafka_runner",
     "jobledger.cli",
+    "jobledger.api",
 )
 PROCESS += ("jobledger.bootstrap", "jobledger.supervisor", "jobledger.demo", "jobledger.__init__")
 LAYERS = {"core": 0, "adapters": 1, "audit": 2, "projections": 3, "process": 4}

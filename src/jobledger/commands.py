@@ -9,6 +9,7 @@ import hashlib
 import itertools
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from datetime import datetime
 from decimal import Decimal
 from enum import StrEnum
@@ -63,6 +64,13 @@ class SignalOutcome(StrEnum):
     DUPLICATE = "duplicate"
 
 
+@dataclass(frozen=True)
+class Submission:
+    job: JobView
+    created: bool
+    """False when the job (or the idempotency key's job) existed already."""
+
+
 class JobCommands(EngineParts):
     """Submitting, and every input a job takes from outside."""
 
@@ -84,6 +92,36 @@ class JobCommands(EngineParts):
     ) -> JobView:
         """Create a job and enqueue its first tick. Submitting the same job again, or
         with an idempotency key already used, returns the existing job unchanged."""
+        return self.submission(
+            tenant_id,
+            job_id,
+            workflow_type,
+            workflow_version=workflow_version,
+            input=input,
+            budget=budget,
+            idempotency_key=idempotency_key,
+            mission_id=mission_id,
+            employee_id=employee_id,
+            correlation_id=correlation_id,
+        ).job
+
+    def submission(
+        self,
+        tenant_id: str,
+        job_id: str | None,
+        workflow_type: str,
+        *,
+        workflow_version: int | None = None,
+        input: Mapping[str, Any] | None = None,
+        budget: Mapping[str, Any] | None = None,
+        idempotency_key: str | None = None,
+        mission_id: str | None = None,
+        employee_id: str | None = None,
+        correlation_id: str | None = None,
+    ) -> Submission:
+        """:meth:`submit`, saying whether this call created the job or found it (the
+        HTTP API answers 201 or 200): decided by the append itself, so two racing
+        submits of one job can never both be told they created it."""
         _check_id("tenant_id", tenant_id)
         job_id = job_id if job_id is not None else uuid4().hex
         _check_id("job_id", job_id)
@@ -93,7 +131,7 @@ class JobCommands(EngineParts):
             if marker is not None:
                 existing = self.store.load(marker.job_uuid)
                 if existing is not None:
-                    return JobView.of(existing)
+                    return Submission(JobView.of(existing), created=False)
                 # The key was reserved by a submit that died before creating its job.
                 job_id = marker.job_id
         version = self._workflow_version(workflow_type, workflow_version)
@@ -121,7 +159,7 @@ class JobCommands(EngineParts):
         if stored is job:
             self._report(job, "job.submitted", workflowType=workflow_type, workflowVersion=version)
             self.queue.enqueue(Tick(tenant_id, job_id, "create"), dedupe_key="create")
-        return JobView.of(stored)
+        return Submission(JobView.of(stored), created=stored is job)
 
     def _workflow_version(self, workflow_type: str, version: int | None) -> int:
         if version is None:

@@ -92,3 +92,8 @@ class EngineConfig(BaseSettings):
     """How long the group waits for a silent (dead) worker before its partitions move."""
     kafka_send_timeout_ms: int = Field(default=15_000, ge=1_000)
     """How long a publish may take before it counts as an infrastructure error."""
+
+    def cost_ceiling_for(self, tenant_id: str) -> Decimal:
+        """The tenant's spend ceiling per UTC day (its override, else the default); 0 is
+        no ceiling."""
+        return self.tenant_cost_ceilings_usd.get(tenant_id, self.cost_ceiling_usd)

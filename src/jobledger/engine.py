@@ -13,7 +13,7 @@ import threading
 from jobledger import bootstrap
 from jobledger.adapters.event_store import StoreMode
 from jobledger.bootstrap import Deps
-from jobledger.commands import JobCommands, SignalOutcome
+from jobledger.commands import JobCommands, SignalOutcome, Submission
 from jobledger.config import EngineConfig
 from jobledger.engine_parts import EngineParts
 from jobledger.grouping import GroupCommitter
@@ -38,7 +38,7 @@ _TURN_STRIPES = 64
 """Locks the commands' writers of one job take turns on (a job hashes to one): the
 engine's own threads queue here rather than racing each other at the store."""
 
-__all__ = ["Engine", "EngineParts", "SignalOutcome"]
+__all__ = ["Engine", "EngineParts", "SignalOutcome", "Submission"]
 
 
 class Engine(JobCommands, TickRunner, JobReader):

@@ -331,9 +331,7 @@ class Orchestrator:
             return None
 
     def defer_for_ceiling(self, job: Job, now: datetime) -> bool:
-        ceiling = self.config.tenant_cost_ceilings_usd.get(
-            job.tenant_id, self.config.cost_ceiling_usd
-        )
+        ceiling = self.config.cost_ceiling_for(job.tenant_id)
         if ceiling <= 0 or self.cost is None:
             return False
         day_start = now.astimezone(UTC).replace(hour=0, minute=0, second=0, microsecond=0)

@@ -38,6 +38,8 @@ if TYPE_CHECKING:
     from jobledger.adapters.kafka import KafkaSettings
     from jobledger.adapters.kafka.publisher import KafkaEventPublisher
     from jobledger.adapters.kafka.worker import KafkaWorker, RecordHook, TickObserver
+    from jobledger.api.server import ApiServer
+    from jobledger.api.settings import ApiSettings
 
 log = logging.getLogger(__name__)
 
@@ -67,6 +69,8 @@ class Services:
     lost_tick_after: timedelta | None = None
     """Default: by transport, ``LOCAL_LOST_TICK_AFTER`` or ``KAFKA_LOST_TICK_AFTER``."""
     max_poll_records: int = 50
+    http: ApiSettings | None = None
+    """Serve the HTTP API at the settings' host and port (``run --http``)."""
 
     @classmethod
     def of(
@@ -134,6 +138,7 @@ class Supervisor:
         self.kafka_workers = self._kafka_workers(on_tick, after_effect)
         self.publisher: KafkaEventPublisher | None = None
         self.reconciler = self._reconciler()
+        self.api = self._api()
         self._services = self._wire()
 
     # ---- the roles ---------------------------------------------------------------------
@@ -176,9 +181,18 @@ class Supervisor:
             lost_tick_after=lost_tick_after,
         )
 
+    def _api(self) -> ApiServer | None:
+        """The HTTP API, its socket bound now: a port in use stops the process before
+        any service starts. Imported only when asked for (the ``http`` extra)."""
+        if self.services.http is None:
+            return None
+        from jobledger.api.server import serve_engine
+
+        return serve_engine(self.engine, self.services.http)
+
     def _wire(self) -> list[_Service]:
         """The services in the order they start: the readers of the log, then the
-        reconciler, then the workers."""
+        reconciler, then the workers, then the HTTP API."""
         wired: list[_Service] = []
         if self.services.views:
             assert self.views is not None
@@ -200,6 +214,8 @@ class Supervisor:
             wired.append(_Service(f"worker-{n}", worker.run, worker.stop))
         for n, kafka_worker in enumerate(self.kafka_workers):
             wired.append(_Service(f"kafka-worker-{n}", kafka_worker.run, kafka_worker.stop))
+        if self.api is not None:
+            wired.append(_Service("http", self.api.run, self.api.stop))
         return wired
 
     def _outbox(self) -> _Service:

@@ -22,7 +22,7 @@ from typing import Protocol
 
 from eventsourcing.persistence import Notification, PersistenceError, Tracking, TrackingRecorder
 
-from jobledger.adapters.backends import Cursor, StoreBackend, TrackingConflict
+from jobledger.adapters.backends import Cursor, StoreBackend, TrackingConflict, Waiter
 from jobledger.adapters.event_store import EventSourcedJobStore, LedgerPartition
 from jobledger.adapters.store_errors import store_errors
 from jobledger.errors import StoreUnavailableError
@@ -139,6 +139,7 @@ class LogFollower:
         self.stopping = threading.Event()
         self.failures = 0
         """Consecutive failed passes; visible to status checks."""
+        self._waiter: Waiter | None = None
 
     # ---- reading -------------------------------------------------------------------------
 
@@ -176,6 +177,7 @@ class LogFollower:
         """One pass, then wait for new events (or the poll interval); after a failed
         pass, back off exponentially."""
         waiter = self.store.backend.waiter([p.recorder for p in self.store.partitions])
+        self._waiter = waiter
         try:
             while not self.stopping.is_set():
                 if self.run_once():
@@ -216,3 +218,6 @@ class LogFollower:
 
     def stop(self) -> None:
         self.stopping.set()
+        waiter = self._waiter
+        if waiter is not None:
+            waiter.close()  # a pass waiting for new events ends now, not after the poll

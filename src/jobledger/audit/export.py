@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import json
 import typing
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Generator, Iterator, Mapping
 from dataclasses import MISSING, dataclass, field, fields
 from datetime import datetime
 from decimal import Decimal
@@ -106,6 +106,25 @@ def export_jobs(
     progress: Progress | None = None,
 ) -> ExportSummary:
     """Write the selected jobs' events, then the manifest, to ``out``."""
+    lines = export_lines(store, selection, now, progress)
+    while True:
+        try:
+            out.write(next(lines))
+        except StopIteration as finished:  # the generator returns the summary
+            out.flush()
+            summary: ExportSummary = finished.value
+            return summary
+
+
+def export_lines(
+    store: EventSourcedJobStore,
+    selection: Selection,
+    now: datetime,
+    progress: Progress | None = None,
+) -> Generator[str, None, ExportSummary]:
+    """The export line by line (each ending in a newline), as it is read: an HTTP
+    response streams it as it goes. The manifest is the last line, so a stream cut off
+    part way is refused by import. Returns the summary."""
     if selection.job_id is not None:
         assert selection.tenant_id is not None
         uuids = [job_uuid_of(selection.tenant_id, selection.job_id)]
@@ -125,9 +144,7 @@ def export_jobs(
             continue
         job_events = events_of(records)
         for event in job_events:
-            out.write(
-                chain.canonical_json(event_document(event, check.tenant_id, check.job_id)) + "\n"
-            )
+            yield chain.canonical_json(event_document(event, check.tenant_id, check.job_id)) + "\n"
         events += len(job_events)
         if check.broken is not None:
             broken.append(
@@ -152,8 +169,7 @@ def export_jobs(
         "heads": heads,
         "broken": broken,
     }
-    out.write(chain.canonical_json(manifest) + "\n")
-    out.flush()
+    yield chain.canonical_json(manifest) + "\n"
     return ExportSummary(len(heads), events, tuple(broken))
 
 

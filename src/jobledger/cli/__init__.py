@@ -23,6 +23,7 @@ from jobledger.cli import (
     commands_decisions,
     commands_definitions,
     commands_demo,
+    commands_http,
     commands_jobs,
     commands_ops,
 )
@@ -81,6 +82,7 @@ app.add_typer(commands_decisions.token_app, name="token")
 app.command()(commands_ops.run)
 app.command()(commands_ops.worker)
 app.command()(commands_ops.reconcile)
+app.command()(commands_http.serve)
 app.add_typer(commands_ops.projections_app, name="projections")
 app.command()(commands_audit.replay)
 app.command()(commands_audit.migrate)

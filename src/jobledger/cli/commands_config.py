@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import typer
 from pydantic import SecretStr
 from rich.table import Table
 
+from jobledger.api.settings import ApiSettings, load_api_settings
+from jobledger.api.settings import env_name as http_env_name
 from jobledger.cli.config_file import CLI_KEYS, Settings, env_name, load_settings
 from jobledger.cli.output import console, jsonable, print_json
 from jobledger.cli.session import ConfigOption, JsonFlag, StoreOption
@@ -32,6 +35,23 @@ def effective(settings: Settings) -> list[dict[str, Any]]:
         rows.append(
             {"setting": name, "value": shown(name, value), "source": source(settings, name)}
         )
+    return rows + http_rows(settings)
+
+
+def http_rows(settings: Settings) -> list[dict[str, Any]]:
+    """The API's settings (``jobledger serve``), as ``http.<name>``: from
+    ``JOBLEDGER_HTTP_*``, the file's ``[http]`` table, or the defaults."""
+    api = load_api_settings(settings.http, settings.config_file)
+    rows = []
+    for name in ApiSettings.model_fields:
+        if os.environ.get(http_env_name(name)):
+            where = f"env {http_env_name(name)}"
+        elif name in settings.http:
+            where = f"file {settings.config_file}"
+        else:
+            where = "default"
+        value = shown(name, getattr(api, name))
+        rows.append({"setting": f"http.{name}", "value": value, "source": where})
     return rows
 
 

@@ -11,10 +11,11 @@ import logging
 import signal
 from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
+from dataclasses import replace
 from datetime import datetime
 from enum import StrEnum
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import typer
 from projections import JobViews, StatusRow
@@ -23,11 +24,12 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 from rich.table import Table
 
 from jobledger.adapters.event_store import StoreMode
+from jobledger.api import require_http
 from jobledger.cli import output
 from jobledger.cli.config_file import Settings, load_settings
 from jobledger.cli.logs import LogFormat, LogFormatOption, LogLevel, LogLevelOption
 from jobledger.cli.logs import configure as configure_logs
-from jobledger.cli.params import LARGEST, parse_moment
+from jobledger.cli.params import LARGEST, parse_bind, parse_moment
 from jobledger.cli.session import ConfigOption, JsonFlag, StoreOption, open_engine
 from jobledger.engine import Engine
 from jobledger.errors import JobLedgerError
@@ -35,6 +37,9 @@ from jobledger.ports import BlockedNote
 from jobledger.redaction import redact
 from jobledger.status import TERMINAL_STATUSES, JobStatus
 from jobledger.supervisor import Services, Supervisor
+
+if TYPE_CHECKING:
+    from jobledger.api.settings import ApiSettings
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +54,16 @@ TransportOption = Annotated[
         "--transport",
         help="Where ticks come from: local (in-process) or kafka (the ticks topic). "
         "Default: the transport setting (JOBLEDGER_TRANSPORT), else local.",
+        show_default=False,
+    ),
+]
+HttpOption = Annotated[
+    str | None,
+    typer.Option(
+        "--http",
+        metavar="HOST:PORT",
+        help="Also serve the HTTP API there, e.g. 127.0.0.1:8080 (port 0: any free one). "
+        "Its other settings: JOBLEDGER_HTTP_*. Needs the http extra.",
         show_default=False,
     ),
 ]
@@ -153,12 +168,14 @@ def list_jobs(
 def run(
     workers: WorkersOption = 1,
     transport: TransportOption = None,
+    http: HttpOption = None,
     store: StoreOption = None,
     config: ConfigOption = None,
     log_level: LogLevelOption = LogLevel.INFO,
     log_format: LogFormatOption = LogFormat.TEXT,
 ) -> None:
-    """Run everything in one process: workers, projections and the reconciler.
+    """Run everything in one process: workers, projections and the reconciler (and,
+    with --http, the HTTP API).
 
     The embedded default: a SQLite file and nothing else to install. Ctrl-C stops
     cleanly; after a kill -9 the next start finishes whatever was in flight. With
@@ -167,7 +184,23 @@ def run(
     configure_logs(log_level, log_format)
     kafka = _is_kafka(transport, store, config)
     services = Services.of("run", kafka=kafka, workers=workers)
+    if http is not None:
+        services = replace(services, http=_api_settings(http, store, config))
     _serve("run", services, store, config, _transport_name(kafka))
+
+
+def _api_settings(bind: str, store: str | None, config: Any) -> ApiSettings:
+    """The API's settings as ``serve`` reads them (JOBLEDGER_HTTP_*, then the config
+    file's [http] table), listening at ``bind`` (HOST:PORT)."""
+    host, port = parse_bind(bind)
+    require_http()
+    from jobledger.api.settings import load_api_settings
+    from jobledger.cli.commands_http import require_auth
+
+    settings = load_settings(config, store)
+    api = load_api_settings(settings.http, settings.config_file, host=host, port=port)
+    require_auth(api, "run --http")
+    return api
 
 
 def worker(
@@ -333,6 +366,8 @@ def _serve(
         output.console().print(_banner(name, engine, services, kafka))
         for line in _setup(engine, settings, runs_steps):
             output.console().print(f"  {line}", soft_wrap=True)
+        if supervisor.api is not None:
+            output.console().print(f"  http: {supervisor.api.url}", soft_wrap=True)
         with _stop_on_signals(supervisor.stopping.set):
             supervisor.run()
         if runs_steps or kafka:

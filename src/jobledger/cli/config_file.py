@@ -11,7 +11,8 @@ relative to the file: the definitions, a SQLite store (``sqlite:///jobs.db`` is 
 ``jobs.db`` beside the file), a ``file:`` notifier and the executor's module (imported
 from the file's directory first). ``JOBLEDGER_DEFINITIONS`` and ``JOBLEDGER_EXECUTOR``
 set those two from the environment (relative to the current directory, as any
-environment path is).
+environment path is). An ``[http]`` table holds the API's settings
+(:class:`jobledger.api.settings.ApiSettings`; ``JOBLEDGER_HTTP_*`` in the environment).
 """
 
 from __future__ import annotations
@@ -31,6 +32,8 @@ from jobledger.errors import ConfigError
 from jobledger.ports import StepExecutor
 
 CLI_KEYS = ("definitions", "executor")
+HTTP_TABLE = "http"
+"""The config file's table of the API's settings (``jobledger serve``)."""
 ENV_CONFIG = "JOBLEDGER_CONFIG"
 ENV_DEFINITIONS = "JOBLEDGER_DEFINITIONS"
 ENV_EXECUTOR = "JOBLEDGER_EXECUTOR"
@@ -48,6 +51,8 @@ class Settings:
     $JOBLEDGER_CONFIG), if any: the executor's module is imported from its directory."""
     sources: dict[str, str] = field(default_factory=dict)
     """Where each setting that is not a default came from: ``flag``, ``file`` or ``env``."""
+    http: dict[str, Any] = field(default_factory=dict)
+    """The file's ``[http]`` table: the API's settings (``jobledger.api.settings``)."""
 
 
 def find_config_file(config_file: Path | None) -> Path | None:
@@ -62,6 +67,9 @@ def find_config_file(config_file: Path | None) -> Path | None:
 def load_settings(config_file: Path | None, store_url: str | None) -> Settings:
     config_file = find_config_file(config_file)
     values = read_config_file(config_file) if config_file is not None else {}
+    http = values.pop(HTTP_TABLE, {})
+    if not isinstance(http, dict):
+        raise ConfigError(f"config file {str(config_file)!r}: [{HTTP_TABLE}] must be a table")
     in_env = {
         key for key in [*EngineConfig.model_fields, *CLI_KEYS] if os.environ.get(env_name(key))
     }
@@ -89,7 +97,8 @@ def load_settings(config_file: Path | None, store_url: str | None) -> Settings:
     notifier = values.get("notifier")
     if isinstance(notifier, str) and notifier.startswith("file:") and config_file is not None:
         values["notifier"] = "file:" + str(config_file.parent / notifier.removeprefix("file:"))
-    return Settings(engine_config(values, config_file), definitions, executor, config_file, sources)
+    engine = engine_config(values, config_file)
+    return Settings(engine, definitions, executor, config_file, sources, http)
 
 
 def env_name(setting: str) -> str:

@@ -76,3 +76,15 @@ PayloadOption = Annotated[
 ]
 Tenant = Annotated[str, typer.Argument(metavar="TENANT", help="Tenant id.", show_default=False)]
 JobId = Annotated[str, typer.Argument(metavar="JOB", help="Job id.", show_default=False)]
+
+
+def parse_bind(value: str) -> tuple[str, int]:
+    """``HOST:PORT`` (an IPv6 host in brackets: ``[::1]:8080``) -> (host, port)."""
+    host, sep, port = value.rpartition(":")
+    host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+    if not sep or not host or not port.isdigit() or int(port) > 65535:
+        raise typer.BadParameter(
+            f"expected HOST:PORT (e.g. 127.0.0.1:8080, [::1]:8080), got {value!r}",
+            param_hint="--http",
+        )
+    return host, int(port)

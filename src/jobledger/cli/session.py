@@ -26,7 +26,7 @@ from jobledger.errors import (
     StoreUnavailableError,
     StoreUnreachableError,
 )
-from jobledger.ports import Notifier, StepExecutor
+from jobledger.ports import Notifier, Queue, StepExecutor
 from jobledger.redaction import redact
 from jobledger.registry import FunctionRegistry
 
@@ -107,12 +107,14 @@ def open_engine(
     notifier: Notifier | None = None,
     mode: StoreMode = "existing",
     transport: Literal["local", "kafka"] | None = None,
+    queue: Queue | None = None,
 ) -> Iterator[Engine]:
     """An engine on the configured store, closed afterwards. ``definitions`` and
     ``executor`` say whether the command needs them (only then are they loaded).
     ``mode``: only the commands that write jobs create a store; the ones that only read
     say ``read`` (no lock, no DDL). ``transport`` (the ``--transport`` flag) wins over
-    the configured one; the queue is chosen from it when the engine is built."""
+    the configured one; the queue is chosen from it when the engine is built, unless
+    ``queue`` is given."""
     settings = load_settings(config, store_url)
     engine_config = settings.engine
     if transport is not None:
@@ -126,6 +128,7 @@ def open_engine(
         config=engine_config,
         notifier=notifier,
         store_mode=mode,
+        queue=queue,
     )
     try:
         yield engine

@@ -85,13 +85,15 @@ def summarise(state: Mapping[str, Any], text: str) -> tuple[dict[str, Any], dict
 
 def draft_brief(state: Mapping[str, Any], text: str) -> tuple[dict[str, Any], dict[str, Any]]:
     survey, summary = state["survey"], state["summary"]
-    check = state.get("fact_check", {})
+    check = state.get("fact_check")
     top = ", ".join(word for word, _ in summary["top_words"][:3])
+    checked = "To be fact-checked before it is published."  # a person checks it next
+    if check is not None:
+        verdict = "confirmed" if check.get("confirmed") else "not confirmed"
+        checked = f"Fact-checked by {check.get('checked_by', 'nobody')}: {verdict}."
     brief = (
         f"Field notes: {survey['words']} words in {survey['sentences']} sentences, "
-        f"{survey['distinct_words']} distinct. Most frequent: {top}. "
-        f"Fact-checked by {check.get('checked_by', 'nobody')}: "
-        f"{'confirmed' if check.get('confirmed') else 'not confirmed'}."
+        f"{survey['distinct_words']} distinct. Most frequent: {top}. {checked}"
     )
     return {"chars": len(brief)}, {"brief": brief}
 

@@ -1,0 +1,221 @@
+"""The API's request and response bodies (pydantic: validated at the boundary, and the
+OpenAPI document's schemas)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from decimal import Decimal
+from typing import Any, Literal
+
+from projections.job_views import cursor
+from projections.status import StatusRow
+from pydantic import BaseModel, ConfigDict, Field
+
+from jobledger.cli.output import jsonable, open_wait, pending_approval
+from jobledger.ports import BlockedNote
+from jobledger.views import HistoryEntry, JobView
+
+Id = Field(min_length=1, max_length=200)
+
+
+class Body(BaseModel):
+    """A request body: unknown fields are refused, not ignored (a typo is not a no-op)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+class Job(BaseModel):
+    """A job now (or at a version): what ``jobledger show --json`` prints."""
+
+    tenant_id: str
+    job_id: str
+    workflow_type: str
+    workflow_version: int
+    status: str
+    current_step: int
+    state: dict[str, Any]
+    budget: dict[str, Any]
+    version: int
+    attempt: int
+    total_steps_executed: int
+    total_cost_usd: str
+    resume_at: datetime | None
+    wait_event_name: str | None
+    worker_id: str | None
+    lease_until: datetime | None
+    last_error: str | None
+    mission_id: str | None
+    employee_id: str | None
+    correlation_id: str | None
+    created_at: datetime
+    updated_at: datetime
+    completed_at: datetime | None
+    next_step: str | None
+    pending_approval_id: str | None
+    buffered_signals: int
+    pending_approval: dict[str, Any] | None = None
+    """The open approval request in full: step, attempt, approvers, expiry, action hash."""
+    wait: dict[str, Any] | None = None
+    """The event wait the job is in (never its token)."""
+    blocked: dict[str, Any] | None = None
+
+    @classmethod
+    def of(
+        cls, view: JobView, history: list[HistoryEntry], blocked: BlockedNote | None = None
+    ) -> Job:
+        return cls.model_validate(
+            {
+                **jsonable(view),
+                "pending_approval": jsonable(pending_approval(view, history)),
+                "wait": jsonable(open_wait(view, history)),
+                "blocked": jsonable(blocked),
+            }
+        )
+
+
+class Event(BaseModel):
+    """One event of a job's history, with its chain hash."""
+
+    version: int
+    event_type: str
+    timestamp: datetime
+    data: dict[str, Any]
+    chain_hash: str
+
+    @classmethod
+    def of(cls, entry: HistoryEntry) -> Event:
+        return cls.model_validate(
+            {
+                "version": entry.version,
+                "event_type": entry.event_type,
+                "timestamp": entry.timestamp,
+                "data": jsonable(entry.data),
+                "chain_hash": entry.chain_hash,
+            }
+        )
+
+
+class HistoryPage(BaseModel):
+    events: list[Event]
+    next_version: int | None
+    """Where the next page starts (``?after=``), or null on the last page."""
+
+
+class JobRow(BaseModel):
+    """A row of the status view, as ``jobledger list --json`` prints it."""
+
+    job_uuid: str
+    tenant_id: str
+    job_id: str
+    workflow_type: str
+    workflow_version: int
+    status: str
+    current_step: int
+    next_step: str | None
+    resume_at: datetime | None
+    lease_until: datetime | None
+    deadline_at: datetime | None
+    due_at: datetime | None
+    worker_id: str | None
+    wait_event: str | None
+    pending_approval: str | None
+    cost_usd: str
+    steps_executed: int
+    last_error: str | None
+    created_at: datetime
+    updated_at: datetime
+    version: int
+    mission_id: str | None
+    correlation_id: str | None
+    blocked: dict[str, Any] | None
+    cursor: str
+    """Where a listing continues after this row."""
+
+    @classmethod
+    def of(cls, row: StatusRow, blocked: BlockedNote | None) -> JobRow:
+        document = jsonable(
+            {**vars(row), "cost_usd": row.cost_usd, "due_at": row.due_at, "blocked": blocked}
+        )
+        document.pop("cost_micros", None)
+        return cls.model_validate({**document, "cursor": cursor(row)})
+
+
+class JobPage(BaseModel):
+    jobs: list[JobRow]
+    next_cursor: str | None
+    """Pass as ``?after=`` for the next page; null when this page is the last."""
+
+
+class SubmitRequest(Body):
+    job_id: str | None = Field(default=None, min_length=1, max_length=200)
+    """Default: a new random id."""
+    workflow_type: str = Id
+    workflow_version: int | None = Field(default=None, ge=1)
+    input: dict[str, Any] | None = None
+    budget: dict[str, Any] | None = None
+    idempotency_key: str | None = Field(default=None, min_length=1, max_length=200)
+    """Same key (in this tenant), same job: a repeat answers 200 with the job it made."""
+    mission_id: str | None = Field(default=None, min_length=1, max_length=200)
+    employee_id: str | None = Field(default=None, min_length=1, max_length=200)
+    correlation_id: str | None = Field(default=None, min_length=1, max_length=200)
+
+
+class SignalRequest(Body):
+    event: str = Id
+    signal_id: str = Id
+    """Makes delivery idempotent: the same id again is ``duplicate``."""
+    payload: dict[str, Any] | None = None
+
+
+class SignalResult(BaseModel):
+    outcome: Literal["resumed", "buffered", "duplicate"]
+    job: Job
+
+
+class DecisionRequest(Body):
+    """The approver is the authenticated caller; it is not a field."""
+
+    decision: Literal["approve", "reject"]
+    comment: str | None = Field(default=None, max_length=10_000)
+    action_sha256: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$")
+    """The action hash the approver was shown; a decision on another action is refused."""
+
+
+class BudgetRequest(Body):
+    reason: str = Field(min_length=1, max_length=10_000)
+    max_steps: int | None = Field(default=None, ge=1)
+    max_cost_usd: Decimal | None = Field(default=None, ge=0)
+    deadline_at: datetime | None = None
+
+
+class CancelRequest(Body):
+    reason: str = Field(min_length=1, max_length=10_000)
+
+
+class Verdict(BaseModel):
+    """A job's chain: intact, or the first broken link."""
+
+    tenant_id: str
+    job_id: str
+    intact: bool
+    broken_at: int | None = None
+    event_type: str | None = None
+    reason: str | None = None
+
+
+class TenantVerdict(BaseModel):
+    tenant_id: str
+    jobs: int
+    intact: bool
+    broken: list[Verdict]
+
+
+class PartitionLag(BaseModel):
+    partition: str
+    last_event: int
+    last_tracked: int
+    behind: int
+
+
+class Health(BaseModel):
+    status: Literal["ok"]

@@ -1,0 +1,91 @@
+"""What people and outside systems send a job: signals, approval decisions, budget
+raises, cancellation. Who did it is always the authenticated caller, never a field of
+the body; the engine's own rules (the job's commands) decide the rest."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+
+from jobledger.api.auth import Role
+from jobledger.api.deps import Caller, EngineDep, tenant_scope
+from jobledger.api.models import (
+    BudgetRequest,
+    CancelRequest,
+    DecisionRequest,
+    Job,
+    SignalRequest,
+    SignalResult,
+)
+from jobledger.api.problems import EVERY_REQUEST, documented
+from jobledger.engine import Engine
+
+router = APIRouter(tags=["inputs"], responses=EVERY_REQUEST)
+
+REFUSALS = documented(403, 404, 409)
+
+
+def _job(engine: Engine, tenant: str, job: str) -> Job:
+    return Job.of(engine.job(tenant, job), engine.history(tenant, job))
+
+
+@router.post("/jobs/{tenant}/{job}/signals", response_model=SignalResult, responses=REFUSALS)
+def signal(
+    tenant: str, job: str, body: SignalRequest, caller: Caller, engine: EngineDep
+) -> SignalResult:
+    """Deliver an outside event by name (operator). A job waiting for it resumes
+    (``resumed``); otherwise it is kept for the wait (``buffered``). The signal id makes
+    delivery idempotent: a repeat is ``duplicate`` and changes nothing."""
+    tenant_scope(caller, tenant, Role.OPERATOR, job_id=job)
+    outcome = engine.signal(tenant, job, body.event, body.payload, signal_id=body.signal_id)
+    return SignalResult(outcome=outcome.value, job=_job(engine, tenant, job))
+
+
+@router.post(
+    "/jobs/{tenant}/{job}/approvals/{approval}",
+    response_model=Job,
+    responses=REFUSALS,
+)
+def decide(
+    tenant: str, job: str, approval: str, body: DecisionRequest, caller: Caller, engine: EngineDep
+) -> Job:
+    """Approve or reject the job's open approval request (approver). The decider is
+    the authenticated subject, and must be one the request lists; a decision on another
+    attempt, or on an action other than ``action_sha256``, is refused as stale (409)."""
+    tenant_scope(caller, tenant, Role.APPROVER, job_id=job)
+    view = engine.decide(
+        tenant,
+        job,
+        approval,
+        body.decision,
+        caller.subject,
+        body.comment,
+        action_sha256=body.action_sha256,
+    )
+    return Job.of(view, engine.history(tenant, job))
+
+
+@router.post("/jobs/{tenant}/{job}/budget", response_model=Job, responses=REFUSALS)
+def raise_budget(
+    tenant: str, job: str, body: BudgetRequest, caller: Caller, engine: EngineDep
+) -> Job:
+    """Lift the job's limits (operator), recorded with the caller and the reason; a job
+    parked on a limit goes on."""
+    tenant_scope(caller, tenant, Role.OPERATOR, job_id=job)
+    view = engine.raise_budget(
+        tenant,
+        job,
+        raised_by=caller.subject,
+        reason=body.reason,
+        max_steps=body.max_steps,
+        max_cost_usd=body.max_cost_usd,
+        deadline_at=body.deadline_at,
+    )
+    return Job.of(view, engine.history(tenant, job))
+
+
+@router.post("/jobs/{tenant}/{job}/cancel", response_model=Job, responses=REFUSALS)
+def cancel(tenant: str, job: str, body: CancelRequest, caller: Caller, engine: EngineDep) -> Job:
+    """Cancel the job (operator): terminal; open tokens and approvals stop working."""
+    tenant_scope(caller, tenant, Role.OPERATOR, job_id=job)
+    view = engine.cancel(tenant, job, body.reason, caller.subject)
+    return Job.of(view, engine.history(tenant, job))

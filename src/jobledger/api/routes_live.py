@@ -1,0 +1,86 @@
+"""Live updates: ``GET /v1/jobs/{tenant}/{job}/events``, the job's log as Server-Sent
+Events (see :mod:`jobledger.api.live`).
+
+Each message's id is the event's version, so a client that reconnects with
+``Last-Event-ID`` (EventSource does it by itself) gets exactly the events it missed;
+``?after=N`` does the same for a first connection. Without either, the stream starts
+with the job's whole history. A comment line is sent while nothing happens, and the
+stream ends when the server stops."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Header, Query, Request
+from fastapi.responses import StreamingResponse
+
+from jobledger.api.deps import Caller, EngineDep, tenant_scope
+from jobledger.api.live import LogBell, job_events
+from jobledger.api.problems import EVERY_REQUEST, Problem, documented
+from jobledger.api.settings import ApiSettings
+from jobledger.identity import job_uuid
+
+router = APIRouter(tags=["live"], responses=EVERY_REQUEST)
+
+MEDIA_TYPE = "text/event-stream"
+STREAM: dict[int | str, dict[str, Any]] = {
+    200: {
+        "content": {MEDIA_TYPE: {"schema": {"type": "string"}}},
+        "description": "The job's events after the given version, then each new one "
+        "(``id``: the version, ``event``: the event type, ``data``: the event as the "
+        "history gives it).",
+    },
+    **documented(404),
+}
+
+
+@router.get("/jobs/{tenant}/{job}/events", response_class=StreamingResponse, responses=STREAM)
+async def job_event_stream(
+    tenant: str,
+    job: str,
+    request: Request,
+    caller: Caller,
+    engine: EngineDep,
+    last_event_id: Annotated[
+        str | None,
+        Header(description="The last version received: the stream goes on after it."),
+    ] = None,
+    after: Annotated[
+        int | None, Query(ge=0, description="Start after this version (0: from the start).")
+    ] = None,
+) -> StreamingResponse:
+    """The job's events as Server-Sent Events, following its log."""
+    tenant_scope(caller, tenant, None, job_id=job)
+    head = (await asyncio.to_thread(engine.job, tenant, job)).version
+    start = _start(last_event_id, after, head)
+    bell: LogBell = request.app.state.live
+    settings: ApiSettings = request.app.state.settings
+    await asyncio.to_thread(bell.start)  # a store error is the 503 problem, not a cut stream
+    stream = job_events(
+        bell, job_uuid(tenant, job), start, heartbeat_seconds=settings.sse_heartbeat_seconds
+    )
+    headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+    return StreamingResponse(stream, media_type=MEDIA_TYPE, headers=headers)
+
+
+def _start(last_event_id: str | None, after: int | None, head: int) -> int:
+    """The version to go on after: Last-Event-ID wins (it is what the client last got)."""
+    if last_event_id is not None:
+        try:
+            version = int(last_event_id.strip())
+        except ValueError:
+            version = -1
+        if version < 0:
+            raise Problem(
+                400,
+                f"Last-Event-ID must be an event version, got {last_event_id!r}",
+                error="InvalidRequest",
+            )
+    else:
+        version = after or 0
+    if version > head:
+        raise Problem(
+            400, f"the job has no event v{version} (its last is v{head})", error="InvalidRequest"
+        )
+    return version

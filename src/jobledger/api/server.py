@@ -1,0 +1,147 @@
+"""Serving the API with uvicorn in a thread of a process that does other things too (the
+``run`` command's supervisor, the tests, the HTTP benchmark).
+
+The socket is bound when the server is made, not when its thread starts: a port in use
+is a one-line error before anything else starts, and port 0 gives a free port whose
+number is known at once. Stopping first closes the live streams (an SSE stream never
+ends on its own, and uvicorn's graceful shutdown waits for every open response), then
+lets uvicorn finish the requests in hand.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import signal
+import socket
+import threading
+from collections.abc import Callable, Iterator
+from types import FrameType
+from typing import Final
+
+import uvicorn
+from starlette.types import ASGIApp
+
+from jobledger.api.app import create_app
+from jobledger.api.live import LogBell
+from jobledger.api.settings import ApiSettings
+from jobledger.engine import Engine
+from jobledger.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+GRACEFUL_SHUTDOWN_SECONDS: Final = 10
+"""How long requests in hand may take to finish once the server stops."""
+
+
+def listen(host: str, port: int) -> socket.socket:
+    """A listening TCP socket on ``host:port`` (IPv6 if ``host`` is an IPv6 address)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    # IPPROTO_TCP spelled out: asyncio sets TCP_NODELAY only on sockets whose proto says
+    # TCP, and with Nagle on, a response written as headers then body waits for the
+    # client's delayed ACK (40 ms a request on Linux).
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(2048)
+    except OSError as error:
+        sock.close()
+        raise ConfigError(f"cannot listen on {host}:{port}: {error.strerror or error}") from None
+    sock.set_inheritable(True)
+    return sock
+
+
+def serve_engine(engine: Engine, settings: ApiSettings) -> ApiServer:
+    """The API over ``engine``, bound to the settings' host and port (not yet serving)."""
+    app = create_app(engine, settings)
+    return ApiServer(app, settings.host, settings.port, bell=app.state.live)
+
+
+class ApiServer:
+    """uvicorn on a socket bound up front; ``run`` blocks (a thread's target), ``stop``
+    may be called from any thread."""
+
+    def __init__(self, app: ASGIApp, host: str, port: int, *, bell: LogBell | None) -> None:
+        self.app = app
+        self.host = host
+        self.bell = bell
+        self.socket = listen(host, port)
+        self.port: int = self.socket.getsockname()[1]
+        """The port it listens on (the one the OS chose, for port 0)."""
+        self.stopping = threading.Event()
+        self.server: uvicorn.Server | None = None
+        self.started = threading.Event()
+        """Set once it accepts connections."""
+
+    @property
+    def url(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}"
+
+    def run(self) -> None:
+        """Serve until :meth:`stop` (or, in the main thread, SIGINT or SIGTERM). A server
+        that ends on its own (its start-up failed) raises, so a supervisor restarts it,
+        on the same port."""
+        if self.socket.fileno() == -1:  # uvicorn closed it when it last stopped
+            self.socket = listen(self.host, self.port)
+        config = uvicorn.Config(
+            self.app,
+            log_config=None,  # the process's logging, as configured by the CLI
+            access_log=False,
+            server_header=False,
+            timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_SECONDS,
+        )
+        server = _Server(config, self.started, self.stop)
+        self.server = server
+        if self.stopping.is_set():
+            return
+        try:
+            server.run(sockets=[self.socket])
+        except SystemExit:  # uvicorn's way of saying its start-up failed
+            raise RuntimeError("the HTTP server failed to start") from None
+        if not self.stopping.is_set():
+            raise RuntimeError("the HTTP server stopped on its own")
+
+    def stop(self) -> None:
+        self.stopping.set()
+        if self.bell is not None:
+            self.bell.close()
+        if self.server is not None:
+            self.server.should_exit = True
+
+
+class _Server(uvicorn.Server):
+    """Says when it accepts connections, and ends the live streams when a signal stops it
+    (run in the main thread, uvicorn handles SIGINT and SIGTERM itself)."""
+
+    def __init__(
+        self, config: uvicorn.Config, listening: threading.Event, on_exit: Callable[[], None]
+    ) -> None:
+        super().__init__(config)
+        self.listening = listening
+        self.on_exit = on_exit
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        super().handle_exit(sig, frame)
+        self.on_exit()
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        """uvicorn's, but without raising the signal again once it has shut down: that
+        would kill the process (SIGTERM) or raise KeyboardInterrupt (SIGINT) before its
+        caller closes the engine. A stop by signal returns from :meth:`run` instead."""
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        handled = (signal.SIGINT, signal.SIGTERM)
+        previous = {sig: signal.signal(sig, self.handle_exit) for sig in handled}
+        try:
+            yield
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets)
+        self.listening.set()

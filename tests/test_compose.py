@@ -1,0 +1,35 @@
+"""docker-compose.yml: the API service and its healthcheck (the file validates when
+docker-compose is installed; its shape is checked either way)."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_the_api_service_serves_on_8080_and_is_healthy_when_ready() -> None:
+    compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+    api = compose["services"]["api"]
+    assert api["command"] == ["serve"]
+    assert api["environment"]["JOBLEDGER_HTTP_HOST"] == "0.0.0.0"
+    assert api["environment"]["JOBLEDGER_HTTP_PORT"] == "8080"
+    assert "8080:8080" in api["ports"]
+    test = " ".join(api["healthcheck"]["test"])
+    assert "http://127.0.0.1:8080/readyz" in test
+    assert api["depends_on"]["postgres"]["condition"] == "service_healthy"
+    # The image has the API's dependencies.
+    assert 'pip install --no-cache-dir ".[http]"' in (ROOT / "Dockerfile").read_text()
+
+
+@pytest.mark.skipif(shutil.which("docker-compose") is None, reason="docker-compose not installed")
+def test_docker_compose_config_validates() -> None:
+    done = subprocess.run(
+        ["docker-compose", "config", "-q"], cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr

@@ -1,0 +1,312 @@
+"""The console's security rules over plain HTTP (a real uvicorn server): the session
+cookie's flags and signature, CSRF on every form, the Content-Security-Policy, escaping,
+and decisions only by an approver the engine accepts. The browser tests
+(test_console_browser.py) drive the same pages in chromium."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from urllib.parse import unquote
+
+import httpx
+import pytest
+
+from jobledger import Engine
+from jobledger.api.auth import Principal, Role
+from jobledger.api.console import routes
+from jobledger.api.console.session import COOKIE, LIFETIME, SessionCodec
+from jobledger.identity import job_uuid
+from jobledger.workflows import DefinitionRegistry, parse_definition
+from tests.support.audit import RawEvents
+from tests.support.engines import EngineFactory
+from tests.support.http import ApiServer, api_key, start_api, token
+from tests.test_console_browser import HOSTILE, PAYOUT
+
+APPROVAL = "pay-1:step:2:approval"
+
+
+@pytest.fixture
+def engine(make_engine: EngineFactory) -> Engine:
+    engine = make_engine(registry=DefinitionRegistry([parse_definition(PAYOUT, "payout.yaml")]))
+    engine.submit("acme", "pay-1", "payout", input={"note": HOSTILE})
+    engine.run_until_idle()
+    return engine
+
+
+@pytest.fixture
+def server(engine: Engine, tmp_path: Path) -> Iterator[ApiServer]:
+    with start_api(engine, tmp_path) as running:
+        yield running
+
+
+def browser(server: ApiServer) -> httpx.Client:
+    return httpx.Client(base_url=server.url, follow_redirects=False, timeout=30)
+
+
+def csrf(page: httpx.Response) -> str:
+    found = re.search(r'name="csrf" value="([^"]+)"', page.text)
+    assert found is not None, "no CSRF token on the page"
+    return found.group(1)
+
+
+def signed_in(server: ApiServer, credential: str) -> httpx.Client:
+    client = browser(server)
+    form = client.get("/console/sign-in")
+    answer = client.post("/console/sign-in", data={"credential": credential, "csrf": csrf(form)})
+    assert answer.status_code == 303, answer.text
+    return client
+
+
+def decisions(engine: Engine) -> list[str]:
+    return [
+        str(e.data["decided_by"])
+        for e in engine.history("acme", "pay-1")
+        if e.event_type == "ApprovalDecided"
+    ]
+
+
+def test_sign_in_sets_a_signed_http_only_same_site_strict_session_cookie(
+    server: ApiServer,
+) -> None:
+    client = browser(server)
+    form = client.get("/console/sign-in")
+    answer = client.post(
+        "/console/sign-in",
+        data={"credential": token(sub="ann", roles="approver"), "csrf": csrf(form)},
+    )
+    assert answer.status_code == 303
+    assert answer.headers["location"] == "/console/approvals"
+    cookie = next(c for c in answer.headers.get_list("set-cookie") if c.startswith(COOKIE + "="))
+    flags = {flag.strip().lower() for flag in cookie.split(";")[1:]}
+    assert {"httponly", "samesite=strict", "path=/console"} <= flags
+    assert "secure" not in flags  # plain http on loopback: a Secure cookie would be dropped
+    assert client.get("/console/approvals").status_code == 200
+
+
+def test_the_cookie_is_secure_when_configured_for_tls(engine: Engine, tmp_path: Path) -> None:
+    with start_api(engine, tmp_path, cookie_secure=True) as server:
+        client = browser(server)
+        form = client.get("/console/sign-in")
+        answer = client.post(
+            "/console/sign-in", data={"credential": api_key("acme", "approver"), "csrf": csrf(form)}
+        )
+        cookie = next(c for c in answer.headers.get_list("set-cookie") if c.startswith(COOKIE))
+        assert "secure" in {flag.strip().lower() for flag in cookie.split(";")}
+
+
+def test_a_refused_credential_or_a_missing_form_token_signs_nobody_in(server: ApiServer) -> None:
+    client = browser(server)
+    form = client.get("/console/sign-in")
+    wrong = client.post("/console/sign-in", data={"credential": "jlk-nope", "csrf": csrf(form)})
+    assert wrong.status_code == 401 and "Not signed in: unknown credential" in wrong.text
+    good = api_key("acme", "approver")
+    forged = client.post("/console/sign-in", data={"credential": good, "csrf": "guessed"})
+    assert forged.status_code == 400
+    for answer in (wrong, forged):
+        assert not any(c.startswith(COOKIE + "=") for c in answer.headers.get_list("set-cookie"))
+    assert client.get("/console/approvals").headers["location"] == "/console/sign-in"
+
+
+def test_a_changed_or_foreign_session_cookie_is_no_session(server: ApiServer) -> None:
+    client = signed_in(server, token(sub="ann", roles="approver"))
+    value = client.cookies[COOKIE]
+    payload, mac = value.split(".")
+    # Claim admin of every tenant: the signature no longer matches.
+    forged = payload[:-2] + ("AA" if payload[-2:] != "AA" else "BB")
+    for cookie in (f"{forged}.{mac}", f"{payload}.{mac[:-1]}x", "not-a-cookie"):
+        stranger = browser(server)
+        stranger.cookies.set(COOKIE, cookie, path="/console")
+        assert stranger.get("/console/approvals").headers["location"] == "/console/sign-in"
+
+
+def test_every_page_sends_a_content_security_policy_and_escapes_job_data(
+    server: ApiServer,
+) -> None:
+    client = signed_in(server, token(sub="ann", roles="approver"))
+    pages = [
+        client.get("/console/sign-in"),
+        client.get("/console/approvals"),
+        client.get(
+            "/console/approval", params={"tenant": "acme", "job": "pay-1", "approval": APPROVAL}
+        ),
+        client.get("/console/jobs"),
+        client.get("/console/job", params={"tenant": "acme", "job": "pay-1"}),
+        client.get("/console/job", params={"tenant": "acme", "job": "pay-1", "version": 2}),
+        client.get("/console/spend"),
+        client.get("/console/job", params={"tenant": "globex", "job": "pay-1"}),
+    ]
+    for page in pages:
+        policy = page.headers["content-security-policy"]
+        assert "default-src 'none'" in policy and "script-src 'self'" in policy
+        assert "unsafe-inline" not in policy
+        assert page.headers["x-frame-options"] == "DENY"
+        assert "<script>window.pwned" not in page.text
+        assert "onerror='window" not in page.text
+    assert "&lt;script&gt;window.pwned" in pages[1].text
+    assert pages[-1].status_code == 404
+
+
+def test_every_form_carries_the_sessions_csrf_token(server: ApiServer) -> None:
+    client = signed_in(server, token(sub="ann", roles="approver"))
+    token_now = csrf(client.get("/console/approvals"))
+    for path, params in (
+        ("/console/approvals", {}),
+        ("/console/approval", {"tenant": "acme", "job": "pay-1", "approval": APPROVAL}),
+        ("/console/job", {"tenant": "acme", "job": "pay-1"}),
+    ):
+        html = client.get(path, params=params).text
+        forms = re.findall(r'<form[^>]*method="post".*?</form>', html, flags=re.S)
+        assert forms, path
+        for form in forms:
+            assert f'name="csrf" value="{token_now}"' in form, (path, form)
+
+
+def test_a_decision_without_the_sessions_csrf_token_decides_nothing(
+    server: ApiServer, engine: Engine
+) -> None:
+    client = signed_in(server, token(sub="ann", roles="approver"))
+    page = client.get("/console/approvals")
+    action = re.search(r'name="action_sha256" value="([0-9a-f]{64})"', page.text)
+    assert action is not None
+    form = {
+        "tenant": "acme",
+        "job": "pay-1",
+        "approval": APPROVAL,
+        "action_sha256": action.group(1),
+        "decision": "approve",
+    }
+    for forged in ({}, {"csrf": "guessed"}):
+        answer = client.post("/console/approval", data={**form, **forged})
+        assert answer.status_code == 400
+    assert decisions(engine) == []
+    assert client.post("/console/approval", data={**form, "csrf": csrf(page)}).status_code == 303
+    assert decisions(engine) == ["ann"]
+
+
+def test_only_an_approver_the_request_names_decides(server: ApiServer, engine: Engine) -> None:
+    requested = engine.history("acme", "pay-1")[-1]
+    assert requested.event_type == "ApprovalRequested"
+    page_form = {
+        "tenant": "acme",
+        "job": "pay-1",
+        "approval": APPROVAL,
+        "decision": "approve",
+        "action_sha256": requested.data["action_sha256"],
+    }
+    for credential, why in (
+        (api_key("acme", "operator"), "not an approver of this tenant"),
+        (token(sub="carol", roles="approver"), "carol&#39; may not decide"),
+        (token(sub="ann", tenants="globex", roles="approver"), None),
+    ):
+        client = signed_in(server, credential)
+        token_now = csrf(client.get("/console/approvals"))
+        answer = client.post("/console/approval", data={**page_form, "csrf": token_now})
+        if why is None:
+            assert answer.status_code == 404  # another tenant's approval does not exist
+        else:
+            assert answer.status_code == 409 and why in answer.text, answer.text
+    assert decisions(engine) == []
+
+
+def test_a_changed_action_hash_is_refused_as_stale(server: ApiServer, engine: Engine) -> None:
+    client = signed_in(server, token(sub="ann", roles="approver"))
+    page = client.get("/console/approvals")
+    answer = client.post(
+        "/console/approval",
+        data={
+            "csrf": csrf(page),
+            "tenant": "acme",
+            "job": "pay-1",
+            "approval": APPROVAL,
+            "action_sha256": "0" * 64,
+            "decision": "approve",
+        },
+    )
+    assert answer.status_code == 409
+    assert "the action to approve changed since it was shown" in answer.text
+    assert decisions(engine) == []
+
+
+def test_sign_out_ends_the_session(server: ApiServer) -> None:
+    client = signed_in(server, api_key("acme", "auditor"))
+    page = client.get("/console/jobs")
+    assert client.post("/console/sign-out", data={"csrf": "guessed"}).status_code == 400
+    answer = client.post("/console/sign-out", data={"csrf": csrf(page)})
+    assert answer.headers["location"] == "/console/sign-in"
+    assert client.get("/console/jobs").headers["location"] == "/console/sign-in"
+
+
+def test_a_session_ends_when_it_expires() -> None:
+    codec = SessionCodec(b"s" * 32)
+    now = datetime(2026, 1, 1, tzinfo=UTC)
+    principal = Principal("ann", frozenset({"acme"}), frozenset({Role.APPROVER}))
+    cookie = codec.encode(codec.new(principal, now))
+    assert codec.decode(cookie, now + LIFETIME - timedelta(seconds=1)) is not None
+    assert codec.decode(cookie, now + LIFETIME) is None
+    assert SessionCodec(b"t" * 32).decode(cookie, now) is None  # another server's secret
+
+
+def test_the_job_page_says_where_an_edited_history_breaks_its_chain(
+    server: ApiServer, engine: Engine, store_url: str
+) -> None:
+    client = signed_in(server, api_key("acme", "auditor"))
+    job_page = {"tenant": "acme", "job": "pay-1"}
+    assert 'id="chain">chain intact<' in client.get("/console/job", params=job_page).text
+    RawEvents(store_url).replace_in_state(job_uuid("acme", "pay-1"), 3, '"s1":true', '"s1":false')
+    page = client.get("/console/job", params=job_page).text
+    assert (
+        'id="chain">chain broken at v3 (Job.StepRecorded: chain hash does not match the event)<'
+        in page
+    )
+
+
+def test_the_jobs_page_filters_counts_and_pages(engine: Engine, server: ApiServer) -> None:
+    for n in range(3):
+        engine.submit("acme", f"more-{n}", "payout", input={})
+    client = signed_in(server, api_key("acme", "auditor"))
+    page = client.get("/console/jobs").text
+    counts = dict(re.findall(r'class="status s-(\w+)">\w+</a> <b>(\d+)</b>', page))
+    assert counts == {"queued": "3", "awaiting_approval": "1"}
+    waiting = client.get("/console/jobs", params={"status": "awaiting_approval"}).text
+    assert "pay-1" in waiting and "more-0" not in waiting
+    nothing = client.get("/console/jobs", params={"workflow": "other"}).text
+    assert "No jobs." in nothing
+    bad = client.get("/console/jobs", params={"after": "not-a-cursor"})
+    assert bad.status_code == 200 and "not a listing cursor" in bad.text
+
+
+def test_the_jobs_page_pages_by_cursor(
+    engine: Engine, server: ApiServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(routes, "PAGE_SIZE", 2)
+    for n in range(3):
+        engine.submit("acme", f"more-{n}", "payout", input={})
+    client = signed_in(server, api_key("acme", "auditor"))
+    seen: list[str] = []
+    params: dict[str, str] = {}
+    for _ in range(3):
+        page = client.get("/console/jobs", params=params).text
+        seen += re.findall(r"job=([\w-]+)\">", page)
+        more = re.search(r'id="more" href="[^"]*after=([^"&]+)"', page)
+        if more is None:
+            break
+        params = {"after": unquote(more.group(1))}
+    assert sorted(seen) == ["more-0", "more-1", "more-2", "pay-1"]
+
+
+def test_the_spend_page_shows_each_utc_day_against_the_ceiling(
+    make_engine: EngineFactory, tmp_path: Path
+) -> None:
+    registry = DefinitionRegistry([parse_definition(PAYOUT, "payout.yaml")])
+    ceiling = {"cost_ceiling_usd": "1", "tenant_cost_ceilings_usd": {"acme": "0.40"}}
+    engine = make_engine(registry=registry, config=ceiling)
+    engine.submit("acme", "pay-1", "payout", input={})
+    engine.run_until_idle()
+    with start_api(engine, tmp_path) as server:
+        page = signed_in(server, api_key("acme", "auditor")).get("/console/spend").text
+    day = engine.clock.now().date().isoformat()
+    assert "Ceiling: $0.40 per UTC day" in page
+    assert re.search(rf"<td>{day}</td><td>\$0.10</td>\s*<td><meter[^>]*value=\"25\"", page), page
