@@ -7,6 +7,7 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import pytest
 from projections import JobViews
@@ -247,6 +248,29 @@ def test_a_signal_resumes_a_waiting_job_once(api: ApiServer, engine: Engine) -> 
     assert again["outcome"] == "duplicate"
     engine.run_until_idle()
     assert engine.job("acme", "j").status is JobStatus.COMPLETED
+
+
+@pytest.mark.parametrize("job_id", ["reports/2026/q1", "100%/done", "a%2Fb", "café ok"])
+def test_a_job_id_with_slashes_or_percents_is_reached_with_its_segment_encoded(
+    api: ApiServer, engine: Engine, job_id: str
+) -> None:
+    """Ids may hold ``/`` and ``%``: a client encodes the id whole in its segment
+    (``quote(id, safe="")``) and reaches exactly that job, never another."""
+    segment = quote(job_id, safe="")
+    body = {"event": "invoice.paid", "signal_id": "pay-1", "payload": {}}
+    with api.as_role(Role.OPERATOR) as http:
+        made = http.post("/v1/jobs/acme", json={"job_id": job_id, "workflow_type": "wait"})
+        engine.run_until_idle()
+        read = http.get(f"/v1/jobs/acme/{segment}")
+        history = http.get(f"/v1/jobs/acme/{segment}/history")
+        signalled = http.post(f"/v1/jobs/acme/{segment}/signals", json=body)
+    assert made.status_code == 201, made.text
+    assert made.headers["location"] == f"/v1/jobs/acme/{segment}"
+    assert read.status_code == 200, read.text
+    assert read.json()["job_id"] == job_id
+    assert history.json()["events"][0]["version"] == 1
+    assert signalled.json()["outcome"] == "resumed"
+    assert engine.job("acme", job_id).status is not JobStatus.WAITING_EVENT
 
 
 def test_a_stale_or_repeated_decision_is_409(api: ApiServer, engine: Engine) -> None:

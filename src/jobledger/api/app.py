@@ -27,6 +27,7 @@ from jobledger.api.auth import Authenticator
 from jobledger.api.limits import BodyLimit, RateLimiter, RequestTimeout
 from jobledger.api.live import LogBell
 from jobledger.api.models import Health
+from jobledger.api.paths import EncodedSlashes
 from jobledger.api.problems import Problem
 from jobledger.api.settings import ApiSettings
 from jobledger.engine import Engine
@@ -79,6 +80,7 @@ def create_app(
     # Outermost first: the timeout covers reading the body too.
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
     app.add_middleware(RequestTimeout, seconds=settings.request_timeout_seconds)
+    app.add_middleware(EncodedSlashes)  # outermost: ids with "/" route as one segment
     return app
 
 

@@ -8,6 +8,7 @@ from projections import JobViews
 from jobledger.api.auth import Principal, Role
 from jobledger.api.deps import Caller, EngineDep, tenant_scope
 from jobledger.api.models import PartitionLag, TenantVerdict, Verdict
+from jobledger.api.paths import JOB, TENANT
 from jobledger.api.problems import EVERY_REQUEST, Problem, documented
 from jobledger.audit.tamper import JobCheck, verify_one, verify_store
 from jobledger.identity import job_uuid
@@ -17,7 +18,7 @@ router = APIRouter(tags=["audit"], responses=EVERY_REQUEST)
 NOT_FOUND = documented(403, 404)
 
 
-@router.get("/jobs/{tenant}/{job}/verify", response_model=Verdict, responses=NOT_FOUND)
+@router.get(f"{JOB}/verify", response_model=Verdict, responses=NOT_FOUND)
 def verify_job(tenant: str, job: str, caller: Caller, engine: EngineDep) -> Verdict:
     """Recompute the job's hash chain from its stored rows (auditor): intact, or the
     first broken link (an edited, deleted or reordered event)."""
@@ -28,7 +29,7 @@ def verify_job(tenant: str, job: str, caller: Caller, engine: EngineDep) -> Verd
     return _verdict(check, tenant, job)
 
 
-@router.get("/tenants/{tenant}/verify", response_model=TenantVerdict, responses=NOT_FOUND)
+@router.get(f"{TENANT}/verify", response_model=TenantVerdict, responses=NOT_FOUND)
 def verify_tenant(tenant: str, caller: Caller, engine: EngineDep) -> TenantVerdict:
     """Recompute every chain of the tenant's jobs from the stored rows (auditor).
 

@@ -16,6 +16,7 @@ from fastapi.responses import StreamingResponse
 
 from jobledger.api.auth import Role
 from jobledger.api.deps import Caller, EngineDep, tenant_scope
+from jobledger.api.paths import JOB, TENANT
 from jobledger.api.problems import EVERY_REQUEST, documented
 from jobledger.audit.export import Selection, export_lines
 from jobledger.engine import Engine
@@ -33,14 +34,14 @@ EXPORTED: dict[int | str, dict[str, Any]] = {
 }
 
 
-@router.get("/tenants/{tenant}/export", response_class=StreamingResponse, responses=EXPORTED)
+@router.get(f"{TENANT}/export", response_class=StreamingResponse, responses=EXPORTED)
 def export_tenant(tenant: str, caller: Caller, engine: EngineDep) -> StreamingResponse:
     """Every job of the tenant, event by event, then the manifest (auditor)."""
     tenant_scope(caller, tenant, Role.AUDITOR)
     return _stream(engine, Selection(tenant_id=tenant), f"{tenant}.jsonl")
 
 
-@router.get("/jobs/{tenant}/{job}/export", response_class=StreamingResponse, responses=EXPORTED)
+@router.get(f"{JOB}/export", response_class=StreamingResponse, responses=EXPORTED)
 def export_job(tenant: str, job: str, caller: Caller, engine: EngineDep) -> StreamingResponse:
     """One job, event by event, then the manifest (auditor)."""
     tenant_scope(caller, tenant, Role.AUDITOR, job_id=job)

@@ -16,6 +16,7 @@ from jobledger.api.models import (
     SignalRequest,
     SignalResult,
 )
+from jobledger.api.paths import JOB
 from jobledger.api.problems import EVERY_REQUEST, documented
 from jobledger.engine import Engine
 
@@ -28,7 +29,7 @@ def _job(engine: Engine, tenant: str, job: str) -> Job:
     return Job.of(engine.job(tenant, job), engine.history(tenant, job))
 
 
-@router.post("/jobs/{tenant}/{job}/signals", response_model=SignalResult, responses=REFUSALS)
+@router.post(f"{JOB}/signals", response_model=SignalResult, responses=REFUSALS)
 def signal(
     tenant: str, job: str, body: SignalRequest, caller: Caller, engine: EngineDep
 ) -> SignalResult:
@@ -41,7 +42,7 @@ def signal(
 
 
 @router.post(
-    "/jobs/{tenant}/{job}/approvals/{approval}",
+    JOB + "/approvals/{approval:id}",
     response_model=Job,
     responses=REFUSALS,
 )
@@ -64,7 +65,7 @@ def decide(
     return Job.of(view, engine.history(tenant, job))
 
 
-@router.post("/jobs/{tenant}/{job}/budget", response_model=Job, responses=REFUSALS)
+@router.post(f"{JOB}/budget", response_model=Job, responses=REFUSALS)
 def raise_budget(
     tenant: str, job: str, body: BudgetRequest, caller: Caller, engine: EngineDep
 ) -> Job:
@@ -83,7 +84,7 @@ def raise_budget(
     return Job.of(view, engine.history(tenant, job))
 
 
-@router.post("/jobs/{tenant}/{job}/cancel", response_model=Job, responses=REFUSALS)
+@router.post(f"{JOB}/cancel", response_model=Job, responses=REFUSALS)
 def cancel(tenant: str, job: str, body: CancelRequest, caller: Caller, engine: EngineDep) -> Job:
     """Cancel the job (operator): terminal; open tokens and approvals stop working."""
     tenant_scope(caller, tenant, Role.OPERATOR, job_id=job)

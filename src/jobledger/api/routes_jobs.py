@@ -12,6 +12,7 @@ from projections.job_views import JobQuery, cursor
 from jobledger.api.auth import Role
 from jobledger.api.deps import Caller, EngineDep, tenant_scope
 from jobledger.api.models import Event, HistoryPage, Job, JobPage, JobRow, SubmitRequest
+from jobledger.api.paths import JOB, JOBS, id_path
 from jobledger.api.problems import EVERY_REQUEST, Problem, documented
 from jobledger.status import JobStatus
 
@@ -23,7 +24,7 @@ Limit = Annotated[int, Query(ge=1, le=MAX_PAGE, description="At most this many."
 
 
 @router.post(
-    "/jobs/{tenant}",
+    JOBS,
     response_model=Job,
     status_code=201,
     responses={
@@ -66,7 +67,7 @@ def submit(
     view = made.job
     if not made.created:
         response.status_code = 200
-    response.headers["Location"] = f"/v1/jobs/{tenant}/{view.job_id}"
+    response.headers["Location"] = f"/v1/jobs/{id_path(tenant, view.job_id)}"
     return Job.of(view, engine.history(tenant, view.job_id))
 
 
@@ -80,7 +81,7 @@ def _one_key(in_body: str | None, in_header: str | None) -> str | None:
     return in_body if in_body is not None else in_header
 
 
-@router.get("/jobs/{tenant}", response_model=JobPage, responses=NOT_FOUND)
+@router.get(JOBS, response_model=JobPage, responses=NOT_FOUND)
 def list_jobs(
     tenant: str,
     caller: Caller,
@@ -144,14 +145,14 @@ def _statuses(raw: str | None) -> list[str]:
     return names
 
 
-@router.get("/jobs/{tenant}/{job}", response_model=Job, responses=NOT_FOUND)
+@router.get(JOB, response_model=Job, responses=NOT_FOUND)
 def get_job(tenant: str, job: str, caller: Caller, engine: EngineDep) -> Job:
     """The job now, with its open approval request and wait."""
     tenant_scope(caller, tenant, None, job_id=job)
     return Job.of(engine.job(tenant, job), engine.history(tenant, job))
 
 
-@router.get("/jobs/{tenant}/{job}/history", response_model=HistoryPage, responses=NOT_FOUND)
+@router.get(f"{JOB}/history", response_model=HistoryPage, responses=NOT_FOUND)
 def history(
     tenant: str,
     job: str,
@@ -172,7 +173,7 @@ def history(
 
 
 @router.get(
-    "/jobs/{tenant}/{job}/at",
+    f"{JOB}/at",
     response_model=Job,
     responses=NOT_FOUND,
 )

@@ -17,6 +17,7 @@ from fastapi.responses import StreamingResponse
 
 from jobledger.api.deps import Caller, EngineDep, tenant_scope
 from jobledger.api.live import LogBell, job_events
+from jobledger.api.paths import JOB
 from jobledger.api.problems import EVERY_REQUEST, Problem, documented
 from jobledger.api.settings import ApiSettings
 from jobledger.identity import job_uuid
@@ -35,7 +36,7 @@ STREAM: dict[int | str, dict[str, Any]] = {
 }
 
 
-@router.get("/jobs/{tenant}/{job}/events", response_class=StreamingResponse, responses=STREAM)
+@router.get(f"{JOB}/events", response_class=StreamingResponse, responses=STREAM)
 async def job_event_stream(
     tenant: str,
     job: str,

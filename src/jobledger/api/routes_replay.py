@@ -14,6 +14,7 @@ from pydantic import BaseModel
 
 from jobledger.api.auth import Role
 from jobledger.api.deps import Caller, EngineDep, tenant_scope
+from jobledger.api.paths import JOB, TENANT
 from jobledger.api.problems import EVERY_REQUEST, Problem, documented
 from jobledger.audit.replay import ReplayReport, StepReplay
 from jobledger.cli.output import jsonable
@@ -94,7 +95,7 @@ class Replay(BaseModel):
 
 
 @router.post(
-    "/jobs/{tenant}/{job}/replay",
+    f"{JOB}/replay",
     response_model=Replay,
     responses=REFUSALS,
     openapi_extra=DEFINITION_BODY,
@@ -110,7 +111,7 @@ async def replay_job(
 
 
 @router.post(
-    "/tenants/{tenant}/replay",
+    f"{TENANT}/replay",
     response_model=list[Replay],
     responses=REFUSALS,
     openapi_extra=DEFINITION_BODY,
