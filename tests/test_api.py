@@ -289,6 +289,54 @@ def test_a_stale_or_repeated_decision_is_409(api: ApiServer, engine: Engine) -> 
     assert problem(repeated, 409)["error"] == "ApprovalAlreadyDecidedError"
 
 
+def test_an_approvers_inbox_lists_what_names_them_oldest_first_with_what_is_approved(
+    api: ApiServer, engine: Engine
+) -> None:
+    for tenant, job in (("acme", "g1"), ("acme", "g2"), ("globex", "g3")):
+        engine.submit(tenant, job, "gate")
+        engine.run_until_idle()
+    with (
+        api.as_role(Role.APPROVER, sub=APPROVER) as ann,
+        api.as_role(Role.APPROVER, sub="bob") as bob,
+        api.as_role(Role.OPERATOR) as operator,
+    ):
+        inbox = ann.get("/v1/approvals").json()
+        shown = ann.get("/v1/jobs/acme/g1").json()["pending_approval"]
+        not_bobs = bob.get("/v1/approvals").json()
+        refused = operator.get("/v1/approvals")
+    # globex's request names ann too, but this credential is acme's only.
+    assert [(a["tenant_id"], a["job_id"]) for a in inbox] == [("acme", "g1"), ("acme", "g2")]
+    first = inbox[0]
+    assert first["approval_id"] == shown["approval_id"]
+    assert first["action_sha256"] == shown["action_sha256"]
+    assert first["approvers"] == [APPROVER] and first["open"] is True
+    assert first["step_name"] == "review" and first["outcome"] is None
+    assert not_bobs == []
+    assert problem(refused, 403)["error"] == "Forbidden"
+
+
+def test_one_approval_request_reads_as_it_stands_and_says_how_it_ended(
+    api: ApiServer, engine: Engine
+) -> None:
+    engine.submit("acme", "g", "gate")
+    engine.run_until_idle()
+    approval = engine.job("acme", "g").pending_approval_id
+    path = f"/v1/jobs/acme/g/approvals/{approval}"
+    with api.as_role(Role.APPROVER, sub=APPROVER) as ann, api.as_role(Role.AUDITOR) as auditor:
+        before = auditor.get(path).json()
+        decided = ann.post(
+            path, json={"decision": "approve", "action_sha256": before["action_sha256"]}
+        )
+        after = auditor.get(path).json()
+        unknown = auditor.get("/v1/jobs/acme/g/approvals/nothing-asked")
+        inbox = ann.get("/v1/approvals").json()
+    assert before["open"] is True and before["outcome"] is None
+    assert decided.status_code == 200, decided.text
+    assert after["open"] is False and f"approved by {APPROVER}" in after["outcome"]
+    assert problem(unknown, 404)["error"] == "UnknownApproval"
+    assert inbox == []
+
+
 def test_cancel_then_raise_budget_is_409_and_records_who(api: ApiServer, engine: Engine) -> None:
     engine.submit("acme", "j", "wait")
     engine.run_until_idle()

@@ -122,6 +122,7 @@ ENDPOINTS = [
     Endpoint(
         "cancel", "POST", "/v1/jobs/{tenant}/{job}/cancel", Role.OPERATOR, lambda: {"reason": "x"}
     ),
+    Endpoint("approval", "GET", "/v1/jobs/{tenant}/{job}/approvals/{approval}", None),
     Endpoint("verify", "GET", "/v1/jobs/{tenant}/{job}/verify", Role.AUDITOR),
     Endpoint("verify_tenant", "GET", "/v1/tenants/{tenant}/verify", Role.AUDITOR, job_scoped=False),
 ]

@@ -15,6 +15,7 @@ from projections import JobViews
 from jobledger.api import (
     console,
     problems,
+    routes_approvals,
     routes_audit,
     routes_export,
     routes_inputs,
@@ -67,6 +68,7 @@ def create_app(
     for routes in (
         routes_jobs,
         routes_inputs,
+        routes_approvals,
         routes_audit,
         routes_live,
         routes_resume,

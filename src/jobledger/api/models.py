@@ -11,6 +11,7 @@ from projections.job_views import cursor
 from projections.status import StatusRow
 from pydantic import BaseModel, ConfigDict, Field
 
+from jobledger.api.approvals import ApprovalCard
 from jobledger.cli.output import jsonable, open_wait, pending_approval
 from jobledger.ports import BlockedNote
 from jobledger.views import HistoryEntry, JobView
@@ -219,3 +220,53 @@ class PartitionLag(BaseModel):
 
 class Health(BaseModel):
     status: Literal["ok"]
+
+
+class Approval(BaseModel):
+    """An approval request as the person deciding sees it: what is being approved (the
+    step's params and the state it rests on), the action hash a decision is bound to, who
+    may decide and until when; and, once it is not open, how it ended."""
+
+    tenant_id: str
+    job_id: str
+    workflow: str
+    approval_id: str
+    step_number: int
+    step_name: str | None
+    attempt: int
+    action_sha256: str
+    approvers: list[str]
+    """Who may decide (empty: any approver of the tenant)."""
+    expires_at: datetime | None
+    requested_at: datetime
+    params: dict[str, Any] | None
+    """The step's params as its definition gives them (null: not known here)."""
+    state: dict[str, Any]
+    """The job's state when the request was made: the outputs the action rests on."""
+    hash_matches: bool | None
+    """Whether the step, params and state shown hash to ``action_sha256`` (null: the
+    params are not known here, so it was not checked)."""
+    open: bool
+    outcome: str | None
+    """How it ended when not open: who decided what, or that it expired."""
+
+    @classmethod
+    def of(cls, card: ApprovalCard) -> Approval:
+        return cls(
+            tenant_id=card.tenant_id,
+            job_id=card.job_id,
+            workflow=card.workflow,
+            approval_id=card.approval_id,
+            step_number=card.step_number,
+            step_name=card.step_name,
+            attempt=card.attempt,
+            action_sha256=card.action_sha256,
+            approvers=list(card.approvers),
+            expires_at=card.expires_at,
+            requested_at=card.requested_at,
+            params=jsonable(dict(card.params)) if card.params is not None else None,
+            state=jsonable(dict(card.state)),
+            hash_matches=card.hash_matches,
+            open=card.open,
+            outcome=card.outcome,
+        )

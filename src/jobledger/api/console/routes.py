@@ -29,8 +29,8 @@ from jinja2 import Environment, PackageLoader, select_autoescape
 from projections import JobViews
 from projections.job_views import JobQuery, cursor
 
+from jobledger.api import approvals as approval_requests
 from jobledger.api.auth import AuthenticationError, Authenticator, Principal, Role
-from jobledger.api.console import reads
 from jobledger.api.console.session import COOKIE, PRE_SIGN_IN_COOKIE, Session, SessionCodec
 from jobledger.api.live import LogBell, job_events
 from jobledger.api.settings import ApiSettings
@@ -240,7 +240,7 @@ def _add_approvals(api: APIRouter) -> None:
         if session is None:
             return c.redirect(f"{PREFIX}/sign-in")
         c.catch_up()
-        cards = reads.inbox(c.engine, c.views, session.principal)
+        cards = approval_requests.inbox(c.engine, c.views, session.principal)
         return c.render("inbox.html", request, session, cards=cards)
 
     @api.get("/approval")
@@ -295,17 +295,17 @@ def _add_approvals(api: APIRouter) -> None:
 
 def _card(
     c: Console, session: Session, tenant: str, job: str, approval: str
-) -> reads.ApprovalCard | None:
+) -> approval_requests.ApprovalCard | None:
     if not session.principal.may_read(tenant):
         return None
     try:
-        return reads.approval(c.engine, tenant, job, approval)
+        return approval_requests.approval(c.engine, tenant, job, approval)
     except UnknownJobError:
         return None
 
 
 def _refused(
-    c: Console, request: Request, session: Session, card: reads.ApprovalCard, why: str
+    c: Console, request: Request, session: Session, card: approval_requests.ApprovalCard, why: str
 ) -> Response:
     return c.render("approval.html", request, session, 409, card=card, refusal=why)
 

@@ -1,10 +1,12 @@
-"""What the console's pages show, read through the engine's facade and the views.
+"""Approval requests as the person deciding sees them: what is being approved, bound to
+which action hash, by whom, until when; read through the engine's facade and the views
+for the API's inbox and the console's pages.
 
 Nothing here decides anything the engine decides: a decision goes to ``Engine.decide``
 and the engine's own checks (the open request, its action hash, its expiry, its
 approvers) refuse what they refuse. The one rule computed here is the action hash, and
 it is computed by the engine's own function (``transition.action_sha256``) to show the
-approver that what the page shows is exactly what the request is bound to.
+approver that what is shown is exactly what the request is bound to.
 """
 
 from __future__ import annotations
