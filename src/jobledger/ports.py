@@ -267,9 +267,11 @@ class JobStore(Protocol):
     def append(self, job: Job, *keys: ConsumedKey) -> None:
         """Write the job's pending events and the keys they consume in ONE transaction.
 
-        Raises DuplicateKeyError if a key was used before, VersionConflict if the job moved
-        on since it was loaded, StoreUnavailableError for an infrastructure failure (an
-        adapter maps its driver's errors onto it): the caller retries.
+        Raises DuplicateKeyError if a key was used before (a step's key included: it is
+        the step's own record, so a step the store already holds is named as a duplicate),
+        VersionConflict if the job moved on since it was loaded, StoreUnavailableError for
+        an infrastructure failure (an adapter maps its driver's errors onto it): the
+        caller retries.
         """
 
     def append_many(self, appends: Sequence[Append]) -> list[Refusal | None]:
