@@ -17,7 +17,6 @@ from projections import JobViews
 
 from jobledger import (
     Engine,
-    FunctionRegistry,
     InvalidPayloadError,
     JobStatus,
     Resolution,
