@@ -7,8 +7,9 @@ with a 2 KB input.
 For each encoder: microseconds per document, whether its bytes are identical to the
 definition's for every document, and the microseconds per step saved against json.dumps
 (a continuing step hashes one document: its StepRecorded). Also times ``chain.link``
-(encode + sha256) as the engine calls it. msgspec is optional (``pip install msgspec``): it writes UTC times as ``Z`` and
-has no datetime pass-through, so it cannot produce the definition's bytes as is.
+(encode + sha256) as the engine calls it. msgspec is optional (``pip install msgspec``):
+it writes UTC times as ``Z`` and has no datetime pass-through, so it cannot produce the
+definition's bytes as is.
 
 Usage::
 
