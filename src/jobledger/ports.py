@@ -35,8 +35,9 @@ class Tick:
     job_id: str
     reason: str = "queue"
     claim_id: str | None = None
-    """Only on the in-process retry of a tick interrupted by a store error: the claim it
-    held, so the retry goes on at once (a stranger's tick waits for the lease)."""
+    """Only on an in-process tick: the retry of a tick interrupted by a store error (the
+    claim it held), or the tick a resume woke (the claim folded into the resume), so it
+    goes on at once (a stranger's tick waits for the lease)."""
     attempt: int = 0
     """Only on that retry too: how many store errors this tick has hit, so each retry
     waits longer than the one before."""
