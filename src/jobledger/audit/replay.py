@@ -329,8 +329,7 @@ def _request(
         budget = claim.budget
         if claim.previous_status is not None and claim.reason is not None:
             # Resolved before this claim was taken for it: the job was as the claim found it.
-            status = claim.previous_status
-            reason = claim.reason
+            status, reason = claim.previous_status, claim.reason
         else:
             reason = tick_reasons.get(claim.claim_id, UNKNOWN_REASON)
     return ResolveRequest(
