@@ -462,11 +462,16 @@ def test_migrate_moves_a_waiting_job_only_when_replay_says_safe_or_when_forced(
 
 @pytest.fixture
 def three_jobs(make_engine: EngineFactory) -> Engine:
-    """Three finished agent3 jobs of 9 events each: Submitted, then per step a claim and
-    the StepRecorded (v2..v9)."""
-    engine = make_engine()
+    """Three finished jobs of 9 events each: Submitted, then per step a claim and the
+    StepRecorded (v2..v9). One step per tick, so each claim is a Claimed of its own (a
+    continuing step carries its claim in its record), and four side-effecting steps."""
+    registry = FunctionRegistry()
+    steps = [Resolution("run_interaction_task", JobStatus.QUEUED) for _ in range(3)]
+    steps.append(Resolution("run_interaction_task", JobStatus.COMPLETED))
+    registry.register("agent4", 1, linear_workflow(steps))
+    engine = make_engine(registry=registry, config={"max_steps_per_tick": 1})
     for job in ("j1", "j2", "j3"):
-        engine.submit(T, job, "agent3")
+        engine.submit(T, job, "agent4")
     engine.run_until_idle()
     return engine
 

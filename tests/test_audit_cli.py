@@ -60,7 +60,8 @@ def test_on_postgres_replay_migrate_verify_anchor_export_import(postgres_cli: Cl
     copy = f"sqlite:///{cli.tmp}/copy.db"
     assert cli.json("import", "export.jsonl", "--store", copy)["jobs"] == 1
     copied = cli.json("verify", "--all", "--anchors", "anchors.jsonl", "--store", copy)
-    assert copied["intact"] is True and copied["events"] == 6
+    # Submitted, Claimed, two steps (the first carries its continuation claim), Migrated.
+    assert copied["intact"] is True and copied["events"] == 5
 
 
 def test_replay_migrate_show_at_verify_anchor_export_import(sqlite_cli: Cli) -> None:
@@ -93,7 +94,9 @@ def test_replay_migrate_show_at_verify_anchor_export_import(sqlite_cli: Cli) -> 
     assert "v1 -> v3; replay: safe to migrate" in last["transition"]
 
     then = cli.json("show", "acme", "t1", "--at-version", "3")
-    assert (then["version"], then["status"], then["current_step"]) == (3, "queued", 1)
+    # Step 1 hands the job on under its claim in the same event (it was "queued" at v3,
+    # with the continuation's Claimed at v4).
+    assert (then["version"], then["status"], then["current_step"]) == (3, "running", 1)
     assert then["workflow_version"] == 1
     submitted_at = history["events"][0]["time"]
     at = cli.json("show", "acme", "t1", "--at", submitted_at)
@@ -135,7 +138,8 @@ def test_verify_and_import_catch_tampering(sqlite_cli: Cli, tmp_path: Path) -> N
     export = cli("export", "acme", "t2")
     assert export.returncode == 0
     raw = RawEvents(f"sqlite:///{tmp_path}/jobs.db")
-    raw.delete(job_uuid("acme", "t2"), 5, and_after=True)  # the last step, gone
+    # The last step (v4: the step before it carries its continuation claim; v5 before).
+    raw.delete(job_uuid("acme", "t2"), 4, and_after=True)
 
     assert cli.json("verify", "--all")["intact"] is True  # consistent without anchors
     result = cli("verify", "--all", "--anchors", "anchors.jsonl", "--json")
@@ -143,9 +147,9 @@ def test_verify_and_import_catch_tampering(sqlite_cli: Cli, tmp_path: Path) -> N
     report = json.loads(result.stdout)
     [broken] = report["broken"]
     assert (broken["tenant"], broken["job"], broken["version"], broken["kind"]) == (
-        "acme", "t2", 5, "truncated",
+        "acme", "t2", 4, "truncated",
     )  # fmt: skip
-    assert "error: 1 of 2 job(s) broken; first: acme/t2 at v5" in result.stderr
+    assert "error: 1 of 2 job(s) broken; first: acme/t2 at v4" in result.stderr
 
     raw.replace_in_state(job_uuid("acme", "t1"), 3, '"task":"triage"', '"task":"forged"')
     table = cli("verify", "acme", "t1")

@@ -66,6 +66,8 @@ def test_bench_resume_quick_reports_every_figure(tmp_path: Path) -> None:
     for kind in sqlite["kinds"]:
         assert kind["incomplete_jobs"] == 0 and kind["samples"] == 20
         assert 0 < kind["p50_ms"] <= kind["p99_ms"] <= kind["max_ms"]
+        # Counted: the resume (with its key and the woken tick's claim), then the step.
+        assert kind["commits_per_resume"] == 2 and kind["rows_per_resume"] == 3
 
 
 def test_bench_http_quick_reports_every_figure(tmp_path: Path) -> None:

@@ -223,7 +223,9 @@ def test_a_resume_token_lives_as_long_as_its_wait(
     assert timeout_at is not None and token.expires_at >= timeout_at
 
     clock.advance(timedelta(days=3))  # well past the default 24 h token lifetime
-    assert engine.resume(token.token, {"ok": True}).status is JobStatus.QUEUED
+    assert (
+        engine.resume(token.token, {"ok": True}).status is JobStatus.RUNNING
+    )  # resumed, held by the woken tick (issue 11)
 
 
 def test_a_reissued_token_replaces_the_old_one_in_one_append(
@@ -246,7 +248,9 @@ def test_a_reissued_token_replaces_the_old_one_in_one_append(
     assert reissued.data["previous_nonce"] == old.nonce
     with pytest.raises(TokenMismatchError, match="superseded"):
         engine.resume(old.token)
-    assert engine.resume(new.token).status is JobStatus.QUEUED
+    assert (
+        engine.resume(new.token).status is JobStatus.RUNNING
+    )  # resumed, held by the woken tick (issue 11)
     with pytest.raises(JobNotWaitingError):
         engine.reissue_token("t", "j", by="ops-lead")
     # The reissue is part of the audit like any event: the chain holds, replay agrees,

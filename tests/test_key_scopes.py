@@ -228,7 +228,9 @@ def test_the_losers_of_racing_uses_of_one_token_are_told_it_was_replayed(
         first.run_until_idle()
         token = inbox.tokens[job]
         losers += _losers(_race([partial(e.resume, token) for e in (first, second, first)]))
-        assert first.job("acme", job).status is JobStatus.QUEUED
+        # Resumed once, and held by the claim of the tick the winner woke (issue 11; the
+        # claim is folded into the resume, where the job used to be left queued).
+        assert first.job("acme", job).status is JobStatus.RUNNING
     assert set(losers) == {TokenReplayedError.__name__}
 
 

@@ -280,6 +280,17 @@ def reference_fold(ref: JobRef, events: list[Job.Event]) -> Expected:
                 cost += STEP_COST
             status, claimed_by, lease_until = definition.next_status, None, None
             resume_at = event.resume_at
+            if event.claim_id is not None:
+                # The continuation claim, folded into the step: the job it left queued
+                # (claimable) is claimed in the same event.
+                assert status is JobStatus.QUEUED, f"{name}: a claim folded into a {status}"
+                assert event.lease_until is not None, name
+                status, claimed_by, lease_until = (
+                    JobStatus.RUNNING,
+                    event.claimed_by,
+                    event.lease_until,
+                )
+                resume_at = None
         elif isinstance(event, Job.RetryScheduled):
             assert status is JobStatus.RUNNING, f"{name}: a retry without a claim"
             assert event.step_number == step + 1, name

@@ -5,6 +5,10 @@ decided). A change that alters a single stored byte fails here; a store written 
 code of that day loads, folds and verifies on today's.
 
 Regenerate (only for a deliberate format change, and say so): JOBLEDGER_WRITE_GOLDEN=1.
+Keep the rows it replaces as a fixture of the release that wrote them, loaded by the same
+test: tests/fixtures/stored-formats-before-one-row.jsonl is the same scenario as written
+before issue 11 folded the continuation claim into the step (a ``Claimed`` after each
+continuing step, a key row per step).
 """
 
 from __future__ import annotations
@@ -32,6 +36,8 @@ from jobledger import (
 from jobledger.adapters.clock import FakeClock
 from jobledger.adapters.event_store import EventSourcedJobStore
 from jobledger.adapters.ops import MemoryOps
+from jobledger.audit import export as exporting
+from jobledger.audit import tamper
 from jobledger.errors import BrokenHistoryError
 from jobledger.identity import job_uuid
 from jobledger.job import Job
@@ -42,6 +48,9 @@ from tests.support.engines import TOKEN_SECRET, CountingExecutor
 from tests.support.notifiers import Inbox
 
 GOLDEN = Path(__file__).parent / "fixtures" / "stored-formats.jsonl"
+BEFORE_ONE_ROW = GOLDEN.with_name("stored-formats-before-one-row.jsonl")
+WRITTEN = {"today": GOLDEN, "before-one-row": BEFORE_ONE_ROW}
+"""Every format a release wrote this scenario in, each loaded by today's code."""
 JOBS = ("done", "waiting", "gated")
 
 
@@ -79,6 +88,8 @@ def deterministic(monkeypatch: pytest.MonkeyPatch, clock: FakeClock) -> None:
     claims = itertools.count(1)
     nonces = itertools.count(1)
     monkeypatch.setattr("jobledger.orchestrator.uuid4", lambda: UUID(int=next(claims)))
+    # A resume's folded claim (the tick it wakes) too.
+    monkeypatch.setattr("jobledger.commands.uuid4", lambda: UUID(int=next(claims)))
     monkeypatch.setattr(
         "jobledger.adapters.jwt_tokens.secrets.token_hex", lambda n: f"{next(nonces):0{2 * n}x}"
     )
@@ -147,8 +158,8 @@ def _row(table: str, record: Any) -> dict[str, Any]:
     }
 
 
-def golden() -> list[dict[str, Any]]:
-    return [json.loads(line) for line in GOLDEN.read_text().splitlines()]
+def golden(path: Path = GOLDEN) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
 
 
 def test_todays_code_stores_exactly_the_recorded_bytes(
@@ -190,14 +201,30 @@ def insert(engine: Engine, rows: list[dict[str, Any]]) -> None:
             recorder.insert_events(stored)
 
 
-def test_a_store_written_before_loads_folds_and_verifies(store_url: str) -> None:
+@pytest.mark.parametrize("written", sorted(WRITTEN))
+def test_a_store_written_before_loads_folds_and_verifies(
+    store_url: str, fresh_store_url: str, written: str, tmp_path: Path
+) -> None:
     clock = FakeClock()
     inbox = Inbox()
     with open_engine(store_url, clock, inbox) as engine:
         assert isinstance(engine.store, EventSourcedJobStore)
-        insert(engine, golden())
+        insert(engine, golden(WRITTEN[written]))
         for job in JOBS:
             assert engine.verify("t", job) is None
+            # Replay rebuilds every request the engine of that day resolved, whichever
+            # way its claims were stored, and finds no divergence.
+            assert engine.replay("t", job).safe, engine.replay("t", job).verdict
+        assert tamper.verify_store(engine.store).intact
+        exported_to = tmp_path / "export.jsonl"
+        with exported_to.open("w") as out:
+            exporting.export_jobs(engine.store, out, exporting.Selection(), clock.now())
+        with open_engine(fresh_store_url, FakeClock(), Inbox()) as target:
+            assert isinstance(target.store, EventSourcedJobStore)
+            exporting.import_file(target.store, exported_to)
+            for job in JOBS:
+                assert target.verify("t", job) is None
+                assert target.job("t", job) == engine.job("t", job)
         done, waiting, gated = (engine.job("t", job) for job in JOBS)
         assert done.status is JobStatus.COMPLETED
         assert done.budget == {
@@ -244,7 +271,8 @@ def test_a_store_written_before_loads_folds_and_verifies(store_url: str) -> None
         engine.decide("t", "gated", "gated:step:3:approval", "reject", "bob", "no")
         assert engine.job("t", "gated").status is JobStatus.FAILED
         engine.resume(inbox_token(engine, "waiting"), {})
-        assert engine.job("t", "waiting").status is JobStatus.QUEUED
+        # Runnable, held by the claim of the tick the resume woke (issue 11; was "queued").
+        assert engine.job("t", "waiting").status is JobStatus.RUNNING
         assert engine.verify("t", "waiting") is None
 
 

@@ -10,7 +10,7 @@ import itertools
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from decimal import Decimal
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any
@@ -35,7 +35,7 @@ from jobledger.errors import (
     VersionConflict,
 )
 from jobledger.identity import LEGACY_KEY_SCHEME, job_uuid, key_uuid
-from jobledger.job import Job
+from jobledger.job import WAKE_REASONS, Claim, Job
 from jobledger.keys import ConsumedKey, KeyKind, key_id
 from jobledger.payloads import json_object, text
 from jobledger.ports import (
@@ -240,6 +240,7 @@ class JobCommands(EngineParts):
             raise TokenMismatchError("the resume token belongs to another tenant")
         data = json_object(payload, what="resume payload", max_bytes=self.config.max_payload_bytes)
         token_sha256 = hashlib.sha256(token.encode()).hexdigest()
+        woken = _Wake(self._wake_claim)
 
         def resume(job: Job) -> list[ConsumedKey]:
             if self._key_used(job, KeyKind.TOKEN, claims.nonce):
@@ -251,6 +252,7 @@ class JobCommands(EngineParts):
                 token_sha256=token_sha256,
                 payload=data,
                 now=self.clock.now(),
+                claim=woken.claim(),
             )
             return [self._key(job, KeyKind.TOKEN, claims.nonce)]
 
@@ -258,7 +260,7 @@ class JobCommands(EngineParts):
             job = self._apply(claims.tenant_id, claims.job_id, resume, missing=TokenMismatchError)
         except DuplicateKeyError:
             raise self._used_token(claims) from None
-        self._wake(job, "resumed")
+        self._wake(job, WAKE_REASONS["token"], woken.claim_id)
         self._report(
             job, "job.resumed", source="token", nonce=claims.nonce, stepNumber=claims.step_number
         )
@@ -341,13 +343,18 @@ class JobCommands(EngineParts):
         _check_id("signal_id", signal_id)
         data = json_object(payload, what="signal payload", max_bytes=self.config.max_payload_bytes)
         outcome = SignalOutcome.BUFFERED
+        woken = _Wake(self._wake_claim)
 
         def deliver(job: Job) -> list[ConsumedKey]:
             nonlocal outcome
             if self._key_used(job, KeyKind.SIGNAL, signal_id):
                 raise DuplicateKeyError(KeyKind.SIGNAL, signal_id)
             resumed = job.deliver_signal(
-                signal_id=signal_id, event_name=event_name, payload=data, now=self.clock.now()
+                signal_id=signal_id,
+                event_name=event_name,
+                payload=data,
+                now=self.clock.now(),
+                claim=woken.claim(),
             )
             outcome = SignalOutcome.RESUMED if resumed else SignalOutcome.BUFFERED
             return [self._key(job, KeyKind.SIGNAL, signal_id)]
@@ -357,7 +364,7 @@ class JobCommands(EngineParts):
         except DuplicateKeyError:
             return SignalOutcome.DUPLICATE
         if outcome is SignalOutcome.RESUMED:
-            self._wake(job, "signal")
+            self._wake(job, WAKE_REASONS["signal"], woken.claim_id)
         self._report(job, f"job.signal.{outcome}", signalId=signal_id, eventName=event_name)
         return outcome
 
@@ -536,10 +543,27 @@ class JobCommands(EngineParts):
         legacy = self.store.find_key(job.id, key_uuid(job.tenant_id, kind, key))
         return legacy is not None and legacy.job_uuid == job.id
 
-    def _wake(self, job: Job, reason: str) -> None:
-        if job.status is JobStatus.QUEUED:
+    def _wake_claim(self) -> Claim | None:
+        """The claim of the tick a resume wakes, to fold into the resume (so the tick need
+        not append one: resume -> next step recorded is two commits, not three). Only
+        when that tick goes to this process's own queue and this engine can run its step:
+        the claim id rides in the in-process tick, which no one else is handed. A tick
+        for another process (Kafka), or an engine that runs no steps (a one-shot command),
+        leaves the job queued for whoever takes it, as before: a claim there would keep
+        every other worker off the job until its lease lapsed."""
+        if self.deps.local_queue is None or self.deps.executor is None:
+            return None
+        lease = timedelta(milliseconds=self.config.lease_ms)
+        return Claim(self.config.worker_id, uuid4().hex, self.clock.now() + lease)
+
+    def _wake(self, job: Job, reason: str, claim_id: str | None = None) -> None:
+        """Enqueue the tick that goes on with a job the command made runnable: queued, or
+        running under the claim the command folded in for that tick (``claim_id``)."""
+        held = claim_id is not None and job.status is JobStatus.RUNNING
+        if job.status is JobStatus.QUEUED or (held and job.claim_id == claim_id):
             self.queue.enqueue(
-                Tick(job.tenant_id, job.job_id, reason), dedupe_key=f"{reason}:{job.version}"
+                Tick(job.tenant_id, job.job_id, reason, claim_id=claim_id if held else None),
+                dedupe_key=f"{reason}:{job.version}",
             )
 
     def migrate(
@@ -590,6 +614,20 @@ class JobCommands(EngineParts):
             job, "job.migrated", toVersion=to_version, forced=not report.safe, by=by, reason=reason
         )
         return JobView.of(job), report
+
+
+class _Wake:
+    """The claim a command folds into a resume, minted once per attempt (a lost race
+    decides again, with a fresh lease), and remembered for the tick it wakes."""
+
+    def __init__(self, mint: Callable[[], Claim | None]) -> None:
+        self._mint = mint
+        self.claim_id: str | None = None
+
+    def claim(self) -> Claim | None:
+        claim = self._mint()
+        self.claim_id = None if claim is None else claim.claim_id
+        return claim
 
 
 def _check_same_request(existing: Job.Submitted, requested: Job) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from copy import deepcopy
+from dataclasses import dataclass
 from datetime import datetime
 from decimal import Decimal
 from enum import StrEnum
@@ -26,6 +27,41 @@ from jobledger.status import TRANSITION_STATUSES, JobStatus
 from jobledger.substate import ApprovalGate, BufferedSignal, EventWait, JobBudget
 
 JSON = dict[str, Any]
+
+WAKE_REASONS: Mapping[str, str] = {"token": "resumed", "signal": "signal"}
+"""A resume's source -> the reason of the tick it wakes (``Job.Resumed.tick_reason``)."""
+
+
+@dataclass(frozen=True)
+class Claim:
+    """A worker's lease on a job, under a claim id. Stored as a ``Claimed`` event, or
+    folded into the event that hands the job on (a continuing step, a resume) as its
+    ``claimed_by``, ``claim_id`` and ``lease_until``: one row where there were two."""
+
+    worker_id: str
+    claim_id: str
+    lease_until: datetime
+
+    @staticmethod
+    def fields(claim: Claim | None) -> JSON:
+        """The folded fields of an event (all None: no claim folded in)."""
+        if claim is None:
+            return {"claimed_by": None, "claim_id": None, "lease_until": None}
+        return {
+            "claimed_by": claim.worker_id,
+            "claim_id": claim.claim_id,
+            "lease_until": claim.lease_until,
+        }
+
+    @staticmethod
+    def folded_into(event: object) -> Claim | None:
+        """The claim folded into a stored event, if any (an event stored before the fold
+        has none of the fields)."""
+        state = vars(event)
+        claim_id = state.get("claim_id")
+        if claim_id is None:
+            return None
+        return Claim(state["claimed_by"], claim_id, state["lease_until"])
 
 
 class Job(Aggregate):
@@ -170,11 +206,7 @@ class Job(Aggregate):
         stored_enums: ClassVar[Mapping[str, type[StrEnum]]] = {"previous_status": JobStatus}
 
         def evolve(self, job: Job) -> None:
-            job.status = JobStatus.RUNNING
-            job.claim_id = self.claim_id
-            job.worker_id = self.worker_id
-            job.lease_until = self.lease_until
-            job.resume_at = None
+            job.hold(Claim(self.worker_id, self.claim_id, self.lease_until))
 
     class StepRecorded(Event):
         """A step ran (or a pure transition was taken) and the job moved to ``next_status``."""
@@ -199,6 +231,13 @@ class Job(Aggregate):
         input_sha256: str | None = None
         """sha256 of what the definition handed the step (``jobledger.transition``);
         absent from steps recorded before it was kept, which replay then cannot compare."""
+        claimed_by: str | None = None
+        claim_id: str | None = None
+        lease_until: datetime | None = None
+        """The claim the job goes on under when the tick continues it (the worker, the
+        claim, its lease): the continuation claim, folded into the step so a continuing
+        step is one event. None when the job does not go on at once; absent from steps
+        recorded before the fold, whose continuation is a ``Claimed`` of its own."""
         stored_enums: ClassVar[Mapping[str, type[StrEnum]]] = {"next_status": JobStatus}
 
         def evolve(self, job: Job) -> None:
@@ -217,6 +256,10 @@ class Job(Aggregate):
             job.total_cost_usd += self.cost_usd
             job.attempt = 0
             job.release_lease()
+            # Read from the state: a step stored before the fold has no such fields.
+            claim = Claim.folded_into(self)
+            if claim is not None:
+                job.hold(claim)
             if job.status.is_terminal:
                 job.completed_at = self.ended_at
             if job.status is JobStatus.FAILED:
@@ -329,6 +372,17 @@ class Job(Aggregate):
         nonce: str | None
         signal_id: str | None
         payload: JSON
+        claimed_by: str | None = None
+        claim_id: str | None = None
+        lease_until: datetime | None = None
+        """The claim of the tick this resume wakes, when the engine that took the resume
+        runs that tick itself: folded in, so resume -> next step recorded is two commits.
+        None otherwise; absent from resumes recorded before the fold."""
+
+        @property
+        def tick_reason(self) -> str:
+            """The reason of the tick a resume wakes (the one a folded claim is for)."""
+            return WAKE_REASONS.get(self.source, self.source)
 
         def evolve(self, job: Job) -> None:
             job.state = {**job.state, **deepcopy(self.payload)}
@@ -336,6 +390,9 @@ class Job(Aggregate):
             job.wait_event = None
             job.resume_at = None
             job.status = JobStatus.QUEUED
+            claim = Claim.folded_into(self)
+            if claim is not None:
+                job.hold(claim)
 
     class ResumeTokenReissued(Event):
         """A new resume token for the open wait; the previous one is void from here on
@@ -518,11 +575,16 @@ class Job(Aggregate):
         step_name: str | None = None,
         next_step: str | None = None,
         input_sha256: str | None = None,
+        continuation: Claim | None = None,
     ) -> None:
+        """``continuation``: the claim the job goes on under, folded into the step; only a
+        step that leaves the job queued goes on."""
         if step_number != self.current_step + 1:
             raise ValueError(f"step {step_number} does not follow step {self.current_step}")
         if next_status not in TRANSITION_STATUSES:
             raise ValueError(f"a step cannot move a job to {next_status}")
+        if continuation is not None and next_status is not JobStatus.QUEUED:
+            raise ValueError(f"a step to {next_status} leaves nothing to go on with")
         self._append(
             Job.StepRecorded,
             ended_at,
@@ -544,6 +606,7 @@ class Job(Aggregate):
             step_name=step_name,
             next_step=next_step,
             input_sha256=input_sha256,
+            **Claim.fields(continuation),
         )
 
     def defer_for_cost_ceiling(
@@ -663,15 +726,21 @@ class Job(Aggregate):
             )
 
     def deliver_signal(
-        self, *, signal_id: str, event_name: str, payload: JSON, now: datetime
+        self,
+        *,
+        signal_id: str,
+        event_name: str,
+        payload: JSON,
+        now: datetime,
+        claim: Claim | None = None,
     ) -> bool:
         """Resume the job if it waits for this event (True), else keep the signal until a
-        wait for it opens (False)."""
+        wait for it opens (False). ``claim`` is folded into a resume, never a buffering."""
         if self.status.is_terminal:
             raise JobFinishedError(f"job {self.job_id!r} is {self.status}; signal not delivered")
         wait = self.wait_event
         if self.status is JobStatus.WAITING_EVENT and wait is not None and wait.name == event_name:
-            self.resume(source="signal", payload=payload, now=now, signal_id=signal_id)
+            self.resume(source="signal", payload=payload, now=now, signal_id=signal_id, claim=claim)
             return True
         self.buffer_signal(signal_id=signal_id, event_name=event_name, payload=payload, now=now)
         return False
@@ -691,7 +760,9 @@ class Job(Aggregate):
         now: datetime,
         nonce: str | None = None,
         signal_id: str | None = None,
+        claim: Claim | None = None,
     ) -> None:
+        """``claim``: the claim of the tick this resume wakes, folded into the resume."""
         assert self.wait_event is not None and self.status is JobStatus.WAITING_EVENT
         self._append(
             Job.Resumed,
@@ -701,6 +772,7 @@ class Job(Aggregate):
             nonce=nonce,
             signal_id=signal_id,
             payload=payload,
+            **Claim.fields(claim),
         )
 
     def resume_by_token(
@@ -712,6 +784,7 @@ class Job(Aggregate):
         token_sha256: str,
         payload: JSON,
         now: datetime,
+        claim: Claim | None = None,
     ) -> None:
         """Resume with a verified token: it must be the one issued for the wait the job
         is in right now (its step, its event, its nonce and exact bytes)."""
@@ -726,7 +799,7 @@ class Job(Aggregate):
             )
         if nonce != wait.nonce or token_sha256 != wait.token_sha256:
             raise TokenMismatchError("the token is not the one issued for this wait")
-        self.resume(source="token", payload=payload, now=now, nonce=nonce)
+        self.resume(source="token", payload=payload, now=now, nonce=nonce, claim=claim)
 
     def buffered_signal(self) -> BufferedSignal | None:
         """The oldest kept signal for the event this job now waits for, if any."""
@@ -920,6 +993,14 @@ class Job(Aggregate):
         self.claim_id = None
         self.worker_id = None
         self.lease_until = None
+
+    def hold(self, claim: Claim) -> None:
+        """Running under ``claim``: a ``Claimed``, or a claim folded into a step or a resume."""
+        self.status = JobStatus.RUNNING
+        self.claim_id = claim.claim_id
+        self.worker_id = claim.worker_id
+        self.lease_until = claim.lease_until
+        self.resume_at = None
 
     # ---- the chain --------------------------------------------------------------------
 

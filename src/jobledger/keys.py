@@ -23,6 +23,9 @@ class KeyKind(StrEnum):
     ``jobledger.identity``, in the key's id), so the values never change."""
 
     STEP = "step"
+    """Rows of this kind are only read: a step's key is now its record's own identity
+    (the store names a second record of step n as a duplicate of it). Stores written
+    before kept one key row per step, and still hold them."""
     SUBMIT = "submit"
     TOKEN = "token"
     SIGNAL = "signal"

@@ -38,8 +38,8 @@ from jobledger.errors import (
 from jobledger.grouping import SharedLoop
 from jobledger.heartbeat import Heartbeats
 from jobledger.identity import job_uuid
-from jobledger.job import Job
-from jobledger.keys import ConsumedKey, KeyKind
+from jobledger.job import Claim, Job
+from jobledger.keys import ConsumedKey
 from jobledger.payloads import json_object
 from jobledger.ports import (
     ApprovalRequest,
@@ -538,19 +538,29 @@ class Orchestrator:
         token: IssuedToken | None,
     ) -> None:
         """The step, its transition, what it opens (an approval request, or the resume by
-        a signal that arrived early), its key and, when the tick goes on, the next claim:
-        all in one append."""
+        a signal that arrived early) and, when the tick goes on, the next claim: all in
+        one append, and one event when the step itself leaves the job queued."""
         at = executed.ended_at
         step = transition.decide(
             run.job, resolution, at=at, default_wait_ms=self.config.default_wait_ms
         )
+        run.steps += 1
+        # Carry the next step's claim in this same commit: one durable write per step.
+        goes_on = run.steps < self.config.max_steps_per_tick
+        continuation = (
+            Claim(
+                self.config.worker_id,
+                run.claim_id,
+                at + timedelta(milliseconds=self.config.lease_ms),
+            )
+            if goes_on
+            else None
+        )
 
         def build(job: Job) -> None:
-            transition.apply(job, step, executed, token=token)
-            self.claim_continuation(job, run, at)
+            transition.apply(job, step, executed, token=token, continuation=continuation)
 
-        run.steps += 1
-        self.commit_step(run, step, build, at)
+        self.commit_step(run, step, build)
         self.report(
             run.job,
             "job.step.completed",
@@ -564,21 +574,8 @@ class Orchestrator:
             maxStepsPerTick=self.config.max_steps_per_tick,
         )
 
-    def claim_continuation(self, job: Job, run: _Run, at: datetime) -> None:
-        if job.status is JobStatus.QUEUED and run.steps < self.config.max_steps_per_tick:
-            # Carry the next step's claim in this same commit: one durable write per step.
-            job.claim(
-                worker_id=self.config.worker_id,
-                claim_id=run.claim_id,
-                lease_until=at + timedelta(milliseconds=self.config.lease_ms),
-                reason="continuation",
-                now=at,
-            )
-
-    def commit_step(
-        self, run: _Run, step: Transition, build: Callable[[Job], None], at: datetime
-    ) -> None:
-        """Append the step with its key. Inputs that landed while the step ran and left
+    def commit_step(self, run: _Run, step: Transition, build: Callable[[Job], None]) -> None:
+        """Append the step. Inputs that landed while the step ran and left
         the job running under this tick's claim (a buffered signal, a budget change)
         commute with it: the step is rebuilt on top of them and appended again, so it is
         recorded once and never re-run. Anything that took the claim away (a cancel, a
@@ -592,7 +589,10 @@ class Orchestrator:
             first = job.pending_events[0]
             assert isinstance(first, Job.Event)
             try:
-                self.tick_appends.append(job, self.step_marker(job, step, at))
+                # The step key is derived, not a row of its own: step n is only appended on
+                # a fold at step n-1, so the (job, version) key that refuses a stale append
+                # refuses a second record of step n (the store reports it DuplicateKeyError).
+                self.tick_appends.append(job)
             except (DuplicateKeyError, VersionConflict) as refused:
                 if claimed and self.store.holds(job.id, first.originator_version, first.chain_hash):
                     # Our commit landed but its acknowledgement was lost, and the retried
@@ -618,16 +618,6 @@ class Orchestrator:
                 f"job {job.job_id!r} kept changing while step {step.step_number} was recorded"
             )
         run.job = job
-
-    def step_marker(self, job: Job, step: Transition, at: datetime) -> ConsumedKey:
-        return ConsumedKey.consume(
-            kind=KeyKind.STEP,
-            key=step.idempotency_key,
-            tenant_id=job.tenant_id,
-            job_id=job.job_id,
-            job_uuid=job.id,
-            timestamp=at,
-        )
 
     def discard_late_result(self, job: Job, key: str, step_number: int) -> None:
         """The job moved on while our step ran. If it was cancelled, say so in its history."""

@@ -35,8 +35,9 @@ class Tick:
     job_id: str
     reason: str = "queue"
     claim_id: str | None = None
-    """Only on the in-process retry of a tick interrupted by a store error: the claim it
-    held, so the retry goes on at once (a stranger's tick waits for the lease)."""
+    """Only on an in-process tick: the retry of a tick interrupted by a store error (the
+    claim it held), or the tick a resume woke (the claim folded into the resume), so it
+    goes on at once (a stranger's tick waits for the lease)."""
     attempt: int = 0
     """Only on that retry too: how many store errors this tick has hit, so each retry
     waits longer than the one before."""
@@ -267,9 +268,11 @@ class JobStore(Protocol):
     def append(self, job: Job, *keys: ConsumedKey) -> None:
         """Write the job's pending events and the keys they consume in ONE transaction.
 
-        Raises DuplicateKeyError if a key was used before, VersionConflict if the job moved
-        on since it was loaded, StoreUnavailableError for an infrastructure failure (an
-        adapter maps its driver's errors onto it): the caller retries.
+        Raises DuplicateKeyError if a key was used before (a step's key included: it is
+        the step's own record, so a step the store already holds is named as a duplicate),
+        VersionConflict if the job moved on since it was loaded, StoreUnavailableError for
+        an infrastructure failure (an adapter maps its driver's errors onto it): the
+        caller retries.
         """
 
     def append_many(self, appends: Sequence[Append]) -> list[Refusal | None]:

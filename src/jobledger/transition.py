@@ -15,7 +15,7 @@ from datetime import datetime, timedelta
 from decimal import Decimal
 from typing import Any
 
-from jobledger.job import Job
+from jobledger.job import Claim, Job
 from jobledger.ports import ApprovalSpec, IssuedToken, Resolution
 from jobledger.status import JobStatus
 from jobledger.substate import EventWait
@@ -101,11 +101,15 @@ def apply(
     outcome: StepOutcome,
     *,
     token: IssuedToken | None,
+    continuation: Claim | None = None,
 ) -> None:
     """Trigger the step's events on the job (the caller appends them): the step and its
-    transition, the approval request it opens, and the resume by a signal that arrived
-    before its wait opened."""
+    transition, the approval request it opens, the resume by a signal that arrived
+    before its wait opened and, when the tick goes on with the job (``continuation``),
+    its claim: folded into the step when the step itself leaves the job queued (one
+    event), else a ``Claimed`` after the resume that queued it."""
     at = outcome.ended_at
+    folded = continuation if transition.next_status is JobStatus.QUEUED else None
     job.record_step(
         step_number=transition.step_number,
         step_type=transition.step_type,
@@ -124,9 +128,18 @@ def apply(
         step_name=transition.step_name,
         next_step=transition.next_step,
         input_sha256=transition.input_sha256,
+        continuation=folded,
     )
     _open_approval(job, transition, at)
     _take_early_signal(job, at)
+    if continuation is not None and folded is None and job.status is JobStatus.QUEUED:
+        job.claim(
+            worker_id=continuation.worker_id,
+            claim_id=continuation.claim_id,
+            lease_until=continuation.lease_until,
+            reason="continuation",
+            now=at,
+        )
 
 
 def input_sha256(resolution: Resolution) -> str:

@@ -34,7 +34,7 @@ from jobledger.errors import (
     VersionConflict,
 )
 from jobledger.job import Job
-from jobledger.keys import ConsumedKey
+from jobledger.keys import ConsumedKey, KeyKind
 from jobledger.ports import Append, Refusal
 
 log = logging.getLogger(__name__)
@@ -172,14 +172,15 @@ class EventSourcedJobStore:
         version_before = job.version - len(job.pending_events)
         # Straight to the event store: Application.save() would only add runtime
         # Protocol checks (slow) and snapshot/cache work this store does itself.
-        events = [*job.collect_events()]
+        steps = [*job.collect_events()]
+        events = [*steps]
         for key in keys:
             events.extend(key.collect_events())
         try:
             partition.events.put(events)
         except IntegrityError:
             # Telling which collided reads the store again: translated like the rest.
-            raise self.conflict(partition, keys) from None
+            raise self.conflict(partition, keys, steps) from None
         if version_before == 0:
             self.cache_created(partition, job)
         self.snapshot_if_due(partition, job, version_before)
@@ -257,7 +258,7 @@ class EventSourcedJobStore:
 
     def refusal(self, partition: LedgerPartition, one: Append) -> Refusal | None:
         """Why the store would refuse this append now, if it would."""
-        refused = self.conflict(partition, one.keys)
+        refused = self.conflict(partition, one.keys, one.job.pending_events)
         if isinstance(refused, DuplicateKeyError):
             return refused
         if not one.job.pending_events:
@@ -311,14 +312,37 @@ class EventSourcedJobStore:
     # ---- the steps of an append --------------------------------------------------------
 
     def conflict(
-        self, partition: LedgerPartition, keys: tuple[ConsumedKey, ...]
+        self, partition: LedgerPartition, keys: tuple[ConsumedKey, ...], events: Sequence[object]
     ) -> DuplicateKeyError | VersionConflict:
         """The append was refused as a whole; say whether a key or the version collided."""
         for key in keys:
             # get() returns a lazy iterator (always truthy): look for an actual event.
             if next(partition.events.get(key.id, limit=1), None) is not None:
                 return DuplicateKeyError(key.kind, key.key)
+        recorded = self.step_recorded_since(partition, events)
+        if recorded is not None:
+            return DuplicateKeyError(KeyKind.STEP, recorded)
         return VersionConflict("the job was changed by another writer since it was loaded")
+
+    def step_recorded_since(
+        self, partition: LedgerPartition, events: Sequence[object]
+    ) -> str | None:
+        """The key of a step among ``events`` that the store already holds, if any. A step
+        key is no row of its own (it is derived from the step's record): step n is only
+        appended on a fold at step n-1, so a record of it can only sit at or after the
+        version the refused append was written at."""
+        steps = {
+            e.step_number: e.idempotency_key for e in events if isinstance(e, Job.StepRecorded)
+        }
+        if not steps:
+            return None
+        first = events[0]
+        assert isinstance(first, Job.Event)
+        stored = partition.events.get(first.originator_id, gt=first.originator_version - 1)
+        for event in stored:
+            if isinstance(event, Job.StepRecorded) and event.step_number in steps:
+                return steps[event.step_number]
+        return None
 
     def cache_created(self, partition: LedgerPartition, job: Job) -> None:
         """A job just created goes into the cache as it was committed, so its first tick

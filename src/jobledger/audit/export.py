@@ -16,8 +16,8 @@ version, timestamp, **data}, "type": "Job." + type})``.
 Import refuses, writing nothing, a file that is malformed, whose chains or manifest do not
 verify, or a target store that is not empty. It then appends the very same events (ids,
 versions, timestamps, chain hashes) job by job, with the at-most-once keys their events
-consumed (step keys, the submit key, token nonces, signal ids, approval ids), so nothing
-can be done twice after an import that was done once before it.
+consumed (the submit key, token nonces, signal ids, approval ids; a step's key is its
+record itself), so nothing can be done twice after an import that was done once before it.
 """
 
 from __future__ import annotations
@@ -394,7 +394,9 @@ def _typed(hint: Any, value: Any) -> Any:
 
 
 def consumed_keys(events: list[Job.Event]) -> list[ConsumedKey]:
-    """The at-most-once keys a history consumed, derived from its events."""
+    """The at-most-once keys a history consumed, derived from its events. Its step keys
+    are none of them: a step's key is its record's own identity (the job's version
+    sequence refuses a second record of a step), written with the events themselves."""
     first = events[0]
     assert isinstance(first, Job.Submitted)
     found: dict[tuple[KeyKind, str], datetime] = {}
@@ -406,8 +408,6 @@ def consumed_keys(events: list[Job.Event]) -> list[ConsumedKey]:
     for event in events:
         if isinstance(event, Job.Submitted):
             use(KeyKind.SUBMIT, event.submit_key, event.timestamp)
-        elif isinstance(event, Job.StepRecorded):
-            use(KeyKind.STEP, event.idempotency_key, event.ended_at)
         elif isinstance(event, Job.Resumed):
             if event.source == "token":
                 use(KeyKind.TOKEN, event.nonce, event.timestamp)

@@ -48,7 +48,7 @@ from uuid import UUID
 from jobledger import transition
 from jobledger.audit.errors import ReplayError
 from jobledger.config import EngineConfig
-from jobledger.job import Job
+from jobledger.job import Claim, Job
 from jobledger.ports import Resolution, ResolveRequest
 from jobledger.status import JobStatus
 from jobledger.substate import EventWait
@@ -232,10 +232,11 @@ def replay_job(
                     event.step_number, event.originator_version, recorded, replayed, differences
                 )
             )
-        if isinstance(event, Job.Claimed):
-            claim = _Claim(event, job.budget.to_dict() if job is not None else {})
-            if event.reason != "continuation":
-                tick_reasons[event.claim_id] = event.reason
+        taken = _claim_taken(event, job)
+        if taken is not None:
+            claim = taken
+            if taken.reason is not None:
+                tick_reasons[taken.claim_id] = taken.reason
         try:
             job = event.mutate(job)
         except Exception as error:
@@ -288,8 +289,30 @@ class _Claim:
     landed while the step ran (a buffered signal, a budget raise) sit between the claim
     and the step in the history, but the step was resolved before them."""
 
-    event: Job.Claimed
+    claim_id: str
+    reason: str | None
+    """The reason of the tick that took it; None for a continuation (the tick's reason
+    is that of the claim it continues)."""
+    previous_status: JobStatus | None
+    """The status a tick's own claim found (the step was resolved before it); None for a
+    claim held before the step was resolved (a continuation, a resume's folded claim):
+    the job was running."""
     budget: Mapping[str, Any]
+
+
+def _claim_taken(event: Job.Event, job: Job | None) -> _Claim | None:
+    """The claim an event takes: a ``Claimed``, or a claim folded into a continuing step
+    (a continuation) or into a resume (for the tick it wakes, held before it resolves)."""
+    budget = job.budget.to_dict() if job is not None else {}
+    if isinstance(event, Job.Claimed):
+        if event.reason == "continuation":
+            return _Claim(event.claim_id, None, None, budget)
+        return _Claim(event.claim_id, event.reason, event.previous_status, budget)
+    folded = Claim.folded_into(event)
+    if folded is None:
+        return None
+    reason = event.tick_reason if isinstance(event, Job.Resumed) else None
+    return _Claim(folded.claim_id, reason, None, budget)
 
 
 def _request(
@@ -304,12 +327,11 @@ def _request(
     budget: Mapping[str, Any] = job.budget.to_dict()
     if claim is not None:
         budget = claim.budget
-        if claim.event.reason != "continuation":
+        if claim.previous_status is not None and claim.reason is not None:
             # Resolved before this claim was taken for it: the job was as the claim found it.
-            status = claim.event.previous_status
-            reason = claim.event.reason
+            status, reason = claim.previous_status, claim.reason
         else:
-            reason = tick_reasons.get(claim.event.claim_id, UNKNOWN_REASON)
+            reason = tick_reasons.get(claim.claim_id, UNKNOWN_REASON)
     return ResolveRequest(
         workflow_type=job.workflow_type,
         workflow_version=version,
