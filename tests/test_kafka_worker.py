@@ -347,9 +347,9 @@ class FlakyStore:
         self._check()
         return self.inner.find_key(route, key_id)
 
-    def events(self, job_uuid: UUID, *, to_version: int | None = None) -> list[Job.Event]:
+    def events(self, job_uuid: UUID, **window: int | None) -> list[Job.Event]:
         self._check()
-        return self.inner.events(job_uuid, to_version=to_version)
+        return self.inner.events(job_uuid, **window)
 
 
 def test_an_infrastructure_error_is_not_committed_and_the_partition_retries_it(

@@ -300,8 +300,16 @@ class JobStore(Protocol):
         """Whether the job's event at ``version`` is stored with exactly that chain hash."""
         ...
 
-    def events(self, job_uuid: UUID, *, to_version: int | None = None) -> list[Job.Event]:
-        """The job's events in order (optionally only up to a version)."""
+    def events(
+        self,
+        job_uuid: UUID,
+        *,
+        after: int = 0,
+        to_version: int | None = None,
+        limit: int | None = None,
+    ) -> list[Job.Event]:
+        """The job's events in order: those after version ``after``, up to ``to_version``,
+        at most ``limit`` of them (a page of a long history reads only that page)."""
 
 
 class Leases(Protocol):

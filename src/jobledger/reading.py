@@ -32,8 +32,12 @@ class JobReader(EngineParts):
             view = replace(view, lease_until=kept)
         return view
 
-    def history(self, tenant_id: str, job_id: str) -> list[HistoryEntry]:
-        events = self.store.events(self._load(tenant_id, job_id).id)
+    def history(
+        self, tenant_id: str, job_id: str, *, after: int = 0, limit: int | None = None
+    ) -> list[HistoryEntry]:
+        """The job's events in order, with their chain hashes: those after version
+        ``after``, at most ``limit`` of them."""
+        events = self.store.events(self._load(tenant_id, job_id).id, after=after, limit=limit)
         return [HistoryEntry.of(event) for event in events]
 
     def verify(self, tenant_id: str, job_id: str) -> chain.BrokenLink | None:

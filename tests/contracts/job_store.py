@@ -75,6 +75,23 @@ class JobStoreContract:
         assert [type(e).__name__ for e in store.events(job.id)] == ["Submitted", "Cancelled"]
         assert [type(e).__name__ for e in store.events(job.id, to_version=1)] == ["Submitted"]
 
+    def test_events_read_a_range_of_versions(self, store: JobStore) -> None:
+        job = submitted()
+        for n in range(5):
+            job.raise_budget(
+                raised_by="ops", reason=f"r{n}", budget={}, now=AT + timedelta(seconds=n)
+            )
+        store.append(job)
+
+        def versions(**window: int) -> list[int]:
+            return [e.originator_version for e in store.events(job.id, **window)]
+
+        assert versions() == [1, 2, 3, 4, 5, 6]
+        assert versions(after=2, limit=2) == [3, 4]
+        assert versions(after=4) == [5, 6]
+        assert versions(after=1, to_version=3) == [2, 3]
+        assert versions(after=6) == []
+
     def test_an_append_on_a_stale_load_is_a_version_conflict_and_writes_nothing(
         self, store: JobStore
     ) -> None:

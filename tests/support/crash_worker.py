@@ -130,8 +130,8 @@ class HangAfterRecord:
     def find_key(self, job_uuid: UUID, key_id: UUID) -> ConsumedKey | None:
         return self.inner.find_key(job_uuid, key_id)
 
-    def events(self, job_uuid: UUID, *, to_version: int | None = None) -> list[Job.Event]:
-        return self.inner.events(job_uuid, to_version=to_version)
+    def events(self, job_uuid: UUID, **window: int | None) -> list[Job.Event]:
+        return self.inner.events(job_uuid, **window)
 
 
 def group_recording(step: int, events: list[object]) -> list[str]:

@@ -302,9 +302,19 @@ class EventSourcedJobStore:
         return isinstance(found, Job.Event) and found.chain_hash == chain_hash
 
     @store_errors("reading events")
-    def events(self, job_uuid: UUID, *, to_version: int | None = None) -> list[Job.Event]:
+    def events(
+        self,
+        job_uuid: UUID,
+        *,
+        after: int = 0,
+        to_version: int | None = None,
+        limit: int | None = None,
+    ) -> list[Job.Event]:
+        window = self.partition(job_uuid).events.get(
+            job_uuid, gt=after or None, lte=to_version, limit=limit
+        )
         try:
-            stored = list(self.partition(job_uuid).events.get(job_uuid, lte=to_version))
+            stored = list(window)
         except MapperDeserialisationError as error:
             raise BrokenHistoryError(str(job_uuid), _broken_at(error)) from None
         return [event for event in stored if isinstance(event, Job.Event)]

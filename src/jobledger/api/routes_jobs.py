@@ -163,7 +163,8 @@ def history(
 ) -> HistoryPage:
     """The job's events in order, each with its chain hash, a page at a time."""
     tenant_scope(caller, tenant, None, job_id=job)
-    entries = [entry for entry in engine.history(tenant, job) if entry.version > after]
+    # One more than the page: whether there is a next page, without reading the rest.
+    entries = engine.history(tenant, job, after=after, limit=limit + 1)
     page = entries[:limit]
     more = len(entries) > limit
     return HistoryPage(
