@@ -266,6 +266,25 @@ def test_one_worker_runs_many_jobs_ticks_at_once_and_commits_only_what_is_done(
     engine.close()
 
 
+def test_a_worker_run_again_after_it_stopped_handles_ticks_again(
+    store_url: str, kafka_topics: KafkaTopics
+) -> None:
+    """The supervisor restarts a worker that died by calling ``run`` again on it: each
+    run has its own lanes (the last run's were closed when it ended)."""
+    engine = open_engine(store_url, kafka_topics, CountingExecutor(), concurrency=2)
+    worker = KafkaWorker(engine, kafka_topics.settings(), concurrency=2)
+    engine.submit(TENANT, "first", "agent3")
+    with running(worker):
+        wait_for(lambda: all_done(engine, ["first"]), 60, "the first run's job completed")
+    worker.stopping.clear()
+    engine.submit(TENANT, "second", "agent3")
+    with running(worker):
+        wait_for(lambda: all_done(engine, ["second"]), 60, "the second run's job completed")
+    assert_steps_once(engine, "first", 3)
+    assert_steps_once(engine, "second", 3)
+    engine.close()
+
+
 def test_malformed_ticks_and_signals_go_to_the_dead_letter_topics_and_are_committed(
     store_url: str, kafka_topics: KafkaTopics
 ) -> None:

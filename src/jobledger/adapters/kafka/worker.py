@@ -145,10 +145,7 @@ class KafkaWorker:
         self._claims: dict[Position, str] = {}
         self._errors: Counter[Position] = Counter()
         self._dlq_producer: Any = None
-        # A job's ticks and signals share its key, so they stay in order on one lane.
-        self._lanes: Lanes[Any] = Lanes(
-            concurrency, self._process_in_lane, _lane_of, name=f"{settings.worker_id}-lane"
-        )
+        self.concurrency = concurrency
         self._halted = threading.Event()
         self._done: dict[Position, bool] = {}
 
@@ -162,6 +159,14 @@ class KafkaWorker:
             listener=_Listener(self),
             max_poll_records=self.max_poll_records,
         )
+        # Lanes per run: a worker the supervisor restarts after a crash starts afresh. A
+        # job's ticks and signals share its key, so they stay in order on one lane.
+        lanes: Lanes[Any] = Lanes(
+            self.concurrency,
+            self._process_in_lane,
+            _lane_of,
+            name=f"{self.settings.worker_id}-lane",
+        )
         try:
             while not self.stopping.is_set():
                 try:
@@ -173,10 +178,10 @@ class KafkaWorker:
                     self.stopping.wait(delay)
                     continue
                 if batch:
-                    self.process_batch(consumer, batch)
+                    self.process_batch(consumer, batch, lanes)
         finally:
             try:
-                self._lanes.close()
+                lanes.close()
                 consumer.close(autocommit=False)
             finally:
                 producer, self._dlq_producer = self._dlq_producer, None
@@ -186,7 +191,9 @@ class KafkaWorker:
     def stop(self) -> None:
         self.stopping.set()
 
-    def process_batch(self, consumer: Any, batch: dict[TopicPartition, list[Any]]) -> None:
+    def process_batch(
+        self, consumer: Any, batch: dict[TopicPartition, list[Any]], lanes: Lanes[Any]
+    ) -> None:
         """Handle a polled batch, up to ``concurrency`` jobs at once and each job's
         messages in order; commit each partition up to its first message not done; rewind
         it to that message, and back off when one hit an infrastructure error."""
@@ -194,8 +201,8 @@ class KafkaWorker:
         self._done.clear()
         for records in batch.values():
             for record in records:
-                self._lanes.put(record)
-        self._lanes.join()
+                lanes.put(record)
+        lanes.join()
         done: dict[TopicPartition, int] = {}
         failed = False
         for partition, records in batch.items():
