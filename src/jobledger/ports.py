@@ -42,6 +42,11 @@ class Tick:
     """Only on that retry too: how many store errors this tick has hit, so each retry
     waits longer than the one before."""
 
+    @property
+    def job(self) -> tuple[str, str]:
+        """The job it advances: a worker's lane (one tick of a job at a time)."""
+        return (self.tenant_id, self.job_id)
+
 
 @dataclass(frozen=True)
 class RetryPolicy:

@@ -330,7 +330,9 @@ class LocalWorker:
 
     def run(self) -> None:
         width = self.engine.config.concurrency
-        lanes: Lanes[Tick] = Lanes(width, self.handle, _job_of, name="jobledger-worker")
+        lanes: Lanes[Tick] = Lanes(
+            width, self.handle, lambda tick: tick.job, name="jobledger-worker"
+        )
         try:
             while not self.stopping.is_set():
                 if not lanes.wait_below(width, timeout=0.2):
@@ -354,7 +356,3 @@ class LocalWorker:
 
     def stop(self) -> None:
         self.stopping.set()
-
-
-def _job_of(tick: Tick) -> tuple[str, str]:
-    return (tick.tenant_id, tick.job_id)

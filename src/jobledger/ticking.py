@@ -73,7 +73,7 @@ class TickRunner(EngineParts):
             except BaseException as error:  # raised in the caller's thread, below
                 errors.append(error)
 
-        lanes: Lanes[Tick] = Lanes(width, handle, _job_of, name="jobledger-tick")
+        lanes: Lanes[Tick] = Lanes(width, handle, lambda tick: tick.job, name="jobledger-tick")
         try:
             while not errors:
                 busy = lanes.busy()
@@ -160,7 +160,3 @@ class TickRunner(EngineParts):
         One reference swap: each resolution reads one registry, the old or the new,
         never a mix."""
         self.registry = self.orchestrator.registry = registry
-
-
-def _job_of(tick: Tick) -> tuple[str, str]:
-    return (tick.tenant_id, tick.job_id)
