@@ -45,3 +45,23 @@ TRANSITION_STATUSES = frozenset(JobStatus) - {
     JobStatus.CANCELLED,
     JobStatus.BUDGET_EXCEEDED,
 }
+
+
+class UnknownStatusError(ValueError):
+    def __init__(self, unknown: list[str]) -> None:
+        self.unknown = unknown
+        self.known = sorted(status.value for status in JobStatus)
+        super().__init__(f"unknown status {', '.join(unknown)}; known: {', '.join(self.known)}")
+
+
+def parse_statuses(raw: str | None) -> list[str]:
+    """A comma-separated list of status names (a listing's filter); UnknownStatusError
+    names the ones that are not statuses."""
+    if raw is None:
+        return []
+    names = [part.strip() for part in raw.split(",") if part.strip()]
+    known = {status.value for status in JobStatus}
+    unknown = [name for name in names if name not in known]
+    if unknown:
+        raise UnknownStatusError(unknown)
+    return names

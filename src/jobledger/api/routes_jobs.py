@@ -14,7 +14,7 @@ from jobledger.api.deps import Caller, EngineDep, tenant_scope
 from jobledger.api.models import Event, HistoryPage, Job, JobPage, JobRow, SubmitRequest
 from jobledger.api.paths import JOB, JOBS, id_path
 from jobledger.api.problems import EVERY_REQUEST, Problem, documented
-from jobledger.status import JobStatus
+from jobledger.status import UnknownStatusError, parse_statuses
 
 router = APIRouter(tags=["jobs"], responses=EVERY_REQUEST)
 
@@ -131,18 +131,12 @@ def list_jobs(
 
 
 def _statuses(raw: str | None) -> list[str]:
-    if raw is None:
-        return []
-    names = [part.strip() for part in raw.split(",") if part.strip()]
-    known = {each.value for each in JobStatus}
-    unknown = [name for name in names if name not in known]
-    if unknown:
-        raise Problem(
-            400,
-            f"unknown status {', '.join(map(repr, unknown))} (known: {', '.join(sorted(known))})",
-            error="InvalidPayloadError",
-        )
-    return names
+    try:
+        return parse_statuses(raw)
+    except UnknownStatusError as error:
+        names = ", ".join(map(repr, error.unknown))
+        detail = f"unknown status {names} (known: {', '.join(error.known)})"
+        raise Problem(400, detail, error="InvalidPayloadError") from None
 
 
 @router.get(JOB, response_model=Job, responses=NOT_FOUND)

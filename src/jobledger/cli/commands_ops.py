@@ -35,7 +35,7 @@ from jobledger.engine import Engine
 from jobledger.errors import JobLedgerError
 from jobledger.ports import BlockedNote
 from jobledger.redaction import redact
-from jobledger.status import TERMINAL_STATUSES, JobStatus
+from jobledger.status import TERMINAL_STATUSES, UnknownStatusError, parse_statuses
 from jobledger.supervisor import Services, Supervisor
 
 if TYPE_CHECKING:
@@ -489,17 +489,10 @@ def _views(engine: Engine) -> JobViews:
 
 
 def _statuses(raw: str | None) -> list[str]:
-    if raw is None:
-        return []
-    names = [part.strip() for part in raw.split(",") if part.strip()]
-    known = {s.value for s in JobStatus}
-    unknown = [n for n in names if n not in known]
-    if unknown:
-        raise typer.BadParameter(
-            f"unknown status {', '.join(unknown)}; known: {', '.join(sorted(known))}",
-            param_hint="--status",
-        )
-    return names
+    try:
+        return parse_statuses(raw)
+    except UnknownStatusError as error:
+        raise typer.BadParameter(str(error), param_hint="--status") from None
 
 
 def _row_document(row: StatusRow, blocked: BlockedNote | None) -> dict[str, Any]:
