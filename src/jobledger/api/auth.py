@@ -110,9 +110,11 @@ class Authenticator:
         jwks: jwt.PyJWKSet | None = None,
         issuer: str | None = None,
         audience: str | None = None,
+        leeway: float = 30.0,
         api_keys: Iterable[ApiKey] = (),
     ) -> None:
         self.secret = secret
+        self.leeway = leeway
         self.jwks = jwks
         self.issuer = issuer
         self.audience = audience
@@ -126,6 +128,7 @@ class Authenticator:
             jwks=_read_jwks(settings.jwks_file) if settings.jwks_file is not None else None,
             issuer=settings.jwt_issuer,
             audience=settings.jwt_audience,
+            leeway=settings.jwt_leeway_seconds,
             api_keys=_read_keys(settings.api_keys_file) if settings.api_keys_file else (),
         )
 
@@ -151,6 +154,7 @@ class Authenticator:
                 algorithms=[algorithm],
                 audience=self.audience,
                 issuer=self.issuer,
+                leeway=self.leeway,
                 options={"require": ["exp", "iss", "aud", "sub"]},
             )
         except jwt.ExpiredSignatureError:

@@ -37,6 +37,9 @@ class ApiSettings(BaseSettings):
     """Required ``iss`` of every JWT (required when JWTs are accepted)."""
     jwt_audience: str | None = None
     """Required ``aud`` of every JWT (required when JWTs are accepted)."""
+    jwt_leeway_seconds: float = Field(default=30.0, ge=0, le=300)
+    """Clock skew allowed on a JWT's ``exp``, ``nbf`` and ``iat``: an issuer's clock a few
+    seconds ahead must not refuse its fresh tokens (RFC 7519 4.1.4 allows "some small leeway")."""
     api_keys_file: Path | None = None
     """A JSON file of API keys, each stored as the sha256 of the key (never the key),
     with the subject, tenants and roles it stands for."""
