@@ -33,15 +33,17 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import (
     Ed25519PublicKey,
 )
 
-from jobledger.errors import ConfigError, JobLedgerError
+from jobledger.errors import ConfigError, DeploymentError
 
 MESSAGE_PREFIX = b"jobledger.event/1\n"
 KEYRING_FORMAT = "jobledger.keyring/1"
 ALGORITHM = "ed25519"
 
 
-class SigningKeyError(JobLedgerError):
-    """No signing key is valid at the time of the event to sign."""
+class SigningKeyError(DeploymentError):
+    """No signing key is valid at the time of the event to sign: this writer cannot write
+    (a deployment problem, never the job's: a worker leaves the job as it is, and a
+    command exits 3), until it is given a key for now."""
 
 
 def message(key_id: str, chain_hash: str) -> bytes:
