@@ -37,6 +37,7 @@ Usage::
     python scripts/bench_steps.py --store sqlite --concurrency 1,16 --total-steps 4000
     python scripts/bench_steps.py --quick --json       # a smoke run: well under 30 s
     python scripts/bench_steps.py --store sqlite --profile 25   # cProfile the ticking
+    python scripts/bench_steps.py --store sqlite --sign         # every event signed
 
 PostgreSQL is skipped, with a message, when neither ``--postgres-url`` nor
 ``JOBLEDGER_TEST_POSTGRES_URL`` is set (``scripts/postgres-local`` starts a local server
@@ -62,12 +63,14 @@ import uuid
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 from uuid import UUID
 
 import psycopg
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from psycopg import sql
 
 from jobledger import (
@@ -82,6 +85,7 @@ from jobledger import (
 )
 from jobledger.adapters.event_store import EventSourcedJobStore
 from jobledger.identity import job_uuid
+from jobledger.signing import Ed25519Signer, SigningKey, Window
 
 WORKFLOW = "bench"
 TENANT = "bench"
@@ -293,6 +297,13 @@ class Scenario:
     profile: str | None = None
 
 
+def bench_signer() -> Ed25519Signer:
+    key = SigningKey(
+        "bench", Ed25519PrivateKey.generate(), Window(datetime(2000, 1, 1, tzinfo=UTC))
+    )
+    return Ed25519Signer([key])
+
+
 class Bench:
     """One engine on one store, and the counters wrapped around it."""
 
@@ -309,7 +320,11 @@ class Bench:
             **batch,
         )
         self.engine = Engine.open(
-            url, registry=bench_registry(), executor=self.executor, config=config
+            url,
+            registry=bench_registry(),
+            executor=self.executor,
+            config=config,
+            signer=bench_signer() if args.sign else None,
         )
         assert isinstance(self.engine.store, EventSourcedJobStore)
         self.store = self.engine.store
@@ -631,8 +646,9 @@ def verdict(ratio: float, aim: float) -> str:
     return f"{'met' if ratio >= aim else 'NOT met'} (>= {aim})"
 
 
-def print_text(results: list[StoreResult], batch: int | None) -> None:
+def print_text(results: list[StoreResult], batch: int | None, signed: bool) -> None:
     print(f"many-jobs mode: {MANY_MODE_TEXT}" + (f"; --batch {batch}" if batch else ""))
+    print("events signed (Ed25519)" if signed else "events unsigned")
     header = (
         f"{'scenario':<14}{'steps':>7}{'steps/s':>10}{'ratio':>7}{'commits/step':>14}"
         f"{'rows/step':>11}{'p50 ms':>9}{'p99 ms':>9}{'cpu us/step':>13}"
@@ -738,6 +754,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="a smoke run (few steps and raw commits; finishes in seconds, noisy figures)",
     )
     parser.add_argument(
+        "--sign",
+        action="store_true",
+        help="the engine signs every event (a throwaway Ed25519 key), as a writer with "
+        "signing keys configured does",
+    )
+    parser.add_argument(
         "--profile",
         type=int,
         default=0,
@@ -769,12 +791,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             "many_jobs_mode": MANY_MODE,
             "many_jobs_mode_text": MANY_MODE_TEXT,
             "quick": args.quick,
+            "signed": args.sign,
             "results": [asdict(r) for r in results],
             "skipped": skipped,
         }
         print(json.dumps(report, indent=2))
     else:
-        print_text(results, args.batch)
+        print_text(results, args.batch, args.sign)
     return 1 if any(s.incomplete_jobs for r in results for s in r.scenarios) else 0
 
 
