@@ -353,3 +353,22 @@ def test_a_history_of_rows_in_both_formats_verifies_exports_and_imports(
         )
         broken = tamper.verify_store(store).broken
         assert [(c.job_id, c.broken and c.broken.kind) for c in broken] == [("done", "edited")]
+
+
+def test_an_append_that_cannot_be_sealed_leaves_the_rest_of_its_group_written(
+    make_engine: EngineFactory,
+) -> None:
+    """A value the canonical form refuses (a lone surrogate: no UTF-8 has it) fails its
+    own append, as it would alone, and not the group it was committed with."""
+    engine = make_engine()
+    for job in ("bad", "good"):
+        engine.submit(T, job, "agent3", input={})
+    store, now = store_of(engine), FakeClock().now()
+    bad, good = (store.load(job_uuid(T, job)) for job in ("bad", "good"))
+    assert bad is not None and good is not None
+    bad.raise_budget(raised_by="ops", reason="\ud800", budget=bad.budget.to_dict(), now=now)
+    good.raise_budget(raised_by="ops", reason="fine", budget=good.budget.to_dict(), now=now)
+    results = store.append_many([Append(bad), Append(good)])
+    assert isinstance(results[0], UnicodeEncodeError) and results[1] is None
+    assert [len(store.events(job_uuid(T, job))) for job in ("bad", "good")] == [1, 2]
+    assert tamper.verify_store(store).intact

@@ -280,13 +280,15 @@ class JobStore(Protocol):
         caller retries.
         """
 
-    def append_many(self, appends: Sequence[Append]) -> list[Refusal | None]:
+    def append_many(self, appends: Sequence[Append]) -> list[Exception | None]:
         """Write many jobs' appends together: one transaction per partition, so a group
         costs one commit. Each append stays all-or-nothing. An append the store refuses
         (its version was taken, or a key was used, by the store or by an earlier append of
-        the same group) is left out and the rest are written without it: the result holds,
-        in order, None for each append written and the refusal for each one left out (its
-        job's pending events are then spent, as after a refused ``append``). Raises
+        the same group: a ``Refusal``) or cannot write (its events do not seal: the error
+        ``append`` would raise) is left out and the rest are written without it: the
+        result holds, in order, None for each append written and the refusal or error for
+        each one left out (its job's pending events are then spent, as after a refused
+        ``append``). Raises
         StoreUnavailableError if a commit failed: which appends landed is then unknown
         (none of a partition's, unless only the acknowledgement was lost)."""
 

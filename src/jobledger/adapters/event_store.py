@@ -196,8 +196,8 @@ class EventSourcedJobStore:
         self.snapshot_if_due(partition, job, version_before)
 
     @store_errors("appending a group")
-    def append_many(self, appends: Sequence[Append]) -> list[Refusal | None]:
-        results: list[Refusal | None] = [None] * len(appends)
+    def append_many(self, appends: Sequence[Append]) -> list[Exception | None]:
+        results: list[Exception | None] = [None] * len(appends)
         by_partition: dict[int, list[int]] = {}
         for index, one in enumerate(appends):
             by_partition.setdefault(id(self.partition(one.job.id)), []).append(index)
@@ -211,7 +211,7 @@ class EventSourcedJobStore:
         partition: LedgerPartition,
         appends: Sequence[Append],
         indices: list[int],
-        results: list[Refusal | None],
+        results: list[Exception | None],
     ) -> None:
         """One partition's appends in one transaction. A refused transaction writes
         nothing; the appends whose version slot or key is taken are named, reported and
@@ -219,8 +219,7 @@ class EventSourcedJobStore:
         this ends. When none can be named (a race this store does not expect: its rows
         are never deleted), each append is tried alone, as ``append`` would."""
         pending = self.refuse_within_group(appends, indices, results)
-        for i in pending:
-            self.sealing.seal_pending(appends[i].job)
+        pending = self.seal_group(appends, pending, results)
         while pending:
             group = [appends[i] for i in pending]
             try:
@@ -245,8 +244,25 @@ class EventSourcedJobStore:
                 self.snapshot_if_due(partition, one.job, version_before)
             return
 
+    def seal_group(
+        self, appends: Sequence[Append], indices: list[int], results: list[Exception | None]
+    ) -> list[int]:
+        """Each append's events sealed on its own: one that cannot be (a value the
+        canonical form refuses, no signing key for its time) is left out with the error
+        ``append`` would have raised, and the others are written without it."""
+        sealed = []
+        for i in indices:
+            try:
+                self.sealing.seal_pending(appends[i].job)
+            except Exception as error:  # handed to that append's own tick, as append raises it
+                results[i] = error
+                _spend(appends[i])
+                continue
+            sealed.append(i)
+        return sealed
+
     def refuse_within_group(
-        self, appends: Sequence[Append], indices: list[int], results: list[Refusal | None]
+        self, appends: Sequence[Append], indices: list[int], results: list[Exception | None]
     ) -> list[int]:
         """Two appends of one group for the same job, or consuming the same key: the
         first is kept, the later one is refused as if the first had committed before it."""
