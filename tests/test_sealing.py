@@ -28,8 +28,10 @@ from jobledger.engine import Engine
 from jobledger.identity import job_uuid
 from jobledger.job import Job
 from jobledger.ports import Append
+from tests import test_stored_formats as stored_formats
 from tests.support.audit import RawEvents
 from tests.support.engines import EngineFactory, store_of
+from tests.support.notifiers import Inbox
 from tests.support.signing import PublicKeyring, SigningKey
 
 T = "acme"
@@ -298,3 +300,43 @@ def test_sealed_values_are_stored_hashed_exported_and_published_sealed(
     decoded = [decode_event(value) for value in values]
     assert chain.verify(decoded) is None  # the topic's chain holds over the sealed form
     assert json.loads(values[0])["signer"] == "k-2026-01"
+
+
+def test_a_history_of_rows_in_both_formats_verifies_exports_and_imports(
+    store_url: str, fresh_store_url: str, tmp_path: Path
+) -> None:
+    """A store written before issue 16 goes on being written: its jobs' old rows and new
+    rows verify as one chain, and export and import carry both."""
+    clock, inbox = FakeClock(), Inbox()
+    with stored_formats.open_engine(store_url, clock, inbox) as engine:
+        stored_formats.insert(engine, stored_formats.golden(stored_formats.BEFORE_SEALING))
+        engine.resume(stored_formats.inbox_token(engine, "waiting"), {})
+        engine.decide("t", "gated", "gated:step:3:approval", "reject", "bob", "no")
+        for job in ("waiting", "gated"):
+            rows = RawEvents(store_url).rows(job_uuid("t", job))
+            assert rows[0].state.startswith(b'{"timestamp":') and rows[-1].state.startswith(PREFIX)
+        store = store_of(engine)
+        assert tamper.verify_store(store).intact
+        out = io.StringIO()
+        exporting.export_jobs(store, out, exporting.Selection(), clock.now())
+        path = tmp_path / "export.jsonl"
+        path.write_text(out.getvalue())
+        with stored_formats.open_engine(fresh_store_url, FakeClock(), Inbox()) as target:
+            exporting.import_file(store_of(target), path)
+            assert tamper.verify_store(store_of(target)).intact
+            for job in stored_formats.JOBS:
+                uuid = job_uuid("t", job)
+                before, after = store.events(uuid), target.store.events(uuid)
+                assert [e.chain_hash for e in after] == [e.chain_hash for e in before]
+                assert [chain.event_fields(e) for e in after] == [
+                    chain.event_fields(e) for e in before
+                ]
+                assert all(
+                    r.state.startswith(PREFIX) for r in RawEvents(fresh_store_url).rows(uuid)
+                )
+        # An old row edited is found as it always was.
+        RawEvents(store_url).replace_in_state(
+            job_uuid("t", "done"), 1, '"submit_key":"done"', '"submit_key":"evil"'
+        )
+        broken = tamper.verify_store(store).broken
+        assert [(c.job_id, c.broken and c.broken.kind) for c in broken] == [("done", "edited")]

@@ -33,6 +33,7 @@ from jobledger import (
     FunctionRegistry,
     JobStatus,
     Resolution,
+    chain,
     linear_workflow,
 )
 from jobledger.adapters.clock import FakeClock
@@ -308,7 +309,6 @@ def test_the_stored_format_changed_but_not_one_chain_hash() -> None:
     """Issue 16 stores the bytes the chain hashes (format v2) instead of the transcoder's
     rows: the same scenario's events carry the same chain hashes as before, and each v2
     row's body is exactly the bytes hashed."""
-    from jobledger import chain
 
     def hashes(rows: list[dict[str, Any]]) -> list[str]:
         events = [r for r in rows if r["table"] == "events" and "jobledger.job:" in r["topic"]]
@@ -325,3 +325,21 @@ def test_the_stored_format_changed_but_not_one_chain_hash() -> None:
         stored = json.loads(state)["chain_hash"]
         assert chain.link_bytes(previous.get(row["originator_id"], ""), body) == stored
         previous[row["originator_id"]] = stored
+
+
+def test_an_event_reads_the_same_from_either_format(store_url: str, fresh_store_url: str) -> None:
+    """The typed decoder of the stored rows gives back, field for field and type for
+    type, the events eventsourcing's transcoder gave back from the rows before them."""
+    read: dict[str, list[dict[str, Any]]] = {}
+    for name, url in (("today", store_url), ("before-sealing", fresh_store_url)):
+        with open_engine(url, FakeClock(), Inbox()) as engine:
+            insert(engine, golden(WRITTEN[name]))
+            read[name] = [
+                chain.event_fields(event)
+                for job in JOBS
+                for event in engine.store.events(job_uuid("t", job))
+            ]
+    assert len(read["today"]) > 20
+    for today, before in zip(read["today"], read["before-sealing"], strict=True):
+        assert today == before
+        assert {k: type(v) for k, v in today.items()} == {k: type(v) for k, v in before.items()}
