@@ -1,6 +1,7 @@
 """Signed events end to end, on SQLite and PostgreSQL: a runner configured with signing
 keys signs every event it writes, ``jobledger verify`` checks them against the keyring
-(given, or configured), and a row re-signed by a key the keyring does not hold fails."""
+(given, or configured), and a row re-signed by a key the keyring does not hold fails; a
+rotation signs each event by the key of its time, and a retired key cannot sign later."""
 
 from __future__ import annotations
 
@@ -8,14 +9,19 @@ import json
 import signal
 import subprocess
 import time
+from datetime import datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
+from jobledger.adapters.clock import FakeClock
+from jobledger.audit import tamper
 from jobledger.identity import job_uuid
-from jobledger.signing import b64url, message
+from jobledger.signing import Ed25519Signer, Keyring, SigningKey, Window, b64url, message
 from tests.support.audit import RawEvents
 from tests.support.cli import JOBLEDGER, Cli, make_cli
+from tests.support.engines import EngineFactory, store_of
 
 NOTE = """
 type: note
@@ -62,7 +68,7 @@ def run_until_completed(cli: Cli, tenant: str, job: str) -> None:
         runner.wait(timeout=30)
 
 
-def stored(store_url: str, tenant: str, job: str) -> list[dict[str, object]]:
+def stored(store_url: str, tenant: str, job: str) -> list[dict[str, Any]]:
     return [json.loads(row.state) for row in RawEvents(store_url).rows(job_uuid(tenant, job))]
 
 
@@ -102,3 +108,36 @@ def test_a_runner_signs_every_event_and_verify_checks_them(store_url: str, tmp_p
     assert again.returncode == 1, again.stderr
     [failure] = json.loads(again.stdout)["broken"]
     assert failure["version"] == 2 and "bad signature by key 'w1'" in failure["reason"]
+
+
+def test_a_rotation_signs_each_event_by_the_key_of_its_time(
+    make_engine: EngineFactory, clock: FakeClock, store_url: str
+) -> None:
+    switch = clock.now() + timedelta(days=1)
+    old = SigningKey("old", Ed25519PrivateKey.generate(), Window(clock.now(), switch))
+    new = SigningKey("new", Ed25519PrivateKey.generate(), Window(switch))
+    engine = make_engine(signer=Ed25519Signer([old, new]))
+    engine.submit("acme", "r1", "timer")
+    engine.run_until_idle(wait_for_timers=True)  # a step, three days' wait, a step
+    uuid = job_uuid("acme", "r1")
+    rows = stored(store_url, "acme", "r1")
+    when = [datetime.fromisoformat(row["event"]["fields"]["timestamp"]) for row in rows]
+    signers = [(row["signer"], at >= switch) for row, at in zip(rows, when, strict=True)]
+    assert ("old", False) in signers and ("new", True) in signers
+    assert all((signer == "new") == after for signer, after in signers)
+    signatures = tamper.Signatures(Keyring(Ed25519Signer([old, new]).public_keys()))
+    assert tamper.verify_one(store_of(engine), uuid, signatures=signatures).intact
+
+    # The old key, leaked after its retirement, signs an event dated after the switch:
+    # the signature is genuine, but the key was not valid then.
+    raw = RawEvents(store_url)
+    last = raw.rows(uuid)[-1]
+    row = json.loads(last.state)
+    forged = b64url(old.private_key.sign(message("old", row["chain_hash"])))
+    state = last.state.replace(row["signature"].encode(), forged.encode())
+    raw.set_state(
+        uuid, last.version, last.topic, state.replace(b'"signer":"new"', b'"signer":"old"')
+    )
+    broken = tamper.verify_one(store_of(engine), uuid, signatures=signatures).jobs[0].broken
+    assert broken is not None and broken.version == last.version
+    assert "signed by key 'old', which was not valid at" in broken.reason
