@@ -11,7 +11,7 @@ from typing import Any
 from urllib.parse import quote
 
 import pytest
-from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from projections import JobViews
 
 from jobledger import JobStatus, errors
@@ -23,10 +23,10 @@ from jobledger.cli.session import Exit, exit_code
 from jobledger.engine import Engine
 from jobledger.errors import StoreUnavailableError
 from jobledger.identity import job_uuid
+from jobledger.signing import Ed25519Signer, Keyring, SigningKey, Window
 from tests.support.audit import RawEvents
 from tests.support.engines import EngineFactory, store_of
 from tests.support.http import APPROVER, ApiServer, api_key, api_registry, start_api, token
-from tests.support.signing import SigningKey, b64url
 
 PROBLEM = "application/problem+json"
 
@@ -404,13 +404,10 @@ def test_verify_finds_an_edited_event_in_the_job_and_the_tenant(
 def test_verify_holds_events_to_the_configured_keyring(
     make_engine: EngineFactory, tmp_path: Path
 ) -> None:
-    key = SigningKey("k1", not_before=datetime(2025, 1, 1, tzinfo=UTC))
-    public = key.private.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)
+    since = Window(datetime(2025, 1, 1, tzinfo=UTC))
+    key = Ed25519Signer([SigningKey("k1", Ed25519PrivateKey.generate(), since)])
     keyring = tmp_path / "keyring.json"
-    keyring.write_text(json.dumps({"format": "jobledger.keyring/1", "keys": [{
-        "id": "k1", "algorithm": "ed25519", "public_key": b64url(public),
-        "not_before": "2025-01-01T00:00:00+00:00", "not_after": None,
-    }]}))  # fmt: skip
+    keyring.write_text(json.dumps(Keyring(key.public_keys()).document()))
     engine = make_engine(registry=api_registry(), signer=key, config={"keyring": keyring})
     engine.submit("acme", "signed", "agent3")
     make_engine(registry=api_registry()).submit("acme", "unsigned", "agent3")

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from projections.outbox import decode_event, encode_event
 
 from jobledger import chain
@@ -28,11 +29,11 @@ from jobledger.engine import Engine
 from jobledger.identity import job_uuid
 from jobledger.job import Job
 from jobledger.ports import Append
+from jobledger.signing import Ed25519Signer, Keyring, SigningKey, Window
 from tests import test_stored_formats as stored_formats
 from tests.support.audit import RawEvents
 from tests.support.engines import EngineFactory, store_of
 from tests.support.notifiers import Inbox
-from tests.support.signing import PublicKeyring, SigningKey
 
 T = "acme"
 SINCE = datetime(2025, 1, 1, tzinfo=UTC)
@@ -40,12 +41,12 @@ PREFIX = b'{"chain_hash":"'
 
 
 @pytest.fixture
-def key() -> SigningKey:
-    return SigningKey("k-2026-01", not_before=SINCE)
+def key() -> Ed25519Signer:
+    return signer("k-2026-01")
 
 
 @pytest.fixture
-def signed(make_engine: EngineFactory, key: SigningKey) -> Engine:
+def signed(make_engine: EngineFactory, key: Ed25519Signer) -> Engine:
     """Three jobs run to the end by an engine that signs every event it writes."""
     engine = make_engine(signer=key)
     for job in ("j1", "j2", "j3"):
@@ -54,8 +55,17 @@ def signed(make_engine: EngineFactory, key: SigningKey) -> Engine:
     return engine
 
 
-def keyring(*keys: SigningKey) -> tamper.Signatures:
-    return tamper.Signatures(PublicKeyring(list(keys)))
+def signer(
+    key_id: str, *, not_after: datetime | None = None, private: Ed25519PrivateKey | None = None
+) -> Ed25519Signer:
+    """A writer's signing key (a real Ed25519 key, made here)."""
+    private = private if private is not None else Ed25519PrivateKey.generate()
+    return Ed25519Signer([SigningKey(key_id, private, Window(SINCE, not_after))])
+
+
+def keyring(*signers: Ed25519Signer) -> tamper.Signatures:
+    """The published public keys of ``signers``, as verify holds events to them."""
+    return tamper.Signatures(Keyring(k for s in signers for k in s.public_keys()))
 
 
 def body_of(state: bytes) -> tuple[str, bytes]:
@@ -89,7 +99,7 @@ def test_a_rows_stored_body_is_exactly_the_bytes_hashed(signed: Engine, store_ur
 
 
 def test_a_signed_store_verifies_and_an_unsigned_one_fails_with_a_keyring(
-    signed: Engine, make_engine: EngineFactory, key: SigningKey
+    signed: Engine, make_engine: EngineFactory, key: Ed25519Signer
 ) -> None:
     report = tamper.verify_store(store_of(signed), signatures=keyring(key))
     assert report.intact and report.signatures_checked and report.events >= 15
@@ -104,12 +114,12 @@ def test_a_signed_store_verifies_and_an_unsigned_one_fails_with_a_keyring(
     assert tamper.verify_store(store_of(unsigned)).intact  # the chain itself holds
     # A store that predates signing: unsigned events before the cut-off pass.
     cutoff = FakeClock().now() + timedelta(days=1)
-    accepted = tamper.Signatures(PublicKeyring([key]), unsigned_before=cutoff)
+    accepted = tamper.Signatures(Keyring(key.public_keys()), unsigned_before=cutoff)
     assert tamper.verify_store(store_of(unsigned), signatures=accepted).intact
 
 
 def test_a_tail_rewritten_and_rehashed_without_the_key_fails_verify_with_a_keyring(
-    signed: Engine, store_url: str, key: SigningKey
+    signed: Engine, store_url: str, key: Ed25519Signer
 ) -> None:
     store, raw, uuid = store_of(signed), RawEvents(store_url), job_uuid(T, "j2")
 
@@ -131,7 +141,7 @@ def test_a_tail_rewritten_and_rehashed_without_the_key_fails_verify_with_a_keyri
 
     # Each rewritten event signed again, by a key of the attacker's own, even under the
     # real key's id: the signatures do not hold by the published key.
-    mallory = SigningKey("k-2026-01", not_before=SINCE)
+    mallory = signer("k-2026-01")
     for event in store.events(uuid)[3:]:
         row = raw.rows(uuid)[event.originator_version - 1]
         key_id, signature = mallory.sign(event.chain_hash, event.timestamp)
@@ -141,25 +151,28 @@ def test_a_tail_rewritten_and_rehashed_without_the_key_fails_verify_with_a_keyri
     report = tamper.verify_store(store, signatures=keyring(key))
     broken = report.broken[0].broken
     assert broken is not None and (broken.version, broken.kind) == (4, "signature")
-    assert "does not hold" in broken.reason
+    assert broken.reason.startswith("bad signature by key 'k-2026-01'")
 
 
-def test_a_key_outside_its_window_or_unknown_is_named(signed: Engine, key: SigningKey) -> None:
+def test_a_key_outside_its_window_or_unknown_is_named(signed: Engine, key: Ed25519Signer) -> None:
     store = store_of(signed)
-    retired = SigningKey(key.key_id, not_before=SINCE, not_after=SINCE + timedelta(days=1))
-    retired.private = key.private
+    retired = signer(
+        "k-2026-01", not_after=SINCE + timedelta(days=1), private=key.keys[0].private_key
+    )
     report = tamper.verify_store(store, signatures=keyring(retired))
     assert len(report.broken) == 3
     broken = report.broken[0].broken
     assert broken is not None and (broken.version, broken.kind) == (1, "signature")
     assert "was not valid at 2026-01-01" in broken.reason
-    other = tamper.verify_store(store, signatures=keyring(SigningKey("k-other", SINCE)))
+    other = tamper.verify_store(store, signatures=keyring(signer("k-other")))
     first = other.broken[0].broken
-    assert first is not None and first.reason == "unknown key 'k-2026-01'"
+    assert first is not None and first.reason == (
+        "signed by key 'k-2026-01', which is not in the keyring"
+    )
 
 
 def test_an_edited_body_of_a_signed_row_is_reported_as_edited(
-    signed: Engine, store_url: str, key: SigningKey
+    signed: Engine, store_url: str, key: Ed25519Signer
 ) -> None:
     RawEvents(store_url).replace_in_state(
         job_uuid(T, "j1"), 3, '"cost_usd":"0.10"', '"cost_usd":"0"'
@@ -172,7 +185,7 @@ def test_an_edited_body_of_a_signed_row_is_reported_as_edited(
 
 def test_export_and_import_keep_the_bytes_hashes_and_signatures(
     signed: Engine, make_engine: EngineFactory, fresh_store_url: str, store_url: str,
-    key: SigningKey, tmp_path: Path,
+    key: Ed25519Signer, tmp_path: Path,
 ) -> None:  # fmt: skip
     out = io.StringIO()
     exporting.export_jobs(store_of(signed), out, exporting.Selection(), FakeClock().now())
@@ -180,14 +193,14 @@ def test_export_and_import_keep_the_bytes_hashes_and_signatures(
     lines = [json.loads(line) for line in text.splitlines()]
     assert lines[-1]["format"] == "jobledger.export/2"
     assert all(line["signer"] == "k-2026-01" for line in lines[:-1])
-    assert all(PublicKeyring([key]).check(
+    assert all(Keyring(key.public_keys()).check(
         line["signer"], line["signature"], line["chain_hash"],
         datetime.fromisoformat(line["timestamp"]),
     ) is None for line in lines[:-1])  # fmt: skip
     path = tmp_path / "export.jsonl"
     path.write_text(text)
     # The target writes without a key (or with another): nothing is signed again.
-    target = make_engine(store_url=fresh_store_url, signer=SigningKey("k-import", SINCE))
+    target = make_engine(store_url=fresh_store_url, signer=signer("k-import"))
     exporting.import_file(store_of(target), path)
     source_rows, target_rows = RawEvents(store_url), RawEvents(fresh_store_url)
     for job in ("j1", "j2", "j3"):
@@ -217,7 +230,7 @@ def test_an_export_of_the_format_before_imports_as_it_was(
 
 
 def test_group_commit_writes_each_jobs_chain_from_its_own_head(
-    make_engine: EngineFactory, key: SigningKey
+    make_engine: EngineFactory, key: Ed25519Signer
 ) -> None:
     engine = make_engine(signer=key)
     for n in range(6):
@@ -280,7 +293,7 @@ class ReversibleSealer:
 
 
 def test_sealed_values_are_stored_hashed_exported_and_published_sealed(
-    make_engine: EngineFactory, store_url: str, key: SigningKey
+    make_engine: EngineFactory, store_url: str, key: Ed25519Signer
 ) -> None:
     engine = make_engine(sealer=ReversibleSealer(), signer=key)
     engine.submit(T, "p", "agent3", input={"secret": "Ann Example", "n": 1})
