@@ -14,6 +14,15 @@ from jobledger.errors import ConfigError
 from jobledger.signing import Ed25519Signer, Keyring
 from tests.support.cli import run_jobledger
 
+NOTE = """
+type: note
+version: 1
+start: write
+steps:
+  write: {kind: run_interaction_task, params: {task: write}, next: done}
+  done: {kind: complete}
+"""
+
 
 def ok(cwd: Path, *args: str, **env: str) -> str:
     result = run_jobledger(*args, cwd=cwd, **env)
@@ -220,3 +229,21 @@ def test_a_bad_signing_table_is_reported_in_words(tmp_path: Path) -> None:
             raise AssertionError(f"{text!r} was accepted")
     config.write_text('[signing]\nkey = "k.json"\n')
     assert "unknown [signing] setting 'key'" in fails(tmp_path, 3, "config", "show")
+
+
+def test_a_writer_without_a_usable_key_writes_nothing_and_says_why(tmp_path: Path) -> None:
+    (tmp_path / "definitions").mkdir()
+    (tmp_path / "definitions" / "note.yaml").write_text(NOTE)
+    (tmp_path / "jobledger.toml").write_text(
+        'store_url = "sqlite:///jobs.db"\ndefinitions = "definitions"\n'
+        '[signing]\nkeys = "keys/signing-keys.json"\n'
+    )
+    missing = fails(tmp_path, 3, "submit", "acme", "n1", "note")
+    assert "cannot read signing-keys file" in missing and "keys/signing-keys.json" in missing
+    ok(tmp_path, "keys", "generate", "k1", "--dir", "keys", "--not-before", "2020-01-01")
+    ok(tmp_path, "keys", "retire", "k1", "--at", "2021-01-01")
+    expired = fails(tmp_path, 3, "submit", "acme", "n1", "note")
+    assert "no signing key is valid at" in expired
+    assert "'k1' from 2020-01-01T00:00:00+00:00 until 2021-01-01T00:00:00+00:00" in expired
+    # Nothing was written: the store holds no job (a reading command needs no key).
+    assert "no job 'n1'" in fails(tmp_path, 1, "show", "acme", "n1")

@@ -68,6 +68,7 @@ class Engine(JobCommands, TickRunner, JobReader):
             deps.store,
             max_batch=deps.config.max_batch,
             max_wait_ms=deps.config.max_batch_wait_ms,
+            prepare=deps.store.sealing.seal_pending,
         )
         """Commits the step appends of the ticks this engine runs at once together."""
         self.orchestrator.tick_appends = self.group
