@@ -17,6 +17,14 @@ commits single-row INSERTs of the size of a stored event (the raw limit):
   drops; the raw baseline is one psycopg connection's autocommit single-row INSERTs into a
   table of the events table's shape, in the same schema.
 
+With ``--sign`` a second engine on a second store of the same database (another file, or
+another schema) signs every event it writes with a throwaway Ed25519 key made at start
+(configured as a process configures it: a signing-keys file, ``EngineConfig.signing_keys``),
+and each scenario runs on both engines, one right after the other (which goes first
+alternates from one scenario to the next, so neither always follows the other's writes),
+so the report gives signed steps/s over unsigned steps/s of the same run (issue 16: within
+10 %) and counts the rows that carry a signature.
+
 Half the raw commits run before the first scenario and half after the last, so a disk
 that changed speed mid-run shows up as before/after rates far apart. The run is only as
 good as the machine is quiet: the report shows the load average.
@@ -37,6 +45,7 @@ Usage::
     python scripts/bench_steps.py --store sqlite --concurrency 1,16 --total-steps 4000
     python scripts/bench_steps.py --quick --json       # a smoke run: well under 30 s
     python scripts/bench_steps.py --store sqlite --profile 25   # cProfile the ticking
+    python scripts/bench_steps.py --sign               # signed vs unsigned, same run
 
 PostgreSQL is skipped, with a message, when neither ``--postgres-url`` nor
 ``JOBLEDGER_TEST_POSTGRES_URL`` is set (``scripts/postgres-local`` starts a local server
@@ -60,14 +69,16 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 from uuid import UUID
 
 import psycopg
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from psycopg import sql
 
 from jobledger import (
@@ -82,6 +93,7 @@ from jobledger import (
 )
 from jobledger.adapters.event_store import EventSourcedJobStore
 from jobledger.identity import job_uuid
+from jobledger.signing import private_pem
 
 WORKFLOW = "bench"
 TENANT = "bench"
@@ -143,6 +155,8 @@ class StoreCounts:
     rows: int = 0
     state_bytes: int = 0
     topic_chars: int = 0
+    signed_rows: int = 0
+    """Rows whose stored state carries a signature (the row format's ``"signer":``)."""
     reads: int = 0
     latencies: list[float] = field(default_factory=list)
     """Seconds from the executor's call to the step's commit returning."""
@@ -154,6 +168,7 @@ class StoreCounts:
         self.rows += len(stored_events)
         self.state_bytes += sum(len(event.state) for event in stored_events)
         self.topic_chars += sum(len(event.topic) for event in stored_events)
+        self.signed_rows += sum(b'"signer":' in event.state for event in stored_events)
         if "StepRecorded" in names:
             self.step_appends += 1
             self.steps_recorded += names.count("StepRecorded")
@@ -284,20 +299,28 @@ class Scenario:
     rows: int
     """Rows the events tables gained (count(*) after minus before)."""
     rows_per_step: float
+    signed_rows: int
+    """Event rows written with a signature (every one on the signed engine, none else)."""
     reads_per_step: float
     p50_step_ms: float
     p99_step_ms: float
     incomplete_jobs: int
     ratio: float = 0.0
     """steps/s over the raw single-row commits/s of the same run."""
+    signed: bool = False
+    signed_vs_unsigned: float | None = None
+    """On the signed engine's scenario: its steps/s over the unsigned one's, same K."""
     profile: str | None = None
 
 
 class Bench:
     """One engine on one store, and the counters wrapped around it."""
 
-    def __init__(self, url: str, label: str, args: argparse.Namespace) -> None:
-        self.label = label
+    def __init__(
+        self, url: str, label: str, args: argparse.Namespace, signing_keys: Path | None = None
+    ) -> None:
+        self.label = label + (" signed" if signing_keys else "")
+        self.signed = signing_keys is not None
         self.args = args
         self.executor = TimingExecutor()
         batch = {} if args.batch is None else {"max_batch": args.batch}
@@ -306,6 +329,7 @@ class Bench:
             worker_id="bench",
             max_steps_per_tick=args.max_steps_per_tick,
             concurrency=1,
+            signing_keys=signing_keys,
             **batch,
         )
         self.engine = Engine.open(
@@ -383,11 +407,13 @@ class Bench:
             snapshot_commits=counts.snapshot_writes,
             rows=rows,
             rows_per_step=rows / steps,
+            signed_rows=counts.signed_rows,
             reads_per_step=counts.reads / steps,
             p50_step_ms=1e3 * percentile(latencies, 0.50),
             p99_step_ms=1e3 * percentile(latencies, 0.99),
             incomplete_jobs=incomplete,
             profile=profile_text(profiler, self.args.profile) if profiler else None,
+            signed=self.signed,
         )
 
     def tick_until_idle(self, label: str, steps: int, profiler: cProfile.Profile | None) -> float:
@@ -514,24 +540,59 @@ class StoreResult:
     scenarios: list[Scenario]
     targets: dict[str, float]
     """Issue 11's ratios: ``sequential`` and ``many_k16`` (many jobs at K >= 16)."""
+    signed: list[Scenario]
+    """With ``--sign``: each scenario again on the engine that signs (else empty)."""
     load_average: tuple[float, float, float]
     """1/5/15-minute load when this store's run began: high means noisy numbers."""
     cpus: int
 
 
-def measure(url: str, label: str, raw: RawBench, args: argparse.Namespace) -> StoreResult:
+def throwaway_signing_keys(directory: Path) -> Path:
+    """A signing-keys file of one fresh key, valid from long before this run on."""
+    (directory / "bench.pem").write_bytes(private_pem(Ed25519PrivateKey.generate()))
+    entry = {"id": "bench", "private_key_file": "bench.pem", "not_after": None}
+    entry["not_before"] = datetime(2000, 1, 1, tzinfo=UTC).isoformat()
+    path = directory / "signing-keys.json"
+    path.write_text(json.dumps([entry]))
+    return path
+
+
+def both(benches: list[Bench], run: tuple[str, int, int], *, first_signed: bool) -> list[Scenario]:
+    """The scenario on each engine (unsigned first, or with ``first_signed`` the signed
+    one: alternated, so that neither always runs second, after the other's writes)."""
+    order = benches[::-1] if first_signed else benches
+    done = {id(bench): bench.run(*run) for bench in order}
+    return [done[id(bench)] for bench in benches]
+
+
+def measure(
+    url: str, label: str, raw: RawBench, args: argparse.Namespace, signed_url: str | None = None
+) -> StoreResult:
+    """The scenarios (and, given ``signed_url``, each again on an engine that signs,
+    right after its unsigned run) between the two halves of the raw commits."""
     load = os.getloadavg()
-    bench = Bench(url, label, args)
+    keys = Path(tempfile.mkdtemp(prefix="jobledger-bench-keys-", dir=args.dir))
+    benches = [Bench(url, label, args)]
     try:
-        state, topic = bench.warm_up()
+        if signed_url is not None:
+            benches.append(Bench(signed_url, label, args, throwaway_signing_keys(keys)))
+        state, topic = benches[0].warm_up()
+        for other in benches[1:]:
+            other.warm_up()
         half = args.raw_rows // 2
         before = raw(half, state, topic)
-        scenarios = [bench.run("sequential", 1, args.seq_steps)]
-        for k in args.concurrency:
-            scenarios.append(bench.run("many", k, max(1, -(-args.total_steps // k))))
+        runs = [("sequential", 1, args.seq_steps)]
+        runs += [("many", k, max(1, -(-args.total_steps // k))) for k in args.concurrency]
+        done = [both(benches, each, first_signed=n % 2 == 1) for n, each in enumerate(runs)]
         after = raw(args.raw_rows - half, state, topic)
     finally:
-        bench.close()
+        for bench in benches:
+            bench.close()
+        shutil.rmtree(keys, ignore_errors=True)
+    scenarios = [pair[0] for pair in done]
+    signed = [pair[1] for pair in done if len(pair) > 1]
+    for unsigned, signed_run in zip(scenarios, signed, strict=False):
+        signed_run.signed_vs_unsigned = signed_run.steps_per_second / unsigned.steps_per_second
     raw_run = RawRun(
         rows=args.raw_rows,
         row_state_bytes=len(state),
@@ -540,13 +601,14 @@ def measure(url: str, label: str, raw: RawBench, args: argparse.Namespace) -> St
         before_per_second=half / before if half else 0.0,
         after_per_second=(args.raw_rows - half) / after,
     )
-    for scenario in scenarios:
+    for scenario in [*scenarios, *signed]:
         scenario.ratio = scenario.steps_per_second / raw_run.commits_per_second
     sequential, many = TARGETS[label]
     return StoreResult(
         store=label,
         raw=raw_run,
         scenarios=scenarios,
+        signed=signed,
         targets={"sequential": sequential, "many_k16": many},
         load_average=load,
         cpus=os.cpu_count() or 1,
@@ -557,15 +619,18 @@ def bench_sqlite(args: argparse.Namespace) -> StoreResult:
     directory = Path(tempfile.mkdtemp(prefix="jobledger-bench-", dir=args.dir))
     try:
         url = f"sqlite:///{directory / 'jobs.db'}"
-        return measure(url, "sqlite", raw_sqlite(directory / "raw.db"), args)
+        signed = f"sqlite:///{directory / 'signed.db'}" if args.sign else None
+        return measure(url, "sqlite", raw_sqlite(directory / "raw.db"), args, signed)
     finally:
         shutil.rmtree(directory, ignore_errors=True)
 
 
 def bench_postgres(args: argparse.Namespace, base_url: str) -> StoreResult:
-    with fresh_schema(base_url) as schema:
+    signed_store = fresh_schema(base_url) if args.sign else nullcontext(None)
+    with fresh_schema(base_url) as schema, signed_store as signed_schema:
         url = with_query(base_url, schema=schema)
-        return measure(url, "postgres", raw_postgres(base_url, schema), args)
+        signed = with_query(base_url, schema=signed_schema) if signed_schema else None
+        return measure(url, "postgres", raw_postgres(base_url, schema), args, signed)
 
 
 @contextmanager
@@ -634,7 +699,7 @@ def verdict(ratio: float, aim: float) -> str:
 def print_text(results: list[StoreResult], batch: int | None) -> None:
     print(f"many-jobs mode: {MANY_MODE_TEXT}" + (f"; --batch {batch}" if batch else ""))
     header = (
-        f"{'scenario':<14}{'steps':>7}{'steps/s':>10}{'ratio':>7}{'commits/step':>14}"
+        f"{'scenario':<18}{'steps':>7}{'steps/s':>10}{'ratio':>7}{'commits/step':>14}"
         f"{'rows/step':>11}{'p50 ms':>9}{'p99 ms':>9}{'cpu us/step':>13}"
     )
     for r in results:
@@ -646,10 +711,11 @@ def print_text(results: list[StoreResult], batch: int | None) -> None:
             f"({raw.before_per_second:,.0f}/s before, {raw.after_per_second:,.0f}/s after)"
         )
         print(header)
-        for s in r.scenarios:
+        for s in r.scenarios + r.signed:
             name = "sequential" if s.name == "sequential" else f"many K={s.concurrency}"
+            name += " signed" if s.signed else ""
             print(
-                f"{name:<14}{s.steps:>7}{s.steps_per_second:>10,.0f}{s.ratio:>7.2f}"
+                f"{name:<18}{s.steps:>7}{s.steps_per_second:>10,.0f}{s.ratio:>7.2f}"
                 f"{s.commits_per_step:>14.3f}{s.rows_per_step:>11.2f}{s.p50_step_ms:>9.3f}"
                 f"{s.p99_step_ms:>9.3f}{s.cpu_us_per_step:>13,.0f}"
             )
@@ -657,6 +723,12 @@ def print_text(results: list[StoreResult], batch: int | None) -> None:
                 print(f"  !! {s.incomplete_jobs} jobs did not complete {s.steps_per_job} steps")
             if s.profile:
                 print(s.profile, file=sys.stderr)
+        for s in r.signed:
+            name = "sequential" if s.name == "sequential" else f"many K={s.concurrency}"
+            print(
+                f"signed/unsigned {name}: {s.signed_vs_unsigned:.3f} "
+                f"({s.signed_rows} of {s.rows} rows signed; aim >= 0.90)"
+            )
         sequential = r.scenarios[0]
         print(f"target sequential: {verdict(sequential.ratio, r.targets['sequential'])}")
         many = [s for s in r.scenarios[1:] if s.concurrency >= 16]
@@ -733,6 +805,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--dir", help="where the SQLite temp files go (default: system temp)")
     parser.add_argument("--json", action="store_true", help="machine-readable output")
     parser.add_argument(
+        "--sign",
+        action="store_true",
+        help="also run each scenario on an engine that signs every event (a throwaway "
+        "Ed25519 key), and report signed steps/s over unsigned",
+    )
+    parser.add_argument(
         "--quick",
         action="store_true",
         help="a smoke run (few steps and raw commits; finishes in seconds, noisy figures)",
@@ -769,6 +847,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "many_jobs_mode": MANY_MODE,
             "many_jobs_mode_text": MANY_MODE_TEXT,
             "quick": args.quick,
+            "signed": args.sign,
             "results": [asdict(r) for r in results],
             "skipped": skipped,
         }

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
 import pytest
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from projections import JobViews
 
 from jobledger import JobStatus, errors
@@ -21,6 +23,7 @@ from jobledger.cli.session import Exit, exit_code
 from jobledger.engine import Engine
 from jobledger.errors import StoreUnavailableError
 from jobledger.identity import job_uuid
+from jobledger.signing import Ed25519Signer, Keyring, SigningKey, Window
 from tests.support.audit import RawEvents
 from tests.support.engines import EngineFactory, store_of
 from tests.support.http import APPROVER, ApiServer, api_key, api_registry, start_api, token
@@ -383,6 +386,7 @@ def test_verify_finds_an_edited_event_in_the_job_and_the_tenant(
         "tenant_id": "acme",
         "job_id": "j1",
         "intact": True,
+        "signatures_checked": False,
         "broken_at": None,
         "event_type": None,
         "reason": None,
@@ -395,6 +399,27 @@ def test_verify_finds_an_edited_event_in_the_job_and_the_tenant(
     assert broken["reason"].startswith("edited: ")
     assert (tenant["jobs"], tenant["intact"]) == (2, False)  # globex's job is not counted
     assert [b["job_id"] for b in tenant["broken"]] == ["j2"]
+
+
+def test_verify_holds_events_to_the_configured_keyring(
+    make_engine: EngineFactory, tmp_path: Path
+) -> None:
+    since = Window(datetime(2025, 1, 1, tzinfo=UTC))
+    key = Ed25519Signer([SigningKey("k1", Ed25519PrivateKey.generate(), since)])
+    keyring = tmp_path / "keyring.json"
+    keyring.write_text(json.dumps(Keyring(key.public_keys()).document()))
+    engine = make_engine(registry=api_registry(), signer=key, config={"keyring": keyring})
+    engine.submit("acme", "signed", "agent3")
+    make_engine(registry=api_registry()).submit("acme", "unsigned", "agent3")
+    with start_api(engine, tmp_path) as api, api.as_role(Role.AUDITOR) as http:
+        signed = http.get("/v1/jobs/acme/signed/verify").json()
+        unsigned = http.get("/v1/jobs/acme/unsigned/verify").json()
+        tenant = http.get("/v1/tenants/acme/verify").json()
+    assert (signed["intact"], signed["signatures_checked"]) == (True, True)
+    assert (unsigned["intact"], unsigned["broken_at"]) == (False, 1)
+    assert unsigned["reason"] == "unsigned: the event is not signed"
+    assert tenant["signatures_checked"] is True
+    assert [b["job_id"] for b in tenant["broken"]] == ["unsigned"]
 
 
 # ---- errors map as the CLI's exit codes do -----------------------------------------------

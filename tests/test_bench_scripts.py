@@ -22,9 +22,9 @@ SCENARIO_FIGURES = (
 )
 
 
-def run_script(name: str, tmp_path: Path) -> dict[str, Any]:
+def run_script(name: str, tmp_path: Path, *extra: str) -> dict[str, Any]:
     command = [sys.executable, str(ROOT / "scripts" / name)]
-    command += ["--quick", "--json", "--store", "sqlite", "--dir", str(tmp_path)]
+    command += ["--quick", "--json", "--store", "sqlite", "--dir", str(tmp_path), *extra]
     paths = [str(ROOT / "src"), str(ROOT), os.environ.get("PYTHONPATH", "")]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in paths if p)}
     done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=120)
@@ -57,6 +57,24 @@ def test_bench_steps_quick_reports_every_figure(tmp_path: Path) -> None:
         if scenario["concurrency"] == 1:
             assert scenario["commits_per_step"] >= 1
         assert scenario["p99_step_ms"] >= scenario["p50_step_ms"]
+
+
+def test_bench_steps_sign_runs_each_scenario_signed_beside_unsigned(tmp_path: Path) -> None:
+    report = run_script("bench_steps.py", tmp_path, "--sign", "--concurrency", "1,16")
+    [sqlite] = report["results"]
+    assert report["signed"] is True
+    unsigned, signed = sqlite["scenarios"], sqlite["signed"]
+    assert [(s["name"], s["concurrency"]) for s in signed] == [
+        (s["name"], s["concurrency"]) for s in unsigned
+    ]
+    for plain, scenario in zip(unsigned, signed, strict=True):
+        assert scenario["signed"] is True and scenario["incomplete_jobs"] == 0
+        # Counted in the rows written: every event of the signed engine carries a
+        # signature, none of the other's.
+        assert scenario["signed_rows"] == scenario["rows"] > 0
+        assert plain["signed_rows"] == 0 and plain["signed_vs_unsigned"] is None
+        ratio = scenario["steps_per_second"] / plain["steps_per_second"]
+        assert scenario["signed_vs_unsigned"] == ratio
 
 
 def test_bench_resume_quick_reports_every_figure(tmp_path: Path) -> None:

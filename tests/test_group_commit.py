@@ -271,6 +271,35 @@ def test_a_group_is_never_larger_than_max_batch() -> None:
     assert sorted(store.calls) == [1, 2, 2] and max(store.calls) <= 2
 
 
+def test_each_tick_prepares_its_own_job_in_its_own_thread_before_any_group_is_written() -> None:
+    """The store's hashing and signing (``prepare``) run in the ticks' threads, side by
+    side, not one job after another in the leader's write."""
+    store = RecordingStore()
+    prepared: dict[int, tuple[int, int]] = {}
+    """Thread -> (the job it prepared, groups written when it did)."""
+
+    def prepare(job: Job) -> None:
+        prepared[threading.get_ident()] = (id(job), len(store.calls))
+
+    committer = GroupCommitter(store, max_batch=64, max_wait_ms=600_000, prepare=prepare)  # type: ignore[arg-type]
+    entered = threading.Barrier(3, timeout=10)
+    jobs: dict[int, int] = {}
+
+    def tick() -> None:
+        job = object()
+        jobs[threading.get_ident()] = id(job)
+        with committer.running():
+            entered.wait()
+            committer.append(job)  # type: ignore[arg-type]
+
+    threads = [run_in_thread(tick) for _ in range(3)]
+    for thread in threads:
+        thread.join(timeout=10)
+    assert not any(t.is_alive() for t in threads)
+    assert store.calls == [3]
+    assert prepared == {thread: (job, 0) for thread, job in jobs.items()}
+
+
 # ---- killing a real worker process mid-group-commit ---------------------------------------
 
 GROUP_STEP = 2

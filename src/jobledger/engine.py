@@ -22,6 +22,8 @@ from jobledger.ports import (
     BlockedNotes,
     Clock,
     Cost,
+    EventSigner,
+    FieldSealer,
     JobStore,
     Leases,
     Notifier,
@@ -66,6 +68,7 @@ class Engine(JobCommands, TickRunner, JobReader):
             deps.store,
             max_batch=deps.config.max_batch,
             max_wait_ms=deps.config.max_batch_wait_ms,
+            prepare=deps.store.sealing.seal_pending,
         )
         """Commits the step appends of the ticks this engine runs at once together."""
         self.orchestrator.tick_appends = self.group
@@ -85,13 +88,16 @@ class Engine(JobCommands, TickRunner, JobReader):
         tokens: ResumeTokens | None = None,
         notifier: Notifier | None = None,
         store_mode: StoreMode = "create",
+        sealer: FieldSealer | None = None,
+        signer: EventSigner | None = None,
     ) -> Engine:
         """Open (creating if needed, unless ``store_mode`` says otherwise: see
         :data:`~jobledger.adapters.event_store.StoreMode`) the store at ``store_url`` and
         wire the defaults (:func:`jobledger.bootstrap.build`):
         a local in-process queue (the Kafka ticks topic when ``transport`` is kafka), the
         system clock, JSON ops logs, spend folded from the log, and JWT resume tokens when
-        a token secret is configured."""
+        a token secret is configured. The store signs every event it writes with
+        ``signer`` and seals personal values with ``sealer`` when given."""
         config = config if config is not None else EngineConfig()
         if store_url is not None:
             config = config.model_copy(update={"store_url": store_url})
@@ -106,6 +112,8 @@ class Engine(JobCommands, TickRunner, JobReader):
             tokens=tokens,
             notifier=notifier,
             store_mode=store_mode,
+            sealer=sealer,
+            signer=signer,
         )
         return cls(deps)
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections.abc import Awaitable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from copy import copy
 from dataclasses import dataclass
@@ -38,8 +38,19 @@ class GroupCommitter:
     """Appends steps for the ticks of one worker. ``in_flight`` counts the ticks running
     now (``running``): the leader waits for no more appends than could still come."""
 
-    def __init__(self, store: JobStore, *, max_batch: int, max_wait_ms: float) -> None:
+    def __init__(
+        self,
+        store: JobStore,
+        *,
+        max_batch: int,
+        max_wait_ms: float,
+        prepare: Callable[[Job], None] | None = None,
+    ) -> None:
         self.store = store
+        self.prepare = prepare
+        """Done by each tick to its own job before it joins a group (the store's hashing
+        and signing): one leader writes a group at a time, so work left to the write
+        would be done one job after another while the other ticks wait."""
         self.max_batch = max_batch
         self.max_wait = max_wait_ms / 1000
         self._changed = threading.Condition()
@@ -61,6 +72,8 @@ class GroupCommitter:
 
     def append(self, job: Job, *keys: ConsumedKey) -> None:
         """``JobStore.append``, committed together with the other ticks' step appends."""
+        if self.prepare is not None:
+            self.prepare(job)
         waiting = _Waiting(Append(job, keys))
         with self._changed:
             self._queue.append(waiting)

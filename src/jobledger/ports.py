@@ -280,13 +280,15 @@ class JobStore(Protocol):
         caller retries.
         """
 
-    def append_many(self, appends: Sequence[Append]) -> list[Refusal | None]:
+    def append_many(self, appends: Sequence[Append]) -> list[Exception | None]:
         """Write many jobs' appends together: one transaction per partition, so a group
         costs one commit. Each append stays all-or-nothing. An append the store refuses
         (its version was taken, or a key was used, by the store or by an earlier append of
-        the same group) is left out and the rest are written without it: the result holds,
-        in order, None for each append written and the refusal for each one left out (its
-        job's pending events are then spent, as after a refused ``append``). Raises
+        the same group: a ``Refusal``) or cannot write (its events do not seal: the error
+        ``append`` would raise) is left out and the rest are written without it: the
+        result holds, in order, None for each append written and the refusal or error for
+        each one left out (its job's pending events are then spent, as after a refused
+        ``append``). Raises
         StoreUnavailableError if a commit failed: which appends landed is then unknown
         (none of a partition's, unless only the acknowledgement was lost)."""
 
@@ -452,3 +454,26 @@ class Notifier(Protocol):
     def waiting_for_event(self, job: JobView, event_name: str, token: IssuedToken) -> None: ...
 
     def approval_requested(self, job: JobView, request: ApprovalRequest) -> None: ...
+
+
+# ---- the evidence a store writes with each event (issue 16) -----------------------------
+
+
+class EventSigner(Protocol):
+    def sign(self, chain_hash: str, at: datetime) -> tuple[str, str]:
+        """(key id, signature): Ed25519 by the key valid at ``at``, base64url no padding."""
+
+
+class KeyringCheck(Protocol):
+    def check(
+        self, signer: str | None, signature: str | None, chain_hash: str, at: datetime
+    ) -> str | None:
+        """None when the signature is valid by a key known and valid at ``at``; else why not."""
+
+
+class FieldSealer(Protocol):
+    def seal(self, job: Job, event_type: str, fields: dict[str, Any]) -> dict[str, Any]:
+        """The event's fields with the job's personal values replaced by sealed values."""
+
+    def open(self, fields: dict[str, Any]) -> dict[str, Any]:
+        """Sealed values replaced by their plaintext, or by ERASED where the key is gone."""

@@ -132,7 +132,7 @@ class ApprovalGate:
             attempt=stored["attempt"],
             action_sha256=stored["action_sha256"],
             approvers=tuple(stored["approvers"]),
-            expires_at=stored["expires_at"],
+            expires_at=_moment(stored["expires_at"]),
             on_approve=stored["on_approve"],
             on_reject=stored["on_reject"],
             on_expire=stored["on_expire"],
@@ -145,7 +145,7 @@ class ApprovalGate:
             "attempt": self.attempt,
             "action_sha256": self.action_sha256,
             "approvers": list(self.approvers),
-            "expires_at": self.expires_at,
+            "expires_at": None if self.expires_at is None else self.expires_at.isoformat(),
             "on_approve": self.on_approve,
             "on_reject": self.on_reject,
             "on_expire": self.on_expire,
@@ -173,3 +173,9 @@ class BufferedSignal:
             "event_name": self.event_name,
             "payload": deepcopy(self.payload),
         }
+
+
+def _moment(stored: datetime | str | None) -> datetime | None:
+    """A time as a JSON field holds it: ISO 8601 text (a row or snapshot before issue 16
+    may hold the datetime itself, which eventsourcing's transcoder typed back)."""
+    return datetime.fromisoformat(stored) if isinstance(stored, str) else stored
