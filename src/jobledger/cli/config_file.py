@@ -12,7 +12,9 @@ relative to the file: the definitions, a SQLite store (``sqlite:///jobs.db`` is 
 from the file's directory first). ``JOBLEDGER_DEFINITIONS`` and ``JOBLEDGER_EXECUTOR``
 set those two from the environment (relative to the current directory, as any
 environment path is). An ``[http]`` table holds the API's settings
-(:class:`jobledger.api.settings.ApiSettings`; ``JOBLEDGER_HTTP_*`` in the environment).
+(:class:`jobledger.api.settings.ApiSettings`; ``JOBLEDGER_HTTP_*`` in the environment), an
+``[anchors]`` table the runner's scheduled anchoring
+(:class:`jobledger.audit.schedule.AnchorSettings`; ``JOBLEDGER_ANCHORS_*``).
 """
 
 from __future__ import annotations
@@ -34,6 +36,8 @@ from jobledger.ports import StepExecutor
 CLI_KEYS = ("definitions", "executor")
 HTTP_TABLE = "http"
 """The config file's table of the API's settings (``jobledger serve``)."""
+ANCHORS_TABLE = "anchors"
+"""The config file's table of scheduled anchoring (``jobledger run``)."""
 ENV_CONFIG = "JOBLEDGER_CONFIG"
 ENV_DEFINITIONS = "JOBLEDGER_DEFINITIONS"
 ENV_EXECUTOR = "JOBLEDGER_EXECUTOR"
@@ -53,6 +57,8 @@ class Settings:
     """Where each setting that is not a default came from: ``flag``, ``file`` or ``env``."""
     http: dict[str, Any] = field(default_factory=dict)
     """The file's ``[http]`` table: the API's settings (``jobledger.api.settings``)."""
+    anchors: dict[str, Any] = field(default_factory=dict)
+    """The file's ``[anchors]`` table: scheduled anchoring (``jobledger.audit.schedule``)."""
 
 
 def find_config_file(config_file: Path | None) -> Path | None:
@@ -68,8 +74,10 @@ def load_settings(config_file: Path | None, store_url: str | None) -> Settings:
     config_file = find_config_file(config_file)
     values = read_config_file(config_file) if config_file is not None else {}
     http = values.pop(HTTP_TABLE, {})
-    if not isinstance(http, dict):
-        raise ConfigError(f"config file {str(config_file)!r}: [{HTTP_TABLE}] must be a table")
+    anchors = values.pop(ANCHORS_TABLE, {})
+    for name, table in ((HTTP_TABLE, http), (ANCHORS_TABLE, anchors)):
+        if not isinstance(table, dict):
+            raise ConfigError(f"config file {str(config_file)!r}: [{name}] must be a table")
     in_env = {
         key for key in [*EngineConfig.model_fields, *CLI_KEYS] if os.environ.get(env_name(key))
     }
@@ -98,7 +106,7 @@ def load_settings(config_file: Path | None, store_url: str | None) -> Settings:
     if isinstance(notifier, str) and notifier.startswith("file:") and config_file is not None:
         values["notifier"] = "file:" + str(config_file.parent / notifier.removeprefix("file:"))
     engine = engine_config(values, config_file)
-    return Settings(engine, definitions, executor, config_file, sources, http)
+    return Settings(engine, definitions, executor, config_file, sources, http, anchors)
 
 
 def env_name(setting: str) -> str:
