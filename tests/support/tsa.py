@@ -127,9 +127,11 @@ def _handler(directory: Path, config: Path) -> type[BaseHTTPRequestHandler]:
             with lock:
                 (directory / "query.tsq").write_bytes(query)
                 replied = subprocess.run(
-                    ["openssl", "ts", "-reply", "-config", str(config)]
-                    + ["-queryfile", str(directory / "query.tsq")]
-                    + ["-out", str(directory / "reply.tsr")],
+                    [
+                        *("openssl", "ts", "-reply", "-config", str(config)),
+                        *("-queryfile", str(directory / "query.tsq")),
+                        *("-out", str(directory / "reply.tsr")),
+                    ],
                     capture_output=True,
                 )
                 reply = (directory / "reply.tsr").read_bytes() if replied.returncode == 0 else b""

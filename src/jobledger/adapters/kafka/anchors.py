@@ -15,7 +15,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from kafka import KafkaConsumer, TopicPartition
+from kafka import KafkaAdminClient, KafkaConsumer, TopicPartition
 from kafka.errors import KafkaError
 
 from jobledger.adapters.kafka import clients
@@ -39,7 +39,16 @@ class KafkaAnchorSink:
     def ensure_topic(self) -> None:
         """Create the topic if it is missing; refuse one with more than one partition
         (its records would have no single order to chain)."""
-        admin = clients.admin(self.settings)
+        try:
+            # Not clients.admin: a broker that is away must fail an anchor within the send
+            # timeout, not kafka-python's 30 s bootstrap.
+            admin = KafkaAdminClient(
+                bootstrap_servers=self.settings.servers,
+                client_id=f"{self.settings.client_id}-anchors",
+                **_timeouts(self.settings),
+            )
+        except KafkaError as error:
+            raise _unreachable(self.settings, error) from error
         try:
             if self.topic not in set(admin.list_topics()):
                 replication = self.settings.replication_factor
@@ -150,16 +159,27 @@ class _Consumer:
                 enable_auto_commit=False,
                 # Reading a mistyped topic must not create it.
                 allow_auto_create_topics=False,
-                request_timeout_ms=min(30_000, self.settings.send_timeout_ms),
+                **_timeouts(self.settings),
             )
-            if self.client.partitions_for_topic(self.partition.topic) is None:
-                raise KafkaUnavailableError(f"no Kafka topic {self.partition.topic!r}")
-            self.client.assign([self.partition])
+            known = self.client.partitions_for_topic(self.partition.topic)
         except KafkaError as error:
+            raise _unreachable(self.settings, error) from error
+        if not known:
+            self.client.close()
             raise KafkaUnavailableError(
-                f"cannot reach Kafka at {self.settings.bootstrap_servers}: {error!r}"
-            ) from error
+                f"no Kafka topic {self.partition.topic!r} at {self.settings.bootstrap_servers}"
+            )
+        self.client.assign([self.partition])
         return self.client
 
     def __exit__(self, *exc: object) -> None:
         self.client.close()
+
+
+def _timeouts(settings: KafkaSettings) -> dict[str, int]:
+    timeout = min(30_000, settings.send_timeout_ms)
+    return {"bootstrap_timeout_ms": timeout, "request_timeout_ms": timeout}
+
+
+def _unreachable(settings: KafkaSettings, error: KafkaError) -> KafkaUnavailableError:
+    return KafkaUnavailableError(f"cannot reach Kafka at {settings.bootstrap_servers}: {error!r}")
