@@ -278,20 +278,22 @@ def test_the_runner_anchors_to_kafka_as_events_accrue(
         cli.ok("signal", "acme", "t1", "invoice.paid", "--id", "paid-t1")
         wait_for(lambda: status(cli, "t1") == "awaiting_approval", 30, "t1 paid")
         wait_for(lambda: status(cli, "t2") == "waiting_event", 30, "t2 triaged")
-        now = versions(cli, "t1", "t2")
+        # Each anchor waits for 3 more events: the last one may be up to 2 events behind.
         wait_for(
-            lambda: heads(values(kafka_bootstrap, topic)[-1]) == now,
+            lambda: (
+                len(values(kafka_bootstrap, topic)) >= 2
+                and heads(values(kafka_bootstrap, topic)[-1]).keys() == {"t1", "t2"}
+            ),
             60,
-            "an anchor of both jobs as they are now",
+            "anchors as events accrue",
         )
-        # One event, below the threshold: only the clean shutdown's anchor pins it.
         cli.ok("cancel", "acme", "t2", "--reason", "test", "--by", "ops")
-        anchored = len(values(kafka_bootstrap, topic))
     finally:
         out, _ = stop(runner)
     assert f"anchors: to {url} every 3600s or every 3 events" in " ".join(out.split())
     lines = values(kafka_bootstrap, topic)
-    assert len(lines) == anchored + 1 and heads(lines[-1]) == versions(cli, "t1", "t2")
+    # The last anchor, at the latest the clean shutdown's, pins the store as it is.
+    assert heads(lines[-1]) == versions(cli, "t1", "t2")
     assert all(
         json.loads(b)["previous_sha256"] == line_sha256(a) for a, b in itertools.pairwise(lines)
     )
