@@ -7,6 +7,7 @@ reachable here, and a real TSA's answer is what the anchors must hold up against
 from __future__ import annotations
 
 import datetime as dt
+import shutil
 import subprocess
 import threading
 from collections.abc import Iterator
@@ -19,6 +20,8 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+from tests.support.services import REQUIRE_SERVICES
 
 OPENSSL_TS_CONFIG = """\
 [ tsa ]
@@ -152,6 +155,11 @@ def _handler(directory: Path, config: Path) -> type[BaseHTTPRequestHandler]:
 
 @pytest.fixture(scope="session")
 def local_tsa(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalTsa]:
+    if shutil.which("openssl") is None:
+        message = "the local TSA needs the openssl command (OpenSSL 3)"
+        if REQUIRE_SERVICES:
+            pytest.fail(message)
+        pytest.skip(message)
     directory = tmp_path_factory.mktemp("tsa")
     config = make_tsa_files(directory)
     server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(directory, config))
