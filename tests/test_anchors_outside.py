@@ -15,14 +15,15 @@ import signal
 import subprocess
 import time
 import uuid
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import pytest
 from kafka import KafkaConsumer
 
-from jobledger.audit.anchors import ANCHOR_TOPIC, line_sha256
-from jobledger.audit.destinations import Destination
+from jobledger.audit.anchors import ANCHOR_TOPIC, Head, line_sha256, make_anchor
+from jobledger.audit.destinations import Destination, open_sink, read_log
 from jobledger.audit.schedule import AnchorSettings, load_anchor_settings, parse_duration
 from jobledger.errors import ConfigError
 from jobledger.identity import job_uuid
@@ -163,6 +164,23 @@ def test_a_restored_copy_of_the_sqlite_file_is_caught_by_stamped_kafka_anchors(
     [stamped] = report["anchors"]["rfc3161"]
     assert stamped["signature_checked"] is True and stamped["problem"] is None
     assert stamped["gen_time"] is not None and stamped["tsa"] == local_tsa.url
+
+
+def test_an_anchor_of_many_jobs_is_one_record_past_kafkas_default_size_limit(
+    kafka_bootstrap: str,
+) -> None:
+    """10,000 heads make a 1.7 MB line: past the 1 MB a Kafka topic takes by default."""
+    topic, url = topic_url(kafka_bootstrap)
+    sink = open_sink(Destination.parse(url))
+    heads = [Head(uuid.uuid4(), "acme", f"j{n}", 9, "ab" * 32) for n in range(10_000)]
+    first = make_anchor(heads, datetime.now(UTC), sink.last_line())
+    sink.append(first.to_line())
+    second = make_anchor(heads[:10], datetime.now(UTC), sink.last_line())
+    sink.append(second.to_line())
+    assert len(first.to_line()) > 1_500_000
+    log = read_log(sink)
+    assert log.problems == () and [len(a.heads) for a in log.anchors] == [10_000, 10]
+    assert values(kafka_bootstrap, topic)[0] == first.to_line()
 
 
 # ---- RFC 3161 --------------------------------------------------------------------------------

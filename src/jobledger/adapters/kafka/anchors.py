@@ -22,9 +22,12 @@ from jobledger.adapters.kafka import clients
 from jobledger.adapters.kafka.clients import KafkaUnavailableError
 from jobledger.adapters.kafka.settings import KafkaSettings
 
-TAIL_WINDOW = 16
-"""How many records before the end ``last_line`` reads first (more only if those are all
-control records, which a transactional writer would leave)."""
+MAX_LINE_BYTES = 64 * 1024 * 1024
+"""A line holds every job's head (about 170 bytes each): Kafka's default 1 MB limit would
+refuse an anchor of some 6,000 jobs; this topic takes about 390,000."""
+TAIL_WINDOW = 1
+"""How many records before the end ``last_line`` reads first: lines can be megabytes. It
+reads further back only if those are all control records (a transactional writer's)."""
 
 
 class KafkaAnchorSink:
@@ -61,6 +64,7 @@ class KafkaAnchorSink:
                             "retention.bytes": "-1",
                             "cleanup.policy": "delete",
                             "min.insync.replicas": str(max(1, replication - 1)),
+                            "max.message.bytes": str(MAX_LINE_BYTES),
                         },
                     }
                 }
@@ -83,7 +87,7 @@ class KafkaAnchorSink:
     def append(self, line: str) -> None:
         """Publish the line and wait for its acknowledgement by every in-sync replica."""
         timeout = self.settings.send_timeout_ms / 1000
-        producer = clients.producer(self.settings, role="anchors")
+        producer = clients.producer(self.settings, role="anchors", max_request_size=MAX_LINE_BYTES)
         try:
             future = producer.send(self.topic, value=line.rstrip("\n").encode(), partition=0)
             producer.flush(timeout=timeout)
