@@ -12,8 +12,8 @@ relative to the file: the definitions, a SQLite store (``sqlite:///jobs.db`` is 
 from the file's directory first). ``JOBLEDGER_DEFINITIONS`` and ``JOBLEDGER_EXECUTOR``
 set those two from the environment (relative to the current directory, as any
 environment path is). An ``[http]`` table holds the API's settings
-(:class:`jobledger.api.settings.ApiSettings`; ``JOBLEDGER_HTTP_*`` in the environment), an
-``[anchors]`` table the runner's scheduled anchoring
+(:class:`jobledger.api.settings.ApiSettings`; ``JOBLEDGER_HTTP_*`` in the environment),
+and an ``[anchors]`` table the runner's scheduled anchoring
 (:class:`jobledger.audit.schedule.AnchorSettings`; ``JOBLEDGER_ANCHORS_*``).
 """
 
