@@ -22,6 +22,7 @@ from tests.support.engines import (
 )
 from tests.support.kafka_broker import kafka_bootstrap, kafka_topics  # noqa: F401  (one broker per run)
 from tests.support.services import postgres_schema_url
+from tests.support.tsa import local_tsa  # noqa: F401  (one local RFC 3161 TSA per run)
 
 
 @pytest.fixture(params=["sqlite", "postgres"])

@@ -40,6 +40,7 @@ if TYPE_CHECKING:
     from jobledger.adapters.kafka.worker import KafkaWorker, RecordHook, TickObserver
     from jobledger.api.server import ApiServer
     from jobledger.api.settings import ApiSettings
+    from jobledger.audit.schedule import AnchorPlan, ScheduledAnchoring
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +72,8 @@ class Services:
     max_poll_records: int = 50
     http: ApiSettings | None = None
     """Serve the HTTP API at the settings' host and port (``run --http``)."""
+    anchors: AnchorPlan | None = None
+    """Anchor every chain head on a schedule (``run --anchor-to``)."""
 
     @classmethod
     def of(
@@ -139,6 +142,7 @@ class Supervisor:
         self.publisher: KafkaEventPublisher | None = None
         self.reconciler = self._reconciler()
         self.api = self._api()
+        self.anchoring = self._anchoring()
         self._services = self._wire()
 
     # ---- the roles ---------------------------------------------------------------------
@@ -190,6 +194,16 @@ class Supervisor:
 
         return serve_engine(self.engine, self.services.http)
 
+    def _anchoring(self) -> ScheduledAnchoring | None:
+        plan = self.services.anchors
+        if plan is None:
+            return None
+        from jobledger.audit.schedule import ScheduledAnchoring
+
+        deps = self.engine.deps
+        lock = lock_for(deps.store.location, "anchors")
+        return ScheduledAnchoring(deps.store, deps.clock, plan, deps.config, lock)
+
     def _wire(self) -> list[_Service]:
         """The services in the order they start: the readers of the log, then the
         reconciler, then the workers, then the HTTP API."""
@@ -216,6 +230,8 @@ class Supervisor:
             wired.append(_Service(f"kafka-worker-{n}", kafka_worker.run, kafka_worker.stop))
         if self.api is not None:
             wired.append(_Service("http", self.api.run, self.api.stop))
+        if self.anchoring is not None:
+            wired.append(_Service("anchors", self.anchoring.run, self.anchoring.stop))
         return wired
 
     def _outbox(self) -> _Service:
@@ -265,6 +281,8 @@ class Supervisor:
             service.stop()
         for thread in self.threads:
             thread.join(timeout=30)
+        if self.anchoring is not None:
+            self.anchoring.final()  # after the workers: it pins their last steps too
         if self.publisher is not None:
             self.publisher.close()
 

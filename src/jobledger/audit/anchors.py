@@ -9,10 +9,11 @@ store. ``verify --anchors`` then requires every anchored head to still be there.
 Each line also carries the sha256 of the line before it, so the anchor file is a chain
 too: an edited, removed or inserted anchor line is reported.
 
-The destination is an :class:`AnchorSink`. :class:`FileAnchorSink` appends to a file
-(fsync'd). A Kafka sink publishing each line to the topic ``jobledger.anchors`` plugs in
-here once the Kafka transport exists: it implements ``append`` (produce with acks=all)
-and ``last_line`` (the topic's last record), nothing else changes.
+The destination is an :class:`AnchorSink`: :class:`FileAnchorSink` appends to a file
+(fsync'd); the Kafka sink (:mod:`jobledger.adapters.kafka.anchors`) publishes each line
+to the topic ``jobledger.anchors``; :mod:`jobledger.audit.timestamping` stamps each line
+with an RFC 3161 token over its Merkle root on its way to either. Which one a command
+uses is a destination URL (:mod:`jobledger.audit.destinations`).
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from uuid import UUID
 
 ANCHOR_FORMAT: Final = "jobledger.anchor/1"
 ANCHOR_TOPIC: Final = "jobledger.anchors"
-"""Where a Kafka sink will publish anchors."""
+"""The Kafka topic anchors go to unless a destination names another."""
 DEFAULT_ANCHOR_FILE: Final = "jobledger-anchors.jsonl"
 
 
@@ -85,6 +86,18 @@ def merkle_root(heads: Iterable[Head]) -> str:
 
 
 @dataclass(frozen=True)
+class TimeStamp:
+    """An RFC 3161 timestamp token over an anchor's Merkle root, and the TSA that gave it."""
+
+    tsa: str
+    token: str
+    """The DER TimeStampToken, base64 (standard alphabet, padded)."""
+
+    def document(self) -> dict[str, str]:
+        return {"tsa": self.tsa, "token": self.token}
+
+
+@dataclass(frozen=True)
 class Anchor:
     anchored_at: datetime
     heads: tuple[Head, ...]
@@ -92,9 +105,10 @@ class Anchor:
     previous_sha256: str | None
     """sha256 of the anchor line before this one at the destination (None for the first)."""
     line_number: int = 0
+    rfc3161: TimeStamp | None = None
 
     def to_line(self) -> str:
-        document = {
+        document: dict[str, Any] = {
             "format": ANCHOR_FORMAT,
             "anchored_at": self.anchored_at.isoformat(),
             "jobs": len(self.heads),
@@ -104,6 +118,8 @@ class Anchor:
                 head.document() for head in sorted(self.heads, key=lambda head: head.job_uuid)
             ],
         }
+        if self.rfc3161 is not None:
+            document["rfc3161"] = self.rfc3161.document()
         return json.dumps(document, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
 
 
@@ -124,13 +140,19 @@ def line_sha256(line: str) -> str:
 
 
 class AnchorSink(Protocol):
-    """An append-only destination outside the store (a file; Kafka later)."""
+    """An append-only destination outside the store (a file, a Kafka topic)."""
+
+    name: str
+    """Where the lines go, as a user would name it (a path, a ``kafka://`` URL)."""
 
     def last_line(self) -> str | None:
         """The newest anchor line written there, if any (to chain the next one to it)."""
 
     def append(self, line: str) -> None:
-        """Append one line durably, or raise."""
+        """Append one line durably, or raise (then nothing counts as anchored)."""
+
+    def lines(self) -> list[str]:
+        """Every line written there, oldest first."""
 
 
 class FileAnchorSink:
@@ -139,6 +161,7 @@ class FileAnchorSink:
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
+        self.name = str(self.path)
 
     def last_line(self) -> str | None:
         if not self.path.exists():
@@ -164,8 +187,24 @@ class FileAnchorSink:
             file.flush()
             os.fsync(file.fileno())
 
+    def lines(self) -> list[str]:
+        return self.path.read_text(encoding="utf-8").splitlines() if self.path.exists() else []
+
 
 # ---- reading them back -----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class StampCheck:
+    """What checking one anchor's RFC 3161 token found."""
+
+    line_number: int
+    tsa: str
+    gen_time: datetime | None
+    """The time the TSA signed (None when the token does not parse)."""
+    signature_checked: bool
+    """Whether the token's signature was checked against a trusted TSA CA."""
+    problem: str | None = None
 
 
 @dataclass(frozen=True)
@@ -174,6 +213,10 @@ class AnchorLog:
 
     anchors: tuple[Anchor, ...]
     problems: tuple[str, ...] = field(default_factory=tuple)
+    source: str = ""
+    stamps: tuple[StampCheck, ...] = ()
+    """The RFC 3161 tokens checked (empty until
+    :func:`jobledger.audit.timestamping.check_stamps` ran)."""
 
     def latest_heads(self) -> dict[UUID, tuple[Head, Anchor]]:
         """Per job, its highest anchored head (with the anchor that pinned it). If the
@@ -189,21 +232,27 @@ class AnchorLog:
 
 
 def read_anchors(path: str | Path) -> AnchorLog:
-    """Parse an anchor file, checking each line's Merkle root and its link to the line
-    before it."""
+    """Parse an anchor file (see :func:`parse_anchors`)."""
     source = Path(path)
     try:
         text = source.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as error:
         return AnchorLog((), (f"{source}: cannot read: {error}",))
+    return parse_anchors(text.splitlines(), str(source))
+
+
+def parse_anchors(lines: Iterable[str], source: str) -> AnchorLog:
+    """Parse anchor lines (oldest first), checking each line's Merkle root and its link to
+    the line before it. RFC 3161 tokens are checked apart
+    (:func:`jobledger.audit.timestamping.check_stamps`)."""
     anchors: list[Anchor] = []
     problems: list[str] = []
     previous: str | None = None
-    for number, raw in enumerate(text.splitlines(), start=1):
+    for number, raw in enumerate(lines, start=1):
         if not raw.strip():
             continue
         try:
-            anchor = _parse(raw, number)
+            anchor = parse_line(raw, number)
         except (ValueError, KeyError, TypeError) as error:
             problems.append(f"{source} line {number}: not an anchor: {error}")
             previous = raw
@@ -221,17 +270,20 @@ def read_anchors(path: str | Path) -> AnchorLog:
             )
         anchors.append(anchor)
         previous = raw
-    return AnchorLog(tuple(anchors), tuple(problems))
+    return AnchorLog(tuple(anchors), tuple(problems), source)
 
 
-def _parse(raw: str, number: int) -> Anchor:
+def parse_line(raw: str, number: int = 0) -> Anchor:
+    """One anchor line, or ValueError/KeyError/TypeError when it is not one."""
     data = json.loads(raw)
     if not isinstance(data, dict) or data.get("format") != ANCHOR_FORMAT:
         raise ValueError(f"format is not {ANCHOR_FORMAT!r}")
+    stamp = data.get("rfc3161")
     return Anchor(
         anchored_at=datetime.fromisoformat(data["anchored_at"]),
         heads=tuple(Head.of(head) for head in data["heads"]),
         merkle_root=str(data["merkle_root"]),
         previous_sha256=data.get("previous_sha256"),
         line_number=number,
+        rfc3161=TimeStamp(str(stamp["tsa"]), str(stamp["token"])) if stamp is not None else None,
     )

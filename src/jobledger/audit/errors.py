@@ -30,3 +30,8 @@ class AnchorRefusedError(AuditError):
 class ImportRefusedError(AuditError):
     """The export file is malformed, does not verify, or the target store is not empty.
     Nothing was written."""
+
+
+class TimeStampError(AuditError):
+    """The time-stamping authority did not stamp an anchor (unreachable, refused, or its
+    answer does not hold): nothing was anchored."""

@@ -20,7 +20,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 from rich.table import Table
 
 from jobledger.audit import export as exporting
-from jobledger.audit.anchors import DEFAULT_ANCHOR_FILE, AnchorLog, FileAnchorSink, read_anchors
+from jobledger.audit.anchors import DEFAULT_ANCHOR_FILE, AnchorLog, AnchorSink, parse_anchors
+from jobledger.audit.destinations import Destination, open_sink, read_log
 from jobledger.audit.tamper import (
     JobCheck,
     Signatures,
@@ -29,7 +30,9 @@ from jobledger.audit.tamper import (
     verify_one,
     verify_store,
 )
+from jobledger.audit.timestamping import TimeStampAuthority, TsaTrust
 from jobledger.cli import output
+from jobledger.cli.config_file import load_settings
 from jobledger.cli.params import LARGEST, JobId, Tenant
 from jobledger.cli.session import ConfigOption, Exit, JsonFlag, StoreOption, open_engine
 from jobledger.engine import Engine
@@ -278,6 +281,40 @@ def _replay_summary(reports: Sequence[ReplayReport], target: WorkflowDefinition)
 # ---- verify and anchor ------------------------------------------------------------------------
 
 
+AnchorsOption = Annotated[
+    str | None,
+    typer.Option(
+        "--anchors",
+        metavar="DEST",
+        help="Where anchors were written by `jobledger anchor`: file:PATH (or a path) or "
+        "kafka://HOST:PORT[/TOPIC]. Also catches a history truncated or rolled back since.",
+        show_default=False,
+    ),
+]
+TsaOption = Annotated[
+    str | None,
+    typer.Option(
+        "--tsa",
+        metavar="URL",
+        help="Stamp each anchor line at this RFC 3161 time-stamping authority (its token "
+        "goes into the line). Needs the `audit` extra.",
+        show_default=False,
+    ),
+]
+TsaCaOption = Annotated[
+    Path | None,
+    typer.Option(
+        "--tsa-ca",
+        metavar="FILE",
+        help="The TSA's CA certificate(s) (PEM): RFC 3161 tokens must be signed by a "
+        "time-stamping certificate chaining to it.",
+        exists=True,
+        dir_okay=False,
+        show_default=False,
+    ),
+]
+
+
 def verify(
     tenant: OptionalTenant = None,
     job: OptionalJob = None,
@@ -285,17 +322,8 @@ def verify(
         str | None, typer.Option("--tenant", metavar="T", help="Every job of one tenant.")
     ] = None,
     all_jobs: AllFlag = False,
-    anchors: Annotated[
-        Path | None,
-        typer.Option(
-            "--anchors",
-            metavar="FILE",
-            help="An anchor file (from `jobledger anchor`): also catch a history truncated "
-            "or rolled back since it was anchored.",
-            exists=True,
-            dir_okay=False,
-        ),
-    ] = None,
+    anchors: AnchorsOption = None,
+    tsa_ca: TsaCaOption = None,
     keyring: Annotated[
         Path | None,
         typer.Option(
@@ -325,16 +353,19 @@ def verify(
     Every job unless given TENANT JOB (one job) or --tenant T (one tenant's).
 
     Reports the version, event, kind and why: an edited field, a deleted event, a
-    reordered history; with --anchors also a truncated or rewritten one; with a keyring
+    reordered history; with --anchors also a truncated or rewritten one, and every
+    anchor's RFC 3161 token (its imprint; with --tsa-ca its signature); with a keyring
     an event unsigned or not signed by a key valid at its time (a history re-hashed by
-    someone without a key). Exits 1 if any chain (or the anchor file) is broken.
+    someone without a key). Exits 1 if any chain (or the anchors) is broken.
     """
     if (tenant is None) != (job is None) or (tenant is not None and (all_jobs or only_tenant)):
         raise typer.BadParameter("give TENANT JOB, or --tenant T, or --all (the default)")
     if all_jobs and only_tenant is not None:
         raise typer.BadParameter("give --tenant T or --all, not both")
+    if tsa_ca is not None and anchors is None:
+        raise typer.BadParameter("--tsa-ca goes with --anchors")
     cutoff = _moment(unsigned_before, "--unsigned-before")
-    anchor_log = read_anchors(anchors) if anchors is not None else None
+    anchor_log = _read_anchors(anchors, tsa_ca, store, config) if anchors is not None else None
     with open_engine(store, config, purpose="verify", mode="read") as engine:
         keyring = keyring if keyring is not None else engine.deps.config.keyring
         if cutoff is not None and keyring is None:
@@ -356,9 +387,9 @@ def verify(
             if report.jobs[0].events == 0 and report.jobs[0].anchored_version is None:
                 engine.job(tenant, job)  # raises: no such job
     if json:
-        output.print_json(_verify_document(report, anchors, anchor_log, keyring, cutoff))
+        output.print_json(_verify_document(report, anchor_log, keyring, cutoff))
     else:
-        _print_verify(report, anchors, keyring)
+        _print_verify(report, anchor_log, keyring)
     if not report.intact:
         broken = report.broken
         if broken and broken[0].broken is not None:
@@ -369,25 +400,52 @@ def verify(
                 f"v{first.broken.version} ({first.broken.event_type}): {first.broken.reason}"
             )
         else:
-            message = f"the anchor file is not intact: {report.anchor_problems[0]}"
+            message = f"the anchors are not intact: {report.anchor_problems[0]}"
         _fail(message)
 
 
 def anchor(
-    file: Annotated[
-        Path,
-        typer.Option("--file", metavar="PATH", help="The append-only anchor file.", dir_okay=False),
-    ] = Path(DEFAULT_ANCHOR_FILE),
+    to: Annotated[
+        str,
+        typer.Option(
+            "--to",
+            "--file",
+            metavar="DEST",
+            help="Where to append: file:PATH (or a path) or kafka://HOST:PORT[/TOPIC] "
+            "(topic jobledger.anchors by default; created with one partition if missing).",
+        ),
+    ] = DEFAULT_ANCHOR_FILE,
+    tsa: TsaOption = None,
+    tsa_ca: TsaCaOption = None,
+    dump: Annotated[
+        tuple[str, Path] | None,
+        typer.Option(
+            "--dump",
+            metavar="DEST FILE",
+            help="Anchor nothing: copy every anchor line of DEST (e.g. a Kafka topic) to "
+            "FILE, in order, for an auditor.",
+            show_default=False,
+        ),
+    ] = None,
     store: StoreOption = None,
     config: ConfigOption = None,
     json: JsonFlag = False,
 ) -> None:
-    """Pin every job's chain head in an append-only file (one JSON line, Merkle root).
+    """Pin every job's chain head outside the store (one JSON line with a Merkle root).
 
-    Verifies every chain (and the file's earlier anchors) first and refuses, exit 1, if
-    any is broken. `verify --anchors FILE` then catches a history rolled back since.
+    Verifies every chain (and the destination's earlier anchors) first and refuses, exit
+    1, if any is broken; a destination or TSA that does not take the line exits non-zero
+    with nothing anchored. `verify --anchors DEST` then catches a history rolled back since.
     """
-    previous = read_anchors(file) if file.exists() else None
+    engine_config = load_settings(config, store).engine
+    if dump is not None:
+        _dump(Destination.parse(dump[0]).sink(engine_config), dump[1], json)
+        return
+    destination = Destination.parse(to)
+    trust = TsaTrust.load(tsa_ca) if tsa_ca is not None else None
+    authority = TimeStampAuthority(tsa, trust) if tsa is not None else None
+    sink = open_sink(destination, engine_config, authority)
+    previous = read_log(sink, trust)
     with (
         open_engine(store, config, purpose="anchor", mode="read") as engine,
         _progress(not json) as progress,
@@ -395,25 +453,27 @@ def anchor(
         task = progress.add_task("verifying", total=None)
         anchored, _ = take_anchor(
             engine.deps.store,
-            FileAnchorSink(file),
+            sink,
             engine.clock.now(),
             previous,
             lambda done, total: progress.update(task, completed=done, total=total),
         )
-    lines = len(previous.anchors) + len(previous.problems) + 1 if previous else 1
-    document = {
-        "file": str(file),
-        "line": lines,
+    line = len(previous.anchors) + len(previous.problems) + 1
+    document: dict[str, Any] = {
+        "to": str(destination),
+        "line": line,
         "anchored_at": anchored.anchored_at,
         "jobs": len(anchored.heads),
         "merkle_root": anchored.merkle_root,
+        "rfc3161": {"tsa": tsa} if tsa is not None else None,
     }
     if json:
         output.print_json(document)
         return
+    stamped = f", stamped by {tsa}" if tsa is not None else ""
     output.console().print(
-        f"anchored {len(anchored.heads)} job heads to {file} (line {lines}), "
-        f"merkle root {anchored.merkle_root}"
+        f"anchored {len(anchored.heads)} job heads to {destination} (line {line}), "
+        f"merkle root {anchored.merkle_root}{stamped}"
     )
 
 
@@ -429,9 +489,35 @@ def _moment(text: str | None, option: str) -> datetime | None:
     return moment
 
 
+def _read_anchors(
+    anchors: str, tsa_ca: Path | None, store: str | None, config: Path | None
+) -> AnchorLog:
+    destination = Destination.parse(anchors)
+    if destination.kind == "file" and not destination.path.is_file():
+        missing = f"no anchor file {str(destination.path)!r}"
+        raise typer.BadParameter(missing, param_hint="--anchors")
+    trust = TsaTrust.load(tsa_ca) if tsa_ca is not None else None
+    return read_log(destination.sink(load_settings(config, store).engine), trust)
+
+
+def _dump(source: AnchorSink, file: Path, json: bool) -> None:
+    """Every line verbatim (an edited one too: the auditor's verifier is to find it),
+    written whole or not at all."""
+    lines = source.lines()
+    partial = file.with_name(f".{file.name}.partial")
+    partial.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+    partial.replace(file)
+    log = parse_anchors(lines, str(file))
+    if json:
+        output.print_json({"from": source.name, "file": str(file), "lines": len(lines)})
+        return
+    output.console().print(f"wrote {len(lines)} anchor line(s) from {source.name} to {file}")
+    for problem in log.problems:
+        output.console().print(f"  note: {problem}", soft_wrap=True)
+
+
 def _verify_document(
     report: VerifyReport,
-    anchors: Path | None,
     anchor_log: AnchorLog | None,
     keyring: Path | None,
     unsigned_before: datetime | None,
@@ -447,11 +533,12 @@ def _verify_document(
             "unsigned_before": unsigned_before.isoformat() if unsigned_before else None,
         },
     }
-    if anchors is not None and anchor_log is not None:
+    if anchor_log is not None:
         document["anchors"] = {
-            "file": str(anchors),
+            "source": anchor_log.source,
             "anchors": report.anchors_read,
             "problems": list(report.anchor_problems),
+            "rfc3161": [output.jsonable(vars(stamp)) for stamp in anchor_log.stamps],
         }
     if len(report.jobs) == 1:
         document["job"] = _check_document(report.jobs[0])
@@ -475,9 +562,12 @@ def _check_document(check: JobCheck) -> dict[str, Any]:
     }
 
 
-def _print_verify(report: VerifyReport, anchors: Path | None, keyring: Path | None) -> None:
+def _print_verify(report: VerifyReport, anchor_log: AnchorLog | None, keyring: Path | None) -> None:
     out = output.console()
-    anchored = f" against {report.anchors_read} anchor(s) in {anchors}" if anchors else ""
+    anchored = ""
+    if anchor_log is not None:
+        anchored = f" against {report.anchors_read} anchor(s) in {anchor_log.source}"
+        _print_stamps(anchor_log)
     signed = (
         f"; signatures checked against {keyring}"
         if keyring is not None
@@ -498,11 +588,30 @@ def _print_verify(report: VerifyReport, anchors: Path | None, keyring: Path | No
             )
         out.print(table)
     for problem in report.anchor_problems:
-        out.print(f"anchor file: {problem}")
+        out.print(f"anchors: {problem}", soft_wrap=True)
     state = "all intact" if report.intact else f"{len(report.broken)} broken"
     out.print(
         f"verified {len(report.jobs)} job(s), {report.events} events{anchored}{signed}: {state}"
     )
+
+
+def _print_stamps(anchor_log: AnchorLog) -> None:
+    stamps = anchor_log.stamps
+    if not stamps:
+        return
+    out = output.console()
+    table = Table(title=f"RFC 3161 timestamps ({len(stamps)} of {len(anchor_log.anchors)} anchors)")
+    for column in ("line", "tsa", "genTime", "signature", "problem"):
+        table.add_column(column, overflow="fold")
+    for stamp in stamps:
+        table.add_row(
+            str(stamp.line_number),
+            stamp.tsa,
+            stamp.gen_time.isoformat() if stamp.gen_time else "",
+            "checked" if stamp.signature_checked else "NOT checked (no --tsa-ca)",
+            stamp.problem or "",
+        )
+    out.print(table)
 
 
 # ---- export and import ------------------------------------------------------------------------

@@ -11,6 +11,8 @@ from rich.table import Table
 
 from jobledger.api.settings import ApiSettings, load_api_settings
 from jobledger.api.settings import env_name as http_env_name
+from jobledger.audit.schedule import AnchorSettings, load_anchor_settings
+from jobledger.audit.schedule import env_name as anchors_env_name
 from jobledger.cli.config_file import CLI_KEYS, Settings, env_name, load_settings
 from jobledger.cli.output import console, jsonable, print_json
 from jobledger.cli.session import ConfigOption, JsonFlag, StoreOption
@@ -35,7 +37,7 @@ def effective(settings: Settings) -> list[dict[str, Any]]:
         rows.append(
             {"setting": name, "value": shown(name, value), "source": source(settings, name)}
         )
-    return rows + http_rows(settings)
+    return rows + http_rows(settings) + anchor_rows(settings)
 
 
 def http_rows(settings: Settings) -> list[dict[str, Any]]:
@@ -52,6 +54,23 @@ def http_rows(settings: Settings) -> list[dict[str, Any]]:
             where = "default"
         value = shown(name, getattr(api, name))
         rows.append({"setting": f"http.{name}", "value": value, "source": where})
+    return rows
+
+
+def anchor_rows(settings: Settings) -> list[dict[str, Any]]:
+    """Scheduled anchoring (``jobledger run``), as ``anchors.<name>``: from
+    ``JOBLEDGER_ANCHORS_*``, the file's ``[anchors]`` table, or the defaults."""
+    anchors = load_anchor_settings(settings.anchors, settings.config_file)
+    rows = []
+    for name in AnchorSettings.model_fields:
+        if os.environ.get(anchors_env_name(name)):
+            where = f"env {anchors_env_name(name)}"
+        elif name in settings.anchors:
+            where = f"file {settings.config_file}"
+        else:
+            where = "default"
+        value = shown(name, getattr(anchors, name))
+        rows.append({"setting": f"anchors.{name}", "value": value, "source": where})
     return rows
 
 

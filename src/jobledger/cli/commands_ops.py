@@ -25,6 +25,7 @@ from rich.table import Table
 
 from jobledger.adapters.event_store import StoreMode
 from jobledger.api import require_http
+from jobledger.audit.schedule import load_anchor_settings
 from jobledger.cli import output
 from jobledger.cli.config_file import Settings, load_settings
 from jobledger.cli.logs import LogFormat, LogFormatOption, LogLevel, LogLevelOption
@@ -169,6 +170,36 @@ def run(
     workers: WorkersOption = 1,
     transport: TransportOption = None,
     http: HttpOption = None,
+    anchor_to: Annotated[
+        str | None,
+        typer.Option(
+            "--anchor-to",
+            metavar="DEST",
+            help="Anchor every chain head on a schedule to file:PATH (or a path) or "
+            "kafka://HOST:PORT[/TOPIC] (else [anchors] to / JOBLEDGER_ANCHORS_TO).",
+            show_default=False,
+        ),
+    ] = None,
+    anchor_every: Annotated[
+        str | None,
+        typer.Option(
+            "--anchor-every",
+            metavar="DURATION",
+            help="Anchor at least this often when events were appended (30s, 5m, 1h; "
+            "default 5m unless --anchor-events is given).",
+            show_default=False,
+        ),
+    ] = None,
+    anchor_events: Annotated[
+        int | None,
+        typer.Option(
+            "--anchor-events",
+            metavar="N",
+            min=1,
+            help="Also anchor once N events were appended since the last anchor.",
+            show_default=False,
+        ),
+    ] = None,
     store: StoreOption = None,
     config: ConfigOption = None,
     log_level: LogLevelOption = LogLevel.INFO,
@@ -186,6 +217,15 @@ def run(
     services = Services.of("run", kafka=kafka, workers=workers)
     if http is not None:
         services = replace(services, http=_api_settings(http, store, config))
+    settings = load_settings(config, store)
+    anchoring = load_anchor_settings(
+        settings.anchors,
+        settings.config_file,
+        to=anchor_to,
+        every=anchor_every,
+        events=anchor_events,
+    )
+    services = replace(services, anchors=anchoring.plan())
     _serve("run", services, store, config, _transport_name(kafka))
 
 
@@ -368,6 +408,8 @@ def _serve(
             output.console().print(f"  {line}", soft_wrap=True)
         if supervisor.api is not None:
             output.console().print(f"  http: {supervisor.api.url}", soft_wrap=True)
+        if services.anchors is not None:
+            output.console().print(f"  {services.anchors.describe()}", soft_wrap=True)
         with _stop_on_signals(supervisor.stopping.set):
             supervisor.run()
         if runs_steps or kafka:

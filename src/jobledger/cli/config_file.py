@@ -12,8 +12,10 @@ relative to the file: the definitions, a SQLite store (``sqlite:///jobs.db`` is 
 from the file's directory first). ``JOBLEDGER_DEFINITIONS`` and ``JOBLEDGER_EXECUTOR``
 set those two from the environment (relative to the current directory, as any
 environment path is). An ``[http]`` table holds the API's settings
-(:class:`jobledger.api.settings.ApiSettings`; ``JOBLEDGER_HTTP_*`` in the environment).
-A ``[signing]`` table names the signing-keys file (``keys``, the setting ``signing_keys``:
+(:class:`jobledger.api.settings.ApiSettings`; ``JOBLEDGER_HTTP_*`` in the environment),
+an ``[anchors]`` table the runner's scheduled anchoring
+(:class:`jobledger.audit.schedule.AnchorSettings`; ``JOBLEDGER_ANCHORS_*``), and a
+``[signing]`` table the signing-keys file (``keys``, the setting ``signing_keys``:
 ``JOBLEDGER_SIGNING_KEYS``) and the keyring (``keyring``: ``JOBLEDGER_KEYRING``), relative
 to the file.
 """
@@ -40,6 +42,8 @@ HTTP_TABLE = "http"
 SIGNING_TABLE = "signing"
 SIGNING_KEYS = {"keys": "signing_keys", "keyring": "keyring"}
 """The ``[signing]`` table's keys, and the EngineConfig setting each one sets."""
+ANCHORS_TABLE = "anchors"
+"""The config file's table of scheduled anchoring (``jobledger run``)."""
 ENV_CONFIG = "JOBLEDGER_CONFIG"
 ENV_DEFINITIONS = "JOBLEDGER_DEFINITIONS"
 ENV_EXECUTOR = "JOBLEDGER_EXECUTOR"
@@ -59,6 +63,8 @@ class Settings:
     """Where each setting that is not a default came from: ``flag``, ``file`` or ``env``."""
     http: dict[str, Any] = field(default_factory=dict)
     """The file's ``[http]`` table: the API's settings (``jobledger.api.settings``)."""
+    anchors: dict[str, Any] = field(default_factory=dict)
+    """The file's ``[anchors]`` table: scheduled anchoring (``jobledger.audit.schedule``)."""
 
 
 def find_config_file(config_file: Path | None) -> Path | None:
@@ -74,8 +80,10 @@ def load_settings(config_file: Path | None, store_url: str | None) -> Settings:
     config_file = find_config_file(config_file)
     values = read_config_file(config_file) if config_file is not None else {}
     http = values.pop(HTTP_TABLE, {})
-    if not isinstance(http, dict):
-        raise ConfigError(f"config file {str(config_file)!r}: [{HTTP_TABLE}] must be a table")
+    anchors = values.pop(ANCHORS_TABLE, {})
+    for name, table in ((HTTP_TABLE, http), (ANCHORS_TABLE, anchors)):
+        if not isinstance(table, dict):
+            raise ConfigError(f"config file {str(config_file)!r}: [{name}] must be a table")
     if config_file is not None:
         values.update(signing_settings(values, config_file))
     in_env = {
@@ -106,7 +114,7 @@ def load_settings(config_file: Path | None, store_url: str | None) -> Settings:
     if isinstance(notifier, str) and notifier.startswith("file:") and config_file is not None:
         values["notifier"] = "file:" + str(config_file.parent / notifier.removeprefix("file:"))
     engine = engine_config(values, config_file)
-    return Settings(engine, definitions, executor, config_file, sources, http)
+    return Settings(engine, definitions, executor, config_file, sources, http, anchors)
 
 
 def signing_settings(values: dict[str, Any], config_file: Path) -> dict[str, Path]:

@@ -23,7 +23,13 @@ class KafkaUnavailableError(StoreUnavailableError):
     retried like a store error, never a reason to fail a job or to skip a message."""
 
 
-def producer(settings: KafkaSettings, *, linger_ms: int = 0, role: str = "producer") -> Any:
+def producer(
+    settings: KafkaSettings,
+    *,
+    linger_ms: int = 0,
+    role: str = "producer",
+    max_request_size: int = 1_048_576,
+) -> Any:
     """An idempotent producer (acks=all): a retried send is never written twice and the
     messages of one key stay in the order they were sent."""
     request_timeout_ms = min(30_000, settings.send_timeout_ms)
@@ -37,6 +43,7 @@ def producer(settings: KafkaSettings, *, linger_ms: int = 0, role: str = "produc
             max_block_ms=settings.send_timeout_ms,
             request_timeout_ms=request_timeout_ms,
             delivery_timeout_ms=request_timeout_ms + linger_ms,
+            max_request_size=max_request_size,
         )
     except KafkaError as error:
         raise KafkaUnavailableError(
