@@ -1,0 +1,420 @@
+"""The standalone verifier (jobledger.verifier) and a second implementation written from
+docs/evidence-format.md alone (tests/independent_verifier.py) agree on a corpus of good
+and tampered exports: the same exit code, the same failing job and version, the same
+kinds of problem; and each case comes out as the tampering it is says it should.
+
+The corpus is real: jobs run by the engine on SQLite and on PostgreSQL, anchored twice
+with ``jobledger anchor`` and exported with ``jobledger export``, then tampered by
+tests/support/evidence.py as someone holding the file but no signing key would."""
+
+from __future__ import annotations
+
+import ast
+import json
+import shutil
+import subprocess
+import sys
+import tomllib
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from jobledger.adapters.clock import FakeClock
+from jobledger.identity import job_uuid
+from tests.support import ROOT, pythonpath
+from tests.support.cli import run_jobledger
+from tests.support.engines import EngineFactory
+from tests.support.evidence import (
+    Lines,
+    SigningKey,
+    TimeStampAuthority,
+    delete_line,
+    edit_anchor_head,
+    edit_data,
+    edit_manifest,
+    events_of,
+    fix_manifest,
+    new_key,
+    redate,
+    rewrite_tail,
+    roll_back,
+    sign_unsigned,
+    swap_lines,
+    with_token,
+    write_keyring,
+)
+
+VERIFIER = ROOT / "src" / "jobledger" / "verifier.py"
+INDEPENDENT = ROOT / "tests" / "independent_verifier.py"
+A, B, C = job_uuid("acme", "a"), job_uuid("acme", "b"), job_uuid("beta", "c")
+
+
+@dataclass
+class Case:
+    name: str
+    export: Lines
+    exit: int = 0
+    failing: dict[str, int] = field(default_factory=dict)
+    problems: set[str] = field(default_factory=set)
+    keyring: bool = True
+    anchors: Lines | None = None
+    unsigned_before: str | None = None
+
+
+@dataclass(frozen=True)
+class Outcome:
+    exit: int
+    failing: dict[str, int]
+    problems: frozenset[str]
+
+
+@dataclass
+class Corpus:
+    tmp: Path
+    unsigned: Lines
+    signed: Lines
+    tenant_export: Lines
+    anchors: Lines
+    keys: list[SigningKey]
+    keyring: Path
+    events: dict[str, int]  # events per job
+
+    def write(self, name: str, lines: Lines) -> Path:
+        path = self.tmp / name
+        path.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+        return path
+
+
+# ---- building the corpus ------------------------------------------------------------------------
+
+
+def run_jobs(engine: Any, jobs: list[tuple[str, str]]) -> None:
+    for tenant, job in jobs:
+        engine.submit(
+            tenant,
+            job,
+            "agent3",
+            input={"amount": 0.1, "tiny": 1e-07, "name": 'Zoë "q"\n\u2028', "big": 2**70},
+        )
+    engine.run_until_idle()
+
+
+def cli_lines(*args: str) -> Lines:
+    result = run_jobledger(*args)
+    assert result.returncode == 0, result.stderr
+    # Split at "\n" only: U+2028 in a string is a line break to str.splitlines.
+    return result.stdout.rstrip("\n").split("\n")
+
+
+@pytest.fixture
+def corpus(make_engine: EngineFactory, store_url: str, clock: FakeClock, tmp_path: Path) -> Corpus:
+    start = clock.now()
+    # Two keys in rotation: the first retires a day in, the second takes over.
+    keys = [
+        new_key("k-1", start - timedelta(days=30), start + timedelta(days=1)),
+        new_key("k-2", start + timedelta(days=1), None),
+    ]
+    anchors = tmp_path / "anchors.jsonl"
+    engine = make_engine()
+    run_jobs(engine, [("acme", "a"), ("beta", "c")])
+    cli_lines("anchor", "--store", store_url, "--file", str(anchors))
+    clock.advance(timedelta(days=2))
+    run_jobs(engine, [("acme", "b")])
+    cli_lines("anchor", "--store", store_url, "--file", str(anchors))
+    unsigned = cli_lines("export", "--all", "--store", store_url)
+    tenant_export = cli_lines("export", "--tenant", "acme", "--store", store_url)
+    events: dict[str, int] = {}
+    for line in unsigned[:-1]:
+        uuid = json.loads(line)["job_uuid"]
+        events[uuid] = events.get(uuid, 0) + 1
+    return Corpus(
+        tmp=tmp_path,
+        unsigned=unsigned,
+        signed=sign_unsigned(unsigned, keys),
+        tenant_export=sign_unsigned(tenant_export, keys),
+        anchors=anchors.read_text(encoding="utf-8").rstrip("\n").split("\n"),
+        keys=keys,
+        keyring=write_keyring(tmp_path / "keyring.json", keys),
+        events=events,
+    )
+
+
+def cases(corpus: Corpus) -> list[Case]:
+    good, keys = corpus.signed, corpus.keys
+    a_last, c_last = corpus.events[str(A)], corpus.events[str(C)]
+    mallory = new_key("k-evil", keys[0].not_before, None)
+    impostor = SigningKey("k-1", mallory.private, keys[0].not_before, None)
+    late = keys[1].not_before + timedelta(hours=1)
+    noncanonical = list(good)
+    a_v2 = events_of(good, str(A))[1]
+    noncanonical[a_v2] = noncanonical[a_v2].replace('"record":', ' "record":', 1)
+    return [
+        Case("good: signed, keyring, anchors", good),
+        Case("good: no keyring, no anchors", good, keyring=False, anchors=[]),
+        Case("good: one tenant's export, every tenant's anchors", corpus.tenant_export),
+        Case(
+            "unsigned export with a keyring",
+            corpus.unsigned,
+            1,
+            {str(A): 1, str(B): 1, str(C): 1},
+            anchors=[],
+        ),
+        Case(
+            "unsigned export, --unsigned-before",
+            corpus.unsigned,
+            anchors=[],
+            unsigned_before="2030-01-01T00:00:00+00:00",
+        ),
+        Case("a data field edited", edit_data(good, str(A), 3), 1, {str(A): 3}),
+        Case("a line not canonical", noncanonical, 1, {str(A): 2}),
+        Case("a line deleted", delete_line(good, str(A), 3), 1, {str(A): 3}, {"manifest"}),
+        Case("two lines swapped", swap_lines(good, str(A), 3), 1, {str(A): 3}),
+        Case(
+            "tail re-hashed, unsigned",
+            rewrite_tail(good, str(A), 3, None),
+            1,
+            {str(A): 3},
+            anchors=[],
+        ),
+        Case(
+            "tail re-hashed, old signatures",
+            rewrite_tail(good, str(A), 3, None, True),
+            1,
+            {str(A): 3},
+            anchors=[],
+        ),
+        Case(
+            "tail re-hashed, no keyring: the chain alone cannot tell",
+            rewrite_tail(good, str(A), 3, None),
+            keyring=False,
+            anchors=[],
+        ),
+        Case(
+            "tail signed by a key not in the keyring",
+            rewrite_tail(good, str(A), 3, mallory),
+            1,
+            {str(A): 3},
+            anchors=[],
+        ),
+        Case(
+            "tail signed by another key under a known id",
+            rewrite_tail(good, str(A), 3, impostor),
+            1,
+            {str(A): 3},
+            anchors=[],
+        ),
+        Case(
+            "an event dated outside its key's window",
+            redate(good, str(A), 3, late, keys[0]),
+            1,
+            {str(A): 3},
+            anchors=[],
+        ),
+        Case(
+            "manifest counts off",
+            edit_manifest(good, lambda m: m.update(events=m["events"] + 1)),
+            1,
+            problems={"manifest"},
+        ),
+        Case(
+            "a manifest head changed",
+            edit_manifest(good, lambda m: m["heads"][str(B)].update(chain_hash="0" * 64)),
+            1,
+            problems={"manifest"},
+        ),
+        Case("the manifest missing", good[:-1], 1, problems={"manifest"}),
+        Case(
+            "rolled back, no anchors: only an anchor can tell",
+            roll_back(good, str(A), a_last - 2),
+            anchors=[],
+        ),
+        Case(
+            "an anchored head rolled back", roll_back(good, str(A), a_last - 2), 1, {str(A): a_last}
+        ),
+        Case(
+            "an anchored job deleted whole",
+            fix_manifest([line for line in good if str(C) not in line or "manifest" in line]),
+            1,
+            {str(C): c_last},
+        ),
+        Case(
+            "an anchor line edited",
+            good,
+            1,
+            {str(A): a_last},
+            {"anchors"},
+            anchors=edit_anchor_head(corpus.anchors, 1, str(A)),
+        ),
+    ]
+
+
+def token_cases(corpus: Corpus) -> list[Case]:
+    tsa = TimeStampAuthority(corpus.tmp / "tsa")
+    first, last = (json.loads(line)["merkle_root"] for line in corpus.anchors)
+    return [
+        Case(
+            "an anchor stamped by a TSA",
+            corpus.signed,
+            anchors=with_token(corpus.anchors, tsa.stamp(last)),
+        ),
+        Case(
+            "a TSA token over another root",
+            corpus.signed,
+            1,
+            problems={"anchors"},
+            anchors=with_token(corpus.anchors, tsa.stamp(first)),
+        ),
+    ]
+
+
+# ---- running both verifiers ------------------------------------------------------------------
+
+
+def arguments(corpus: Corpus, case: Case, export: Path) -> list[str]:
+    args = [str(export)]
+    if case.keyring:
+        args += ["--keyring", str(corpus.keyring)]
+    anchors = corpus.anchors if case.anchors is None else case.anchors
+    if anchors:
+        args += ["--anchors", str(corpus.write("case-anchors.jsonl", anchors))]
+    if case.unsigned_before:
+        args += ["--unsigned-before", case.unsigned_before]
+    return args
+
+
+def run(*command: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, *command],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={"PYTHONPATH": pythonpath(ROOT / "src")},
+    )
+
+
+def by_verifier(args: list[str]) -> Outcome:
+    result = run(str(VERIFIER), *args, "--json")
+    if result.returncode == 2:
+        return Outcome(2, {}, frozenset())
+    report = json.loads(result.stdout)
+    failing = {job["job_uuid"]: job["version"] for job in report["jobs"] if not job["verified"]}
+    problems = frozenset(problem["where"] for problem in report["problems"])
+    return Outcome(result.returncode, failing, problems)
+
+
+def by_independent(args: list[str]) -> Outcome:
+    result = run(str(INDEPENDENT), *args)
+    failing: dict[str, int] = {}
+    problems: set[str] = set()
+    for line in result.stdout.splitlines():
+        kind, *rest = line.split()
+        if kind == "JOB" and rest[1] != "OK":
+            failing[rest[0]] = int(rest[1])
+        elif kind == "PROBLEM":
+            problems.add(rest[0])
+    return Outcome(result.returncode, failing, frozenset(problems))
+
+
+def check(corpus: Corpus, case: Case) -> list[str]:
+    args = arguments(corpus, case, corpus.write("case.jsonl", case.export))
+    ours, theirs = by_verifier(args), by_independent(args)
+    expected = Outcome(case.exit, case.failing, frozenset(case.problems))
+    wrong = []
+    if ours != theirs:
+        wrong.append(f"{case.name}: the verifiers disagree: {ours} against {theirs}")
+    if ours != expected:
+        wrong.append(f"{case.name}: expected {expected}, got {ours}")
+    return wrong
+
+
+def test_both_verifiers_agree_on_good_and_tampered_exports(corpus: Corpus) -> None:
+    all_cases = cases(corpus)
+    if shutil.which("openssl"):
+        all_cases += token_cases(corpus)
+    wrong = [problem for case in all_cases for problem in check(corpus, case)]
+    assert not wrong, "\n".join(wrong)
+
+
+def test_unreadable_input_exits_2_in_both(corpus: Corpus, tmp_path: Path) -> None:
+    export = corpus.write("good.jsonl", corpus.signed)
+    not_a_keyring = tmp_path / "not-a-keyring.json"
+    not_a_keyring.write_text('{"format": "jobledger.keyring/1", "keys": [{"id": "k"}]}')
+    latin1 = tmp_path / "latin1.jsonl"
+    latin1.write_bytes(b'{"record":"manifest","x":"\xe9"}\n')
+    for args in (
+        [str(tmp_path / "missing.jsonl")],
+        [str(latin1)],
+        [str(export), "--keyring", str(not_a_keyring)],
+        [str(export), "--keyring", str(corpus.keyring), "--unsigned-before", "yesterday"],
+        [str(export), "--anchors", str(tmp_path / "missing-anchors.jsonl")],
+    ):
+        assert by_verifier(args).exit == 2, args
+        assert by_independent(args).exit == 2, args
+
+
+def test_the_report_names_the_failure(corpus: Corpus) -> None:
+    export = corpus.write("rewritten.jsonl", rewrite_tail(corpus.signed, str(A), 3, None))
+    result = run("-m", "jobledger.verifier", str(export), "--keyring", str(corpus.keyring))
+    assert result.returncode == 1
+    assert f"FAIL  acme/a ({A}): v3: not signed" in result.stdout
+    assert "NOT VERIFIED" in result.stdout
+    bare = run("-m", "jobledger.verifier", str(export))
+    assert bare.returncode == 0 and "signatures: NOT checked (no --keyring)" in bare.stdout
+
+
+# ---- the verifier stands alone ----------------------------------------------------------------
+
+
+def imported_modules(path: Path) -> set[str]:
+    modules: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            modules.update(alias.name.split(".")[0] for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            modules.add(node.module.split(".")[0])
+    return modules
+
+
+@pytest.mark.parametrize("path", [VERIFIER, INDEPENDENT], ids=["verifier", "independent"])
+def test_imports_only_the_standard_library_and_cryptography(path: Path) -> None:
+    outside = imported_modules(path) - sys.stdlib_module_names - {"__future__", "cryptography"}
+    assert outside == set()
+
+
+def test_the_verifier_runs_as_one_copied_file(tmp_path: Path) -> None:
+    """Copied alone into an empty directory, with any import of jobledger refused."""
+    shutil.copy(VERIFIER, tmp_path / "verifier.py")
+    export = tmp_path / "export.jsonl"
+    clock = FakeClock(datetime(2026, 1, 1, tzinfo=UTC))
+    manifest = {
+        "record": "manifest",
+        "format": "jobledger.export/2",
+        "exported_at": clock.now().isoformat(),
+        "selection": {"all": True},
+        "jobs": 0,
+        "events": 0,
+        "heads": {},
+        "broken": [],
+    }
+    export.write_text(json.dumps(manifest, sort_keys=True, separators=(",", ":")) + "\n")
+    refuse = (
+        "import sys, runpy; sys.modules['jobledger'] = None; sys.argv = ['verifier.py', "
+        f"{str(export)!r}]; runpy.run_path('verifier.py', run_name='__main__')"
+    )
+    result = subprocess.run(
+        [sys.executable, "-I", "-c", refuse],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "VERIFIED" in result.stdout
+
+
+def test_the_console_script_is_declared() -> None:
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    assert project["project"]["scripts"]["jobledger-verify"] == "jobledger.verifier:main"
