@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import socket
 from decimal import Decimal
+from pathlib import Path
 from typing import Literal
 
 from pydantic import Field, SecretStr
@@ -71,6 +72,13 @@ class EngineConfig(BaseSettings):
     (JSON lines), ``webhook:URL`` (a JSON POST) or ``package.module:Class``."""
     notifier_secret: SecretStr | None = None
     """Signs each webhook POST: ``X-Jobledger-Signature: sha256=<HMAC of the body>``."""
+
+    signing_keys: Path | None = None
+    """The signing-keys file (``jobledger.signing``): set, every event this process
+    writes is signed by the key valid at its time; unset, events are written unsigned."""
+    keyring: Path | None = None
+    """The keyring file of published public keys ``jobledger verify`` checks
+    signatures against."""
 
     transport: Literal["local", "kafka"] = "local"
     """Where ticks go: ``local`` (the in-process queue) or ``kafka`` (the ticks topic)."""

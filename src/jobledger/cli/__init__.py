@@ -25,6 +25,7 @@ from jobledger.cli import (
     commands_demo,
     commands_http,
     commands_jobs,
+    commands_keys,
     commands_ops,
 )
 from jobledger.cli.session import Exit, report_error
@@ -90,6 +91,7 @@ app.command()(commands_audit.verify)
 app.command()(commands_audit.anchor)
 app.command()(commands_audit.export)
 app.command("import")(commands_audit.import_)
+app.add_typer(commands_keys.app, name="keys")
 app.add_typer(commands_definitions.app, name="definitions")
 app.add_typer(commands_config.app, name="config")
 app.command()(commands_demo.demo)

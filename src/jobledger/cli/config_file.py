@@ -13,6 +13,9 @@ from the file's directory first). ``JOBLEDGER_DEFINITIONS`` and ``JOBLEDGER_EXEC
 set those two from the environment (relative to the current directory, as any
 environment path is). An ``[http]`` table holds the API's settings
 (:class:`jobledger.api.settings.ApiSettings`; ``JOBLEDGER_HTTP_*`` in the environment).
+A ``[signing]`` table names the signing-keys file (``keys``, the setting ``signing_keys``:
+``JOBLEDGER_SIGNING_KEYS``) and the keyring (``keyring``: ``JOBLEDGER_KEYRING``), relative
+to the file.
 """
 
 from __future__ import annotations
@@ -34,6 +37,9 @@ from jobledger.ports import StepExecutor
 CLI_KEYS = ("definitions", "executor")
 HTTP_TABLE = "http"
 """The config file's table of the API's settings (``jobledger serve``)."""
+SIGNING_TABLE = "signing"
+SIGNING_KEYS = {"keys": "signing_keys", "keyring": "keyring"}
+"""The ``[signing]`` table's keys, and the EngineConfig setting each one sets."""
 ENV_CONFIG = "JOBLEDGER_CONFIG"
 ENV_DEFINITIONS = "JOBLEDGER_DEFINITIONS"
 ENV_EXECUTOR = "JOBLEDGER_EXECUTOR"
@@ -70,6 +76,8 @@ def load_settings(config_file: Path | None, store_url: str | None) -> Settings:
     http = values.pop(HTTP_TABLE, {})
     if not isinstance(http, dict):
         raise ConfigError(f"config file {str(config_file)!r}: [{HTTP_TABLE}] must be a table")
+    if config_file is not None:
+        values.update(signing_settings(values, config_file))
     in_env = {
         key for key in [*EngineConfig.model_fields, *CLI_KEYS] if os.environ.get(env_name(key))
     }
@@ -99,6 +107,33 @@ def load_settings(config_file: Path | None, store_url: str | None) -> Settings:
         values["notifier"] = "file:" + str(config_file.parent / notifier.removeprefix("file:"))
     engine = engine_config(values, config_file)
     return Settings(engine, definitions, executor, config_file, sources, http)
+
+
+def signing_settings(values: dict[str, Any], config_file: Path) -> dict[str, Path]:
+    """The file's ``[signing]`` table (taken out of ``values``) as the settings it sets,
+    each path relative to the file. The settings are spelled one way in a file, in the
+    table, so a flat ``keyring = ...`` is refused rather than read relative to another
+    directory."""
+    where = f"config file {str(config_file)!r}"
+    for key, setting in SIGNING_KEYS.items():
+        if setting in values:
+            raise ConfigError(
+                f"{where}: set {setting} in the [{SIGNING_TABLE}] table: {key} = FILE"
+            )
+    table = values.pop(SIGNING_TABLE, {})
+    if not isinstance(table, dict):
+        raise ConfigError(f"{where}: [{SIGNING_TABLE}] must be a table")
+    unknown = sorted(set(table) - set(SIGNING_KEYS))
+    if unknown:
+        known = ", ".join(SIGNING_KEYS)
+        raise ConfigError(
+            f"{where}: unknown [{SIGNING_TABLE}] setting {unknown[0]!r} (known: {known})"
+        )
+    return {
+        SIGNING_KEYS[key]: config_file.parent
+        / _string(value, f"{SIGNING_TABLE}.{key}", config_file)
+        for key, value in table.items()
+    }
 
 
 def env_name(setting: str) -> str:
