@@ -15,15 +15,19 @@ import shutil
 import subprocess
 import sys
 import tomllib
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
 
 import pytest
 
+from jobledger import Engine
 from jobledger.adapters.clock import FakeClock
+from jobledger.adapters.event_store import EventSourcedJobStore
 from jobledger.identity import job_uuid
+from jobledger.ports import JobStore
+from jobledger.signing import Ed25519Signer
 from tests.support import ROOT, pythonpath
 from tests.support.cli import run_jobledger
 from tests.support.engines import EngineFactory
@@ -37,19 +41,19 @@ from tests.support.evidence import (
     edit_manifest,
     events_of,
     fix_manifest,
+    leaked_keys,
     new_key,
     redate,
     rewrite_tail,
     roll_back,
-    sign_unsigned,
     swap_lines,
     with_token,
-    write_keyring,
 )
 
 VERIFIER = ROOT / "src" / "jobledger" / "verifier.py"
 INDEPENDENT = ROOT / "tests" / "independent_verifier.py"
 A, B, C = job_uuid("acme", "a"), job_uuid("acme", "b"), job_uuid("beta", "c")
+OLD = job_uuid("acme", "old")
 
 
 @dataclass
@@ -61,7 +65,9 @@ class Case:
     problems: set[str] = field(default_factory=set)
     keyring: bool = True
     anchors: Lines | None = None
-    unsigned_before: str | None = None
+    """The anchor file's lines (None: the corpus's own; []: no --anchors)."""
+    accept_old: bool = True
+    """--unsigned-before the time the store began signing (its first job predates it)."""
 
 
 @dataclass(frozen=True)
@@ -74,13 +80,15 @@ class Outcome:
 @dataclass
 class Corpus:
     tmp: Path
-    unsigned: Lines
-    signed: Lines
+    export: Lines
     tenant_export: Lines
     anchors: Lines
     keys: list[SigningKey]
+    """The writers' private keys, as someone who stole the key files holds them."""
     keyring: Path
-    events: dict[str, int]  # events per job
+    signing_from: str
+    events: dict[str, int]
+    """Events per job uuid."""
 
     def write(self, name: str, lines: Lines) -> Path:
         path = self.tmp / name
@@ -91,13 +99,13 @@ class Corpus:
 # ---- building the corpus ------------------------------------------------------------------------
 
 
-def run_jobs(engine: Any, jobs: list[tuple[str, str]]) -> None:
+def run_jobs(engine: Engine, jobs: list[tuple[str, str]]) -> None:
     for tenant, job in jobs:
         engine.submit(
             tenant,
             job,
             "agent3",
-            input={"amount": 0.1, "tiny": 1e-07, "name": 'Zoë "q"\n\u2028', "big": 2**70},
+            input={"amount": 0.1, "tiny": 1e-07, "name": 'Zoë "q"\n\u2028'},
         )
     engine.run_until_idle()
 
@@ -109,41 +117,63 @@ def cli_lines(*args: str) -> Lines:
     return result.stdout.rstrip("\n").split("\n")
 
 
+def signing_with(keys_file: Path) -> Callable[[JobStore], JobStore]:
+    """The store given the writer's signer (K's Ed25519Signer from the signing-keys file)
+    through the engine factory's store seam: the engine's own wiring of
+    ``EngineConfig.signing_keys`` is not in this branch yet."""
+
+    def wrap(store: JobStore) -> JobStore:
+        assert isinstance(store, EventSourcedJobStore)
+        store.sealing.signer = Ed25519Signer.from_file(keys_file)
+        return store
+
+    return wrap
+
+
 @pytest.fixture
 def corpus(make_engine: EngineFactory, store_url: str, clock: FakeClock, tmp_path: Path) -> Corpus:
+    """acme/old written before the store signed; then, signed by two keys in rotation
+    (k-1 retires a day in, k-2 takes over), acme/a and beta/c, an anchor, acme/b two days
+    later, another anchor; then every job exported, and acme's."""
     start = clock.now()
-    # Two keys in rotation: the first retires a day in, the second takes over.
-    keys = [
-        new_key("k-1", start - timedelta(days=30), start + timedelta(days=1)),
-        new_key("k-2", start + timedelta(days=1), None),
-    ]
+    run_jobs(make_engine(), [("acme", "old")])
+    clock.advance(timedelta(hours=1))
+    keys = tmp_path / "keys"
+    for key_id, window in (
+        (
+            "k-1",
+            ["--not-before", start - timedelta(days=30), "--not-after", start + timedelta(days=1)],
+        ),
+        ("k-2", ["--not-before", start + timedelta(days=1)]),
+    ):
+        moments = [w.isoformat() if isinstance(w, datetime) else w for w in window]
+        cli_lines("keys", "generate", key_id, "--dir", str(keys), *moments)
+    signed = make_engine(wrap_store=signing_with(keys / "signing-keys.json"))
     anchors = tmp_path / "anchors.jsonl"
-    engine = make_engine()
-    run_jobs(engine, [("acme", "a"), ("beta", "c")])
+    run_jobs(signed, [("acme", "a"), ("beta", "c")])
     cli_lines("anchor", "--store", store_url, "--file", str(anchors))
     clock.advance(timedelta(days=2))
-    run_jobs(engine, [("acme", "b")])
+    run_jobs(signed, [("acme", "b")])
     cli_lines("anchor", "--store", store_url, "--file", str(anchors))
-    unsigned = cli_lines("export", "--all", "--store", store_url)
-    tenant_export = cli_lines("export", "--tenant", "acme", "--store", store_url)
+    export = cli_lines("export", "--all", "--store", store_url)
     events: dict[str, int] = {}
-    for line in unsigned[:-1]:
+    for line in export[:-1]:
         uuid = json.loads(line)["job_uuid"]
         events[uuid] = events.get(uuid, 0) + 1
     return Corpus(
         tmp=tmp_path,
-        unsigned=unsigned,
-        signed=sign_unsigned(unsigned, keys),
-        tenant_export=sign_unsigned(tenant_export, keys),
+        export=export,
+        tenant_export=cli_lines("export", "--tenant", "acme", "--store", store_url),
         anchors=anchors.read_text(encoding="utf-8").rstrip("\n").split("\n"),
-        keys=keys,
-        keyring=write_keyring(tmp_path / "keyring.json", keys),
+        keys=leaked_keys(keys / "signing-keys.json"),
+        keyring=keys / "keyring.json",
+        signing_from=(start + timedelta(minutes=30)).isoformat(),
         events=events,
     )
 
 
 def cases(corpus: Corpus) -> list[Case]:
-    good, keys = corpus.signed, corpus.keys
+    good, keys = corpus.export, corpus.keys
     a_last, c_last = corpus.events[str(A)], corpus.events[str(C)]
     mallory = new_key("k-evil", keys[0].not_before, None)
     impostor = SigningKey("k-1", mallory.private, keys[0].not_before, None)
@@ -156,17 +186,11 @@ def cases(corpus: Corpus) -> list[Case]:
         Case("good: no keyring, no anchors", good, keyring=False, anchors=[]),
         Case("good: one tenant's export, every tenant's anchors", corpus.tenant_export),
         Case(
-            "unsigned export with a keyring",
-            corpus.unsigned,
+            "events from before signing, no --unsigned-before",
+            good,
             1,
-            {str(A): 1, str(B): 1, str(C): 1},
-            anchors=[],
-        ),
-        Case(
-            "unsigned export, --unsigned-before",
-            corpus.unsigned,
-            anchors=[],
-            unsigned_before="2030-01-01T00:00:00+00:00",
+            {str(OLD): 1},
+            accept_old=False,
         ),
         Case("a data field edited", edit_data(good, str(A), 3), 1, {str(A): 3}),
         Case("a line not canonical", noncanonical, 1, {str(A): 2}),
@@ -257,12 +281,12 @@ def token_cases(corpus: Corpus) -> list[Case]:
     return [
         Case(
             "an anchor stamped by a TSA",
-            corpus.signed,
+            corpus.export,
             anchors=with_token(corpus.anchors, tsa.stamp(last)),
         ),
         Case(
             "a TSA token over another root",
-            corpus.signed,
+            corpus.export,
             1,
             problems={"anchors"},
             anchors=with_token(corpus.anchors, tsa.stamp(first)),
@@ -280,8 +304,8 @@ def arguments(corpus: Corpus, case: Case, export: Path) -> list[str]:
     anchors = corpus.anchors if case.anchors is None else case.anchors
     if anchors:
         args += ["--anchors", str(corpus.write("case-anchors.jsonl", anchors))]
-    if case.unsigned_before:
-        args += ["--unsigned-before", case.unsigned_before]
+    if case.keyring and case.accept_old:
+        args += ["--unsigned-before", corpus.signing_from]
     return args
 
 
@@ -339,7 +363,7 @@ def test_both_verifiers_agree_on_good_and_tampered_exports(corpus: Corpus) -> No
 
 
 def test_unreadable_input_exits_2_in_both(corpus: Corpus, tmp_path: Path) -> None:
-    export = corpus.write("good.jsonl", corpus.signed)
+    export = corpus.write("good.jsonl", corpus.export)
     not_a_keyring = tmp_path / "not-a-keyring.json"
     not_a_keyring.write_text('{"format": "jobledger.keyring/1", "keys": [{"id": "k"}]}')
     latin1 = tmp_path / "latin1.jsonl"
@@ -356,7 +380,7 @@ def test_unreadable_input_exits_2_in_both(corpus: Corpus, tmp_path: Path) -> Non
 
 
 def test_the_report_names_the_failure(corpus: Corpus) -> None:
-    export = corpus.write("rewritten.jsonl", rewrite_tail(corpus.signed, str(A), 3, None))
+    export = corpus.write("rewritten.jsonl", rewrite_tail(corpus.export, str(A), 3, None))
     result = run("-m", "jobledger.verifier", str(export), "--keyring", str(corpus.keyring))
     assert result.returncode == 1
     assert f"FAIL  acme/a ({A}): v3: not signed" in result.stdout

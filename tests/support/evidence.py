@@ -1,4 +1,4 @@
-"""The evidence corpus's tools: signing keys and their keyring, the attacker's edits of an
+"""The evidence corpus's tools: signing keys, the attacker's edits of an
 export (each one a function from good lines to tampered lines, made the way someone with
 the file and no signing key would), and a throwaway RFC 3161 time-stamping authority
 (``openssl ts``) for anchor tokens.
@@ -12,7 +12,7 @@ import base64
 import hashlib
 import json
 import subprocess
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -52,44 +52,28 @@ class SigningKey:
     def valid_at(self, moment: datetime) -> bool:
         return self.not_before <= moment and (self.not_after is None or moment < self.not_after)
 
-    def published(self) -> dict[str, Any]:
-        raw = self.private.public_key().public_bytes(
-            serialization.Encoding.Raw, serialization.PublicFormat.Raw
-        )
-        return {
-            "id": self.id,
-            "algorithm": "ed25519",
-            "public_key": b64url(raw),
-            "not_before": self.not_before.isoformat(),
-            "not_after": self.not_after.isoformat() if self.not_after else None,
-        }
-
 
 def new_key(key_id: str, not_before: datetime, not_after: datetime | None) -> SigningKey:
     return SigningKey(key_id, Ed25519PrivateKey.generate(), not_before, not_after)
 
 
-def write_keyring(path: Path, keys: Sequence[SigningKey]) -> Path:
-    document = {"format": "jobledger.keyring/1", "keys": [key.published() for key in keys]}
-    path.write_text(json.dumps(document, indent=2) + "\n")
-    return path
-
-
-def sign_unsigned(lines: Lines, keys: Sequence[SigningKey]) -> Lines:
-    """Sign every unsigned event line by the key valid at its time, as a signing store
-    would have when it wrote the event (the stand-in for exports of stores that
-    predate signing), and mark the manifest export/2."""
-    out = []
-    for line in lines:
-        document = json.loads(line)
-        if document["record"] == "event" and "signature" not in document:
-            at = datetime.fromisoformat(document["timestamp"])
-            key = next(key for key in keys if key.valid_at(at))
-            document.update(signer=key.id, signature=key.sign(document["chain_hash"]))
-        elif document["record"] == "manifest":
-            document["format"] = "jobledger.export/2"
-        out.append(canonical(document))
-    return out
+def leaked_keys(signing_keys: Path) -> list[SigningKey]:
+    """The private keys of a signing-keys file (what a thief of the key files holds)."""
+    keys = []
+    for entry in json.loads(signing_keys.read_text()):
+        pem = (signing_keys.parent / entry["private_key_file"]).read_bytes()
+        private = serialization.load_pem_private_key(pem, None)
+        assert isinstance(private, Ed25519PrivateKey)
+        end = entry["not_after"]
+        keys.append(
+            SigningKey(
+                entry["id"],
+                private,
+                datetime.fromisoformat(entry["not_before"]),
+                None if end is None else datetime.fromisoformat(end),
+            )
+        )
+    return keys
 
 
 # ---- reading an export -----------------------------------------------------------------------
