@@ -112,3 +112,15 @@ class SubjectKeys(Protocol):
 
     def destroy(self, tenant_id: str, subject: str, key_ids: Sequence[str], at: datetime) -> None:
         """Delete the keys for good and note that the subject was erased."""
+
+
+def unreadable_fields(
+    event_type: str, fields: Mapping[str, Any], paths: Iterable[str]
+) -> list[str]:
+    """The personal values of an event that read as erased, as ``field.path``."""
+    found = []
+    for name in STATE_FIELDS.get(event_type, ()):
+        value = fields.get(name)
+        if isinstance(value, Mapping):
+            found.extend(f"{name}.{path}" for path in erased_paths(value, paths))
+    return found
