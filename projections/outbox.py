@@ -9,31 +9,31 @@ version) so consumers can drop them.
 
 A message: key ``tenant/job``; headers ``tenant``, ``job``, ``job_uuid``,
 ``event_type``, ``job_version``, ``log`` (the partition) and ``position`` (the event's
-notification id in that log); value the canonical JSON of the event with its chain
-hash, ``{"type": "Job.StepRecorded", "fields": {...}}``. :func:`decode_event` turns a
-value back into the domain event, so a consumer can fold job state (and verify the
-hash chain) from the topic alone: apply an event when its ``job_version`` is the next
-one for its job, drop it when it is older.
+notification id in that log); value the canonical JSON of the event as stored, with its
+chain hash, ``{"type": "Job.StepRecorded", "fields": {...}}`` (and ``signature``,
+``signer`` when signed): personal values travel sealed, never in the clear.
+:func:`decode_event` turns a value back into the domain event, so a consumer can fold
+job state (and verify the hash chain) from the topic alone: apply an event when its
+``job_version`` is the next one for its job, drop it when it is older.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import typing
 from collections import OrderedDict
 from collections.abc import Sequence
-from datetime import datetime
-from decimal import Decimal
 from typing import Any
 from uuid import UUID
 
+import orjson
 from eventsourcing.persistence import Notification, Tracking
 
-from jobledger import chain
+from jobledger import chain, event_decoding
 from jobledger.adapters.event_store import EventSourcedJobStore, LedgerPartition
 from jobledger.adapters.follower import Lag, LogFollower, TrackedReader, lag
 from jobledger.adapters.store_errors import store_errors
+from jobledger.chain import Sealed
 from jobledger.errors import StoreUnavailableError
 from jobledger.job import Job
 from jobledger.ports import EventPublisher, Lock, OutboxMessage
@@ -164,43 +164,34 @@ class OutboxRunner(LogFollower):
             self.outbox.lock.release()
 
 
-# ---- the value: canonical JSON of the event, and back -----------------------------------
+# ---- the value: the event's stored form, and back ----------------------------------------
 
 
 def encode_event(event: Job.Event) -> bytes:
-    """The event's type and every field, chain hash included: the canonical form the
-    chain hashes, plus the hash itself."""
-    document = {"type": type(event).__qualname__, "fields": chain.event_fields(event)}
+    """The canonical JSON of the event as stored: its type and fields as the chain hashed
+    them (personal values sealed: the topic never carries them in the clear) plus the
+    chain hash in the fields, and the writer's ``signature`` and ``signer`` when signed."""
+    sealed = chain.sealed_form(event)
+    document: dict[str, Any] = orjson.loads(sealed.body)
+    document["fields"][chain.CHAIN_FIELD] = sealed.chain_hash
+    if sealed.signature is not None:
+        document["signature"] = sealed.signature
+        document["signer"] = sealed.signer
     return chain.canonical_json(document).encode()
 
 
 def decode_event(value: bytes) -> Job.Event:
     """The domain event a message's value holds (fields typed back: times, amounts,
-    the job's UUID), as a consumer folding job state from the topic needs it."""
+    the job's UUID; personal values still sealed), as a consumer folding job state from
+    the topic needs it, with its stored form so its chain (and signature) can be checked."""
     document = json.loads(value)
     kind = document["type"]
-    owner, _, name = kind.partition(".")
-    cls = getattr(Job, name, None) if owner == "Job" else None
-    if not isinstance(cls, type) or not issubclass(cls, Job.Event):
+    cls = event_decoding.event_class(kind) if kind.startswith("Job.") else None
+    if cls is None:
         raise ValueError(f"not a job event type: {kind!r}")
-    hints = _hints(cls)
-    state = {key: _revive(hints.get(key), raw) for key, raw in document["fields"].items()}
-    state["originator_id"] = UUID(state["originator_id"])
-    event = object.__new__(cls)
-    event.__dict__.update(state)
+    fields = dict(document["fields"])
+    chain_hash = str(fields.get(chain.CHAIN_FIELD, ""))
+    event = event_decoding.rebuild(cls, fields)
+    body = chain.canonical_bytes(kind, fields)
+    chain.attach(event, Sealed(body, chain_hash, document.get("signature"), document.get("signer")))
     return event
-
-
-def _hints(cls: type) -> dict[str, Any]:
-    return typing.get_type_hints(cls)
-
-
-def _revive(hint: Any, raw: Any) -> Any:
-    if raw is None or not isinstance(raw, str):
-        return raw
-    options = typing.get_args(hint) if typing.get_args(hint) else (hint,)
-    if datetime in options:
-        return datetime.fromisoformat(raw)
-    if Decimal in options:
-        return Decimal(raw)
-    return raw

@@ -118,6 +118,7 @@ def build(tenant: str, job_id: str, events: int, clock: FakeClock, flow: Workflo
 def append(store: EventSourcedJobStore, job: Job) -> None:
     """Append the job's pending events in batches (no snapshots)."""
     partition = store.partition(job.id)
+    store.sealing.seal_pending(job)
     pending = list(job.collect_events())
     for start in range(0, len(pending), BATCH):
         partition.events.put(pending[start : start + BATCH])
@@ -180,7 +181,9 @@ def measure(url: str, events: int, jobs: int) -> dict[str, Any]:
         few = definition(3)
         pending: list[Any] = []
         for n in range(jobs):
-            pending.extend(build("bench", f"j{n}", 10**6, clock, few).collect_events())
+            short = build("bench", f"j{n}", 10**6, clock, few)
+            store.sealing.seal_pending(short)
+            pending.extend(short.collect_events())
             if len(pending) >= BATCH:
                 store.partitions[0].events.put(pending)
                 pending = []

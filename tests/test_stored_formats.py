@@ -8,7 +8,9 @@ Regenerate (only for a deliberate format change, and say so): JOBLEDGER_WRITE_GO
 Keep the rows it replaces as a fixture of the release that wrote them, loaded by the same
 test: tests/fixtures/stored-formats-before-one-row.jsonl is the same scenario as written
 before issue 11 folded the continuation claim into the step (a ``Claimed`` after each
-continuing step, a key row per step).
+continuing step, a key row per step); stored-formats-before-sealing.jsonl as written before
+issue 16 stored each event as the bytes its chain hash covers (eventsourcing's transcoder's
+rows, ``{"timestamp":...``).
 """
 
 from __future__ import annotations
@@ -49,7 +51,8 @@ from tests.support.notifiers import Inbox
 
 GOLDEN = Path(__file__).parent / "fixtures" / "stored-formats.jsonl"
 BEFORE_ONE_ROW = GOLDEN.with_name("stored-formats-before-one-row.jsonl")
-WRITTEN = {"today": GOLDEN, "before-one-row": BEFORE_ONE_ROW}
+BEFORE_SEALING = GOLDEN.with_name("stored-formats-before-sealing.jsonl")
+WRITTEN = {"today": GOLDEN, "before-one-row": BEFORE_ONE_ROW, "before-sealing": BEFORE_SEALING}
 """Every format a release wrote this scenario in, each loaded by today's code."""
 JOBS = ("done", "waiting", "gated")
 
@@ -299,3 +302,26 @@ def test_a_stored_status_outside_the_enum_is_a_broken_history(store_url: str) ->
 def inbox_token(engine: Engine, job: str) -> str:
     """A fresh token for a waiting job of the golden store (its own was never kept)."""
     return engine.reissue_token("t", job, by="test").token
+
+
+def test_the_stored_format_changed_but_not_one_chain_hash() -> None:
+    """Issue 16 stores the bytes the chain hashes (format v2) instead of the transcoder's
+    rows: the same scenario's events carry the same chain hashes as before, and each v2
+    row's body is exactly the bytes hashed."""
+    from jobledger import chain
+
+    def hashes(rows: list[dict[str, Any]]) -> list[str]:
+        events = [r for r in rows if r["table"] == "events" and "jobledger.job:" in r["topic"]]
+        return [json.loads(r["state"])["chain_hash"] for r in events]
+
+    today, before = golden(), golden(BEFORE_SEALING)
+    assert hashes(today) == hashes(before) and len(hashes(today)) > 20
+    previous: dict[str, str] = {}
+    for row in today:
+        if row["table"] != "events" or "jobledger.job:" not in row["topic"]:
+            continue
+        state = row["state"].encode()
+        body = state[state.index(b'"event":') + len(b'"event":') : -1]
+        stored = json.loads(state)["chain_hash"]
+        assert chain.link_bytes(previous.get(row["originator_id"], ""), body) == stored
+        previous[row["originator_id"]] = stored

@@ -35,12 +35,8 @@ def canonical_json(document: Mapping[str, Any]) -> str:
 
 
 def canonical_bytes(event_type: str, fields: Mapping[str, Any]) -> bytes:
-    """Sorted-key compact JSON of the event's type and fields, chain hash excluded.
-
-    Not the bytes stored: eventsourcing's transcoder stores the event without its id and
-    version, in field order, with tagged times, amounts and ids ({"_type_": "uuid_hex"..})
-    that its readers need to rebuild the types, so the one can't be the other without a
-    format old readers could not decode. This encode is the cheap one of the two."""
+    """Sorted-key compact JSON of the event's type and fields, chain hash excluded: the
+    bytes a row stores (``adapters.sealing``) and the chain hashes, encoded once."""
     body = {k: v for k, v in fields.items() if k != CHAIN_FIELD}
     document = {"type": event_type, "fields": body}
     fast = _fast_canonical(document)
@@ -91,9 +87,68 @@ def _fast_canonical(document: Mapping[str, Any]) -> bytes | None:
 
 
 def link(previous_hash: str, event_type: str, fields: Mapping[str, Any]) -> str:
+    return link_bytes(previous_hash, canonical_bytes(event_type, fields))
+
+
+def link_bytes(previous_hash: str, body: bytes) -> str:
+    """The chain hash of an event whose canonical bytes are ``body``."""
     digest = hashlib.sha256(previous_hash.encode())
-    digest.update(canonical_bytes(event_type, fields))
+    digest.update(body)
     return digest.hexdigest()
+
+
+@dataclass(frozen=True)
+class Sealed:
+    """An event as its row stores it: the canonical bytes the chain hashed (personal values
+    sealed), the chain hash, and the writer's signature over it (None: unsigned)."""
+
+    body: bytes
+    chain_hash: str
+    signature: str | None = None
+    signer: str | None = None
+
+
+SEALED_ATTRIBUTE: Final = "sealed"
+"""Where an event written or read in the stored format carries its ``Sealed`` form (not
+a dataclass field: never hashed, compared or stored as a field)."""
+
+
+def attached(event: object) -> Sealed | None:
+    found = vars(event).get(SEALED_ATTRIBUTE)
+    return found if isinstance(found, Sealed) else None
+
+
+def attach(event: object, sealed: Sealed) -> None:
+    """Give a (frozen) event its stored form and the chain hash in it."""
+    state = vars(event)
+    state[SEALED_ATTRIBUTE] = sealed
+    state[CHAIN_FIELD] = sealed.chain_hash
+
+
+def sealed_form(event: object) -> Sealed:
+    """The stored form of an event: the one it carries, or, for an event read from a row
+    of the format before it (no personal values sealed, unsigned), its canonical bytes."""
+    found = attached(event)
+    if found is not None:
+        return found
+    body = canonical_bytes(type(event).__qualname__, event_fields(event))
+    return Sealed(body, str(vars(event).get(CHAIN_FIELD, "")))
+
+
+def holds_at(previous_hash: str, event: object, version: int) -> bool:
+    """Whether ``event`` is the link after ``previous_hash`` at ``version``: its stored
+    bytes (the bytes as written, when it has them) hash to its chain hash."""
+    found = attached(event)
+    if found is None:
+        # Every field the row decoded to: a field added to an old row is an edit too.
+        fields = dict(vars(event))
+        fields["originator_version"] = version
+        return fields.get(CHAIN_FIELD) == link(previous_hash, type(event).__qualname__, fields)
+    # The body names its own version: a row moved to another one no longer matches.
+    return (
+        vars(event).get("originator_version") == version
+        and link_bytes(previous_hash, found.body) == found.chain_hash
+    )
 
 
 def event_fields(event: object) -> dict[str, Any]:
@@ -121,7 +176,7 @@ def verify(events: Iterable[object]) -> BrokenLink | None:
         version = int(fields["originator_version"])
         if version != expected_version:
             return BrokenLink(version, event_type, f"expected version {expected_version}")
-        if fields.get(CHAIN_FIELD) != link(previous, event_type, fields):
+        if not holds_at(previous, event, version):
             return BrokenLink(version, event_type, "chain hash does not match the event")
         previous = fields[CHAIN_FIELD]
         expected_version += 1

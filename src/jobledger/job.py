@@ -12,7 +12,6 @@ from typing import Any, ClassVar
 
 from eventsourcing.domain import Aggregate
 from eventsourcing.domain import Snapshot as AggregateSnapshot
-from eventsourcing.utils import get_topic
 
 from jobledger import chain, erasure, identity
 from jobledger.errors import (
@@ -155,7 +154,10 @@ class Job(Aggregate):
         def apply(self, aggregate: Any) -> None:
             assert isinstance(aggregate, Job)
             self.evolve(aggregate)
-            aggregate.chain_head = self.chain_hash
+            # A stored event carries its hash; a new one is hashed by the store as it is
+            # written (``adapters.sealing``), which then moves the head.
+            if self.chain_hash:
+                aggregate.chain_head = self.chain_hash
 
         def evolve(self, job: Job) -> None:
             """What this event changes; overridden by each event type."""
@@ -195,6 +197,7 @@ class Job(Aggregate):
             job.personal_data = tuple(self.personal_data or ())
             job.personal_data_key = self.personal_data_key
             job.personal_data_erased = False
+            job.chain_head = chain.GENESIS
             job.status = JobStatus.QUEUED
             job.current_step = 0
             job.resume_at = None
@@ -547,30 +550,25 @@ class Job(Aggregate):
         personal_data: tuple[str, ...] = (),
         personal_data_key: str | None = None,
     ) -> Job:
-        fields: dict[str, Any] = {
-            "originator_topic": get_topic(cls),
-            "originator_id": job_uuid(tenant_id, job_id),
-            "originator_version": cls.INITIAL_VERSION,
-            "timestamp": timestamp,
-            "tenant_id": tenant_id,
-            "job_id": job_id,
-            "workflow_type": workflow_type,
-            "workflow_version": workflow_version,
-            "state": state,
-            "budget": budget,
-            "mission_id": mission_id,
-            "employee_id": employee_id,
-            "correlation_id": correlation_id,
-            "submit_key": submit_key,
-            "key_scheme": key_scheme,
-            "personal_data": list(personal_data) if personal_data else None,
-            "personal_data_key": personal_data_key,
-        }
-        fields["chain_hash"] = chain.link(chain.GENESIS, cls.Submitted.__qualname__, fields)
-        del fields["originator_topic"]
-        fields["id"] = fields.pop("originator_id")
-        del fields["originator_version"]
-        return cls._create(cls.Submitted, **fields)
+        return cls._create(
+            cls.Submitted,
+            id=job_uuid(tenant_id, job_id),
+            timestamp=timestamp,
+            chain_hash="",
+            tenant_id=tenant_id,
+            job_id=job_id,
+            workflow_type=workflow_type,
+            workflow_version=workflow_version,
+            state=state,
+            budget=budget,
+            mission_id=mission_id,
+            employee_id=employee_id,
+            correlation_id=correlation_id,
+            submit_key=submit_key,
+            key_scheme=key_scheme,
+            personal_data=list(personal_data) if personal_data else None,
+            personal_data_key=personal_data_key,
+        )
 
     # ---- commands: each checks its precondition, then appends one event ---------------
 
@@ -1054,15 +1052,8 @@ class Job(Aggregate):
     # ---- the chain --------------------------------------------------------------------
 
     def _append(self, event_class: type[Job.Event], timestamp: datetime, **data: Any) -> None:
-        """Trigger an event whose chain hash covers its id, version, time and data."""
-        fields: dict[str, Any] = {
-            "originator_id": self.id,
-            "originator_version": self.version + 1,
-            "timestamp": timestamp,
-            **data,
-        }
-        chain_hash = chain.link(self.chain_head, event_class.__qualname__, fields)
-        self.trigger_event(event_class, timestamp=timestamp, chain_hash=chain_hash, **data)
+        """Trigger an event; the store hashes (and seals, and signs) it as it writes it."""
+        self.trigger_event(event_class, timestamp=timestamp, chain_hash="", **data)
 
 
 def due_moment(

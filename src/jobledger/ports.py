@@ -455,3 +455,26 @@ class Notifier(Protocol):
     def waiting_for_event(self, job: JobView, event_name: str, token: IssuedToken) -> None: ...
 
     def approval_requested(self, job: JobView, request: ApprovalRequest) -> None: ...
+
+
+# ---- the evidence a store writes with each event (issue 16) -----------------------------
+
+
+class EventSigner(Protocol):
+    def sign(self, chain_hash: str, at: datetime) -> tuple[str, str]:
+        """(key id, signature): Ed25519 by the key valid at ``at``, base64url no padding."""
+
+
+class KeyringCheck(Protocol):
+    def check(
+        self, signer: str | None, signature: str | None, chain_hash: str, at: datetime
+    ) -> str | None:
+        """None when the signature is valid by a key known and valid at ``at``; else why not."""
+
+
+class FieldSealer(Protocol):
+    def seal(self, job: Job, event_type: str, fields: dict[str, Any]) -> dict[str, Any]:
+        """The event's fields with the job's personal values replaced by sealed values."""
+
+    def open(self, fields: dict[str, Any]) -> dict[str, Any]:
+        """Sealed values replaced by their plaintext, or by ERASED where the key is gone."""

@@ -5,7 +5,7 @@ the stored events (to tamper with them as an attacker with database access would
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -13,8 +13,9 @@ from urllib.parse import parse_qs, urlsplit, urlunsplit
 from uuid import UUID
 
 import psycopg
+from eventsourcing.utils import get_topic
 
-from jobledger import Resolution, ResolveRequest, StepError, StepRequest, StepResult
+from jobledger import Resolution, ResolveRequest, StepError, StepRequest, StepResult, chain
 from jobledger.workflows import DefinitionRegistry, WorkflowDefinition, parse_definition
 
 MISSION_V1 = """
@@ -219,3 +220,22 @@ class RawEvents:
                 [self._id(job_uuid), version],
             )
             return int(curs.rowcount)
+
+    def rehash_tail(
+        self, events: list[Any], start: int, edit: Callable[[Any, dict[str, Any]], None]
+    ) -> None:
+        """What someone with write access to the store but no signing key can do: edit
+        the events from ``events[start]`` on, recompute every chain hash from there with
+        ``chain.link`` and write the rows back in the stored format, unsigned."""
+        previous = events[start - 1].chain_hash
+        for event in events[start:]:
+            fields = chain.event_fields(event)
+            edit(event, fields)
+            event_type = type(event).__qualname__
+            chain_hash = chain.link(previous, event_type, fields)
+            body = chain.canonical_bytes(event_type, fields)
+            state = b'{"chain_hash":"' + chain_hash.encode() + b'","event":' + body + b"}"
+            self.set_state(
+                event.originator_id, event.originator_version, get_topic(type(event)), state
+            )
+            previous = chain_hash

@@ -15,14 +15,15 @@ from eventsourcing.persistence import (
     ApplicationRecorder,
     EventStore,
     IntegrityError,
+    Mapper,
     MapperDeserialisationError,
 )
-from eventsourcing.utils import get_topic
 
 from jobledger.adapters.backends import StoreBackend, backend_for
 from jobledger.adapters.backends.migrations import COMPONENT, STORE_MIGRATIONS
 from jobledger.adapters.leases import LeaseTable
-from jobledger.adapters.mapper import EnumMapper
+from jobledger.adapters.mapper import SealedMapper
+from jobledger.adapters.sealing import SealingPipeline
 from jobledger.adapters.store_errors import STORE_ERRORS, store_errors
 from jobledger.adapters.store_url import StoreLocation
 from jobledger.errors import (
@@ -35,7 +36,7 @@ from jobledger.errors import (
 )
 from jobledger.job import Job
 from jobledger.keys import ConsumedKey, KeyKind
-from jobledger.ports import Append, Refusal
+from jobledger.ports import Append, EventSigner, FieldSealer, Refusal
 
 log = logging.getLogger(__name__)
 
@@ -61,8 +62,10 @@ class LedgerPartition(Application[UUID]):
         *,
         backend: StoreBackend,
         create: bool = True,
+        sealer: FieldSealer | None = None,
     ) -> None:
         self.create_tables = create
+        self.sealer = sealer
         # Chooses the recorder of the events table (a faster one where the database has it).
         self.backend = backend
         self.table_prefix = f"jobledger_p{index}"
@@ -76,9 +79,11 @@ class LedgerPartition(Application[UUID]):
             # so a write by another process is never missed.
             "AGGREGATE_CACHE_FASTFORWARD": "y",
             "IS_SNAPSHOTTING_ENABLED": "y",
-            "MAPPER_TOPIC": get_topic(EnumMapper),
         }
         super().__init__(env=env)
+
+    def construct_mapper(self) -> Mapper[UUID]:
+        return SealedMapper(self.construct_transcoder(), self.sealer)
 
     def construct_recorder(self) -> ApplicationRecorder:
         factory: Any = self.factory
@@ -114,8 +119,12 @@ class EventSourcedJobStore:
         cache_size: int = 10_000,
         snapshot_interval: int = 100,
         mode: StoreMode = "create",
+        sealer: FieldSealer | None = None,
+        signer: EventSigner | None = None,
     ) -> None:
         self.location = location
+        self.sealing = SealingPipeline(sealer, signer)
+        """Hashes, seals and signs every job event this store writes."""
         self.snapshot_interval = snapshot_interval
         self.read_only = mode == "read"
         self.backend: StoreBackend = backend_for(location)
@@ -128,7 +137,7 @@ class EventSourcedJobStore:
             with self.backend.opening_lock(read_only=self.read_only):
                 opened = self.backend.for_reading() if self.read_only else location
                 self.partitions = _open(
-                    opened, partitions, cache_size, not self.read_only, self.backend
+                    opened, partitions, cache_size, not self.read_only, self.backend, sealer
                 )
                 self.backend.attach(getattr(self.partitions[0].factory, "datastore"))  # noqa: B009
                 if self.read_only:
@@ -170,6 +179,7 @@ class EventSourcedJobStore:
     def append(self, job: Job, *keys: ConsumedKey) -> None:
         partition = self.partition(job.id)
         version_before = job.version - len(job.pending_events)
+        self.sealing.seal_pending(job)
         # Straight to the event store: Application.save() would only add runtime
         # Protocol checks (slow) and snapshot/cache work this store does itself.
         steps = [*job.collect_events()]
@@ -209,6 +219,8 @@ class EventSourcedJobStore:
         this ends. When none can be named (a race this store does not expect: its rows
         are never deleted), each append is tried alone, as ``append`` would."""
         pending = self.refuse_within_group(appends, indices, results)
+        for i in pending:
+            self.sealing.seal_pending(appends[i].job)
         while pending:
             group = [appends[i] for i in pending]
             try:
@@ -368,6 +380,10 @@ class EventSourcedJobStore:
         interval = self.snapshot_interval
         if not interval or job.version // interval == version_before // interval:
             return
+        if job.personal_data:
+            # A snapshot holds the job's state in plaintext and an erasure could not reach
+            # it: a job with personal data is folded from its (sealed) events instead.
+            return
         assert partition.snapshots is not None
         try:
             with store_errors("taking a snapshot"):
@@ -409,9 +425,14 @@ def _broken_at(error: OriginatorVersionError | MapperDeserialisationError) -> in
 
 
 def _open(
-    location: StoreLocation, partitions: int, cache_size: int, create: bool, backend: StoreBackend
+    location: StoreLocation,
+    partitions: int,
+    cache_size: int,
+    create: bool,
+    backend: StoreBackend,
+    sealer: FieldSealer | None,
 ) -> list[LedgerPartition]:
     return [
-        LedgerPartition(location, index, cache_size, create=create, backend=backend)
+        LedgerPartition(location, index, cache_size, create=create, backend=backend, sealer=sealer)
         for index in range(partitions)
     ]

@@ -1,9 +1,16 @@
-"""The event mapper: stored enums come back as their enums.
+"""The event mapper: job events to and from their stored rows, in both formats.
 
-JSON keeps a ``StrEnum`` as its plain string, so the stored bytes (and the chain hashes
-over them) are those of the string, as they always were; reading gives the string back.
-An event class names such fields in ``stored_enums`` and they are typed again here, the
-one place every stored event is decoded (loads, the log's readers, verify).
+Writing: a job event carries the stored form the sealing pipeline made for it
+(``adapters.sealing``) and its row is those bytes, never encoded a second time; a job
+event without one was not written through the pipeline and is refused. Keys and
+snapshots are eventsourcing's transcoder's, as they always were.
+
+Reading: a v2 row (``{"chain_hash":"``) is decoded by the one typed decoder
+(``event_decoding``), then its sealed personal values opened (``FieldSealer.open``), and its
+stored form attached to the event (``event.sealed``) for verify, export and the outbox.
+A row of the format before it (the transcoder's, ``{"timestamp":``) decodes as it did;
+JSON keeps a ``StrEnum`` as its plain string, and an event class names such fields in
+``stored_enums`` to have them typed again here.
 """
 
 from __future__ import annotations
@@ -12,28 +19,92 @@ from typing import Any
 from uuid import UUID
 
 from eventsourcing.domain import DomainEventProtocol
-from eventsourcing.persistence import Mapper, MapperDeserialisationError, StoredEvent
+from eventsourcing.persistence import (
+    Mapper,
+    MapperDeserialisationError,
+    StoredEvent,
+    Transcoder,
+)
+from eventsourcing.utils import get_topic, resolve_topic
+
+from jobledger import chain, event_decoding
+from jobledger.adapters import sealing
+from jobledger.job import Job
+from jobledger.ports import FieldSealer
 
 
-class EnumMapper(Mapper[UUID]):
+class UnsealedEventError(ValueError):
+    """A job event reached the store without going through the sealing pipeline."""
+
+
+class SealedMapper(Mapper[UUID]):
+    def __init__(self, transcoder: Transcoder, sealer: FieldSealer | None = None) -> None:
+        super().__init__(transcoder)
+        self.sealer: FieldSealer = sealer if sealer is not None else sealing.NoSealing()
+
+    def to_stored_event(self, domain_event: DomainEventProtocol[UUID]) -> StoredEvent:
+        if not isinstance(domain_event, Job.Event):
+            return super().to_stored_event(domain_event)
+        sealed = chain.attached(domain_event)
+        if sealed is None:
+            raise UnsealedEventError(
+                f"job event {type(domain_event).__qualname__} v{domain_event.originator_version}"
+                " was not sealed: job events are written through the store's sealing pipeline"
+            )
+        return StoredEvent(
+            originator_id=domain_event.originator_id,
+            originator_version=domain_event.originator_version,
+            topic=get_topic(type(domain_event)),
+            state=sealing.row_bytes(sealed),
+        )
+
     def to_domain_event(self, stored_event: StoredEvent) -> DomainEventProtocol[UUID]:
+        state = bytes(stored_event.state)
+        try:
+            if sealing.is_row(state):
+                return self.read_sealed(stored_event, state)
+        except (ValueError, ArithmeticError, TypeError, KeyError) as error:
+            raise _undecodable(stored_event, str(error)) from None
         event = super().to_domain_event(stored_event)
         enums = getattr(type(event), "stored_enums", None)
         if enums:
-            state: dict[str, Any] = vars(event)
-            for name, enum in enums.items():
-                value = state.get(name)
-                if value is None:
-                    continue
-                try:
-                    # The event is frozen; its state is set as the library itself does.
-                    state[name] = enum(value)
-                except ValueError:
-                    # Worded as the library words its own, which names the version.
-                    raise MapperDeserialisationError(
-                        f"Failed to deserialise state of stored event with topic "
-                        f"'{stored_event.topic}', originator_id '{stored_event.originator_id}' "
-                        f"and originator_version {stored_event.originator_version}: "
-                        f"{name} {value!r} is not a {enum.__name__}"
-                    ) from None
+            _type_enums(stored_event, vars(event), enums)
         return event
+
+    def read_sealed(self, stored_event: StoredEvent, state: bytes) -> Job.Event:
+        sealed, document = sealing.read_row(state)
+        cls = resolve_topic(stored_event.topic)
+        if not (isinstance(cls, type) and issubclass(cls, Job.Event)):
+            raise ValueError(f"{stored_event.topic} is not a job event")
+        if document.get("type") != cls.__qualname__:
+            raise ValueError(f"the row holds a {document.get('type')!r}, its topic names {cls}")
+        fields = document["fields"]
+        if not isinstance(fields, dict):
+            raise ValueError("the event's fields are not an object")
+        # Id and version as the body has them (the hash covers them): a row moved to
+        # another version does not fold, and verify names where it belongs.
+        typed = event_decoding.typed_fields(cls, fields)
+        event = event_decoding.make(cls, self.sealer.open(typed))
+        chain.attach(event, sealed)
+        return event
+
+
+def _type_enums(stored_event: StoredEvent, state: dict[str, Any], enums: Any) -> None:
+    for name, enum in enums.items():
+        value = state.get(name)
+        if value is None:
+            continue
+        try:
+            # The event is frozen; its state is set as the library itself does.
+            state[name] = enum(value)
+        except ValueError:
+            raise _undecodable(stored_event, f"{name} {value!r} is not a {enum.__name__}") from None
+
+
+def _undecodable(stored_event: StoredEvent, why: str) -> MapperDeserialisationError:
+    # Worded as the library words its own, which names the version.
+    return MapperDeserialisationError(
+        f"Failed to deserialise state of stored event with topic "
+        f"'{stored_event.topic}', originator_id '{stored_event.originator_id}' "
+        f"and originator_version {stored_event.originator_version}: {why}"
+    )

@@ -1,42 +1,43 @@
 """Export and import: a store's job histories as canonical JSON lines, and back.
 
-An export is one line per event, in job id then version order::
+An export (``jobledger.export/2``) is one line per event, in job id then version order::
 
     {"chain_hash":"…","data":{…},"job":"j1","job_uuid":"…","record":"event",
-     "tenant":"acme","timestamp":"2026-01-01T00:00:00+00:00","type":"StepRecorded",
-     "version":3}
+     "signature":"…","signer":"k-2026-12","tenant":"acme",
+     "timestamp":"2026-01-01T00:00:00+00:00","type":"StepRecorded","version":3}
 
-and, last, one manifest line (``"record":"manifest"``: format, export time, counts,
-every job's head hash, any broken chain). Each line is canonical JSON (sorted keys, no
-spaces, UTF-8), and ``data`` holds the event's fields exactly as the chain hashed them
-(times in ISO 8601, amounts as strings), so a file verifies with the standard library
-alone: ``sha256(previous + {"fields": {originator_id: job_uuid, originator_version:
-version, timestamp, **data}, "type": "Job." + type})``.
+(``signature``/``signer`` only on signed events) and, last, one manifest line
+(``"record":"manifest"``: format, export time, counts, every job's head hash, any broken
+chain). Each line is canonical JSON (sorted keys, no spaces, UTF-8), built from the
+event's stored form: ``data`` holds its fields exactly as the chain hashed them (personal
+values sealed, times in ISO 8601, amounts as strings), so a file verifies with the
+standard library alone: ``sha256(previous + {"fields": {originator_id: job_uuid,
+originator_version: version, timestamp, **data}, "type": "Job." + type})``, and each
+signature over ``jobledger.event/1\n<signer>\n<chain_hash>`` with the keyring.
 
-Import refuses, writing nothing, a file that is malformed, whose chains or manifest do not
-verify, or a target store that is not empty. It then appends the very same events (ids,
-versions, timestamps, chain hashes) job by job, with the at-most-once keys their events
-consumed (the submit key, token nonces, signal ids, approval ids; a step's key is its
-record itself), so nothing can be done twice after an import that was done once before it.
+Import reads /1 (the same lines, unsigned) and /2. It refuses, writing nothing, a file
+that is malformed, whose chains or manifest do not verify, or a target store that is not
+empty. It then writes the very same events (ids, versions, timestamps, the bytes hashed,
+chain hashes and signatures as exported: nothing is sealed, hashed or signed again) job by
+job, with the at-most-once keys their events consumed (the submit key, token nonces,
+signal ids, approval ids; a step's key is its record itself), so nothing can be done
+twice after an import that was done once before it.
 """
 
 from __future__ import annotations
 
 import json
-import typing
 from collections.abc import Callable, Generator, Iterator, Mapping
-from dataclasses import MISSING, dataclass, field, fields
+from dataclasses import dataclass, field
 from datetime import datetime
-from decimal import Decimal
-from enum import StrEnum
 from pathlib import Path
-from types import NoneType, UnionType
 from typing import Any, Final, TextIO
 from uuid import UUID
 
+import orjson
 from eventsourcing.persistence import IntegrityError
 
-from jobledger import chain
+from jobledger import chain, event_decoding
 from jobledger.adapters.event_store import EventSourcedJobStore
 from jobledger.adapters.store_errors import store_errors
 from jobledger.audit.errors import ImportRefusedError
@@ -47,8 +48,9 @@ from jobledger.identity import job_uuid as job_uuid_of
 from jobledger.job import Job
 from jobledger.keys import ConsumedKey, KeyKind
 
-EXPORT_FORMAT: Final = "jobledger.export/1"
-_BASE_FIELDS: Final = ("originator_id", "originator_version", "timestamp", chain.CHAIN_FIELD)
+EXPORT_FORMAT: Final = "jobledger.export/2"
+READ_FORMATS: Final = ("jobledger.export/1", EXPORT_FORMAT)
+"""/1 is /2 without signatures (and without sealed values): its lines import as they are."""
 
 Progress = Callable[[int, int], None]
 
@@ -80,22 +82,28 @@ class ExportSummary:
 
 
 def event_document(event: Job.Event, tenant_id: str | None, job_id: str | None) -> dict[str, Any]:
-    data = dict(vars(event))
+    """The export line of an event, from its stored form (the sealed fields, not the
+    opened ones: a personal value leaves the store as its ciphertext)."""
+    sealed = chain.sealed_form(event)
+    data = dict(orjson.loads(sealed.body)["fields"])
     job_uuid = data.pop("originator_id")
     version = data.pop("originator_version")
     timestamp = data.pop("timestamp")
-    chain_hash = data.pop(chain.CHAIN_FIELD)
-    return {
+    document = {
         "record": "event",
         "tenant": tenant_id,
         "job": job_id,
-        "job_uuid": str(job_uuid),
+        "job_uuid": job_uuid,
         "version": version,
         "type": type(event).__name__,
         "timestamp": timestamp,
         "data": data,
-        "chain_hash": chain_hash,
+        "chain_hash": sealed.chain_hash,
     }
+    if sealed.signature is not None:
+        document["signature"] = sealed.signature
+        document["signer"] = sealed.signer
+    return document
 
 
 def export_jobs(
@@ -281,9 +289,9 @@ def _manifest(source: Path) -> dict[str, Any]:
             manifest = document
     if manifest is None:
         raise ImportRefusedError(f"{source}: no manifest line (the file is incomplete)")
-    if manifest.get("format") != EXPORT_FORMAT:
+    if manifest.get("format") not in READ_FORMATS:
         raise ImportRefusedError(
-            f"{source}: format {manifest.get('format')!r} is not {EXPORT_FORMAT!r}"
+            f"{source}: format {manifest.get('format')!r} is not one of {', '.join(READ_FORMATS)}"
         )
     return manifest
 
@@ -322,72 +330,40 @@ def _job_groups(source: Path) -> Iterator[_JobLines]:
 
 
 def _event(document: Mapping[str, Any], source: Path, line: int) -> Job.Event:
-    """The stored event the line was exported from: same class, fields and types."""
+    """The stored event the line was exported from: same class, fields and types, with
+    its stored form (the canonical bytes the line's fields make, its chain hash and
+    signature) attached, to be written as it is."""
     where = f"{source} (job from line {line}), v{document.get('version')}"
     name = document.get("type")
-    event_class = getattr(Job, name, None) if isinstance(name, str) else None
-    if not (isinstance(event_class, type) and issubclass(event_class, Job.Event)):
+    event_class = event_decoding.event_class(name) if isinstance(name, str) else None
+    if event_class is None or "." in str(name):
         raise ImportRefusedError(f"{where}: unknown event type {name!r}")
     data = document.get("data")
     if not isinstance(data, dict):
         raise ImportRefusedError(f"{where}: data is not an object")
-    expected = _field_types(event_class)
+    expected = event_decoding.field_types(event_class)
     unknown = sorted(set(data) - set(expected))
     # A field added to an event class later (it has a default) is absent from older events.
-    missing = sorted(set(expected) - set(data) - _optional_fields(event_class))
+    missing = sorted(set(expected) - set(data) - event_decoding.optional_fields(event_class))
     if unknown or missing:
         raise ImportRefusedError(f"{where}: fields unknown {unknown}, missing {missing}")
+    signature, signer = document.get("signature"), document.get("signer")
+    if not all(value is None or isinstance(value, str) for value in (signature, signer)):
+        raise ImportRefusedError(f"{where}: signature and signer must be strings")
     try:
-        state: dict[str, Any] = {
-            name: _typed(expected[name], value) for name, value in data.items()
+        fields = {
+            "originator_id": str(document["job_uuid"]),
+            "originator_version": int(document["version"]),
+            "timestamp": str(document["timestamp"]),
+            **data,
         }
-        state["originator_id"] = UUID(str(document["job_uuid"]))
-        state["originator_version"] = int(document["version"])
-        state["timestamp"] = datetime.fromisoformat(str(document["timestamp"]))
-        state[chain.CHAIN_FIELD] = str(document["chain_hash"])
-    except (KeyError, ValueError, ArithmeticError) as error:
+        body = chain.canonical_bytes(event_class.__qualname__, fields)
+        event = event_decoding.rebuild(event_class, fields)
+        sealed = chain.Sealed(body, str(document["chain_hash"]), signature, signer)
+    except (KeyError, ValueError, TypeError, ArithmeticError) as error:
         raise ImportRefusedError(f"{where}: {error}") from None
-    event = object.__new__(event_class)
-    object.__setattr__(event, "__dict__", state)
+    chain.attach(event, sealed)
     return event
-
-
-_TYPES: dict[type, dict[str, Any]] = {}
-
-
-def _field_types(event_class: type[Job.Event]) -> dict[str, Any]:
-    """The event's own fields (not id, version, time or hash) and their types."""
-    known = _TYPES.get(event_class)
-    if known is None:
-        hints = typing.get_type_hints(event_class)
-        assert hasattr(event_class, "__dataclass_fields__")
-        known = {
-            f.name: hints.get(f.name, Any)
-            for f in fields(event_class)
-            if f.name not in _BASE_FIELDS
-        }
-        _TYPES[event_class] = known
-    return known
-
-
-def _optional_fields(event_class: type[Job.Event]) -> set[str]:
-    return {f.name for f in fields(event_class) if f.default is not MISSING}
-
-
-def _typed(hint: Any, value: Any) -> Any:
-    """Times, amounts and enums come back as the types the event holds."""
-    if value is None:
-        return None
-    union = typing.get_origin(hint) in (typing.Union, UnionType)
-    options = set(typing.get_args(hint)) - {NoneType} if union else {hint}
-    if datetime in options and isinstance(value, str):
-        return datetime.fromisoformat(value)
-    if Decimal in options and isinstance(value, str | int):
-        return Decimal(str(value))
-    enums = [o for o in options if isinstance(o, type) and issubclass(o, StrEnum)]
-    if enums and isinstance(value, str):
-        return enums[0](value)
-    return value
 
 
 # ---- appending ------------------------------------------------------------------------------

@@ -185,17 +185,11 @@ def _chain_break(records: Sequence[StoredRecord]) -> Finding | None:
                 record.version, record.event_type, "undecodable", f"the stored event {record.error}"
             )
         stored = _stored_hash(event)
-        if stored is None or _link(previous, event, record.version) != stored:
+        if stored is None or not chain.holds_at(previous, event, record.version):
             return _mismatch(records, index, previous)
         previous = stored
         expected += 1
     return None
-
-
-def _link(previous: str, event: Job.Event, version: int) -> str:
-    fields = dict(vars(event))
-    fields["originator_version"] = version
-    return chain.link(previous, type(event).__qualname__, fields)
 
 
 def _stored_hash(event: Job.Event) -> str | None:
@@ -225,7 +219,7 @@ def _mismatch(records: Sequence[StoredRecord], index: int, previous: str) -> Fin
     for other in records:
         if other is record or other.event is None:
             continue
-        if _link(previous, other.event, record.version) == _stored_hash(other.event):
+        if chain.holds_at(previous, other.event, record.version):
             return Finding(
                 record.version,
                 event_type,
