@@ -118,7 +118,7 @@ def unreadable_fields(
     event_type: str, fields: Mapping[str, Any], paths: Iterable[str]
 ) -> list[str]:
     """The personal values of an event that read as erased, as ``field.path``."""
-    found = []
+    found: list[str] = []
     for name in STATE_FIELDS.get(event_type, ()):
         value = fields.get(name)
         if isinstance(value, Mapping):

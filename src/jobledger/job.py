@@ -939,7 +939,9 @@ class Job(Aggregate):
         if key_id != self.personal_data_key:
             raise ValueError(f"job {self.job_id!r} holds no values sealed with key {key_id!r}")
         paths = list(self.personal_data)
-        self._append(Job.Erased, now, key_id=key_id, paths=paths, erased_by=erased_by, reason=reason)
+        self._append(
+            Job.Erased, now, key_id=key_id, paths=paths, erased_by=erased_by, reason=reason
+        )
 
     # ---- the preconditions commands share ---------------------------------------------
 

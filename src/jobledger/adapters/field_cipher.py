@@ -129,9 +129,7 @@ def is_sealed(value: object) -> bool:
 
 
 def _holds_sealed(node: Mapping[str, Any]) -> bool:
-    return any(
-        is_sealed(v) or (isinstance(v, Mapping) and _holds_sealed(v)) for v in node.values()
-    )
+    return any(is_sealed(v) or (isinstance(v, Mapping) and _holds_sealed(v)) for v in node.values())
 
 
 def _canonical(value: Any) -> str:

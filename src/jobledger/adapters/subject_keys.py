@@ -183,8 +183,7 @@ class SubjectKeyTable:
             return None
         with store_errors("reading the subject key table"):
             rows = self.backend.fetch(
-                f"SELECT key_bytes, wrapped FROM {self.backend.table(KEYS)} "
-                "WHERE key_id = :key_id",
+                f"SELECT key_bytes, wrapped FROM {self.backend.table(KEYS)} WHERE key_id = :key_id",
                 {"key_id": key_id},
             )
         if not rows:

@@ -168,13 +168,15 @@ class StoreBackend(ABC):
 
     # ---- deleting for good -------------------------------------------------------------------
 
+    @abstractmethod
     def secure_delete(self, curs: Cursor) -> None:
         """Have the rows this transaction deletes overwritten in the database's pages,
-        where the database can (nothing here)."""
+        where the database can."""
 
+    @abstractmethod
     def scrub(self, name: str) -> None:
         """After deleting rows of table ``name`` for good: rid the database's files of
-        the copies it keeps beyond the live pages, where it can (nothing here)."""
+        the copies it keeps beyond the live pages."""
 
     # ---- waiting for new events ----------------------------------------------------------
 

@@ -113,6 +113,9 @@ class PostgresBackend(StoreBackend):
     def transaction(self) -> AbstractContextManager[Any]:
         return self.datastore.transaction(commit=True)
 
+    def secure_delete(self, curs: Cursor) -> None:
+        """Nothing: PostgreSQL has no such setting; :meth:`scrub` rewrites the table."""
+
     def scrub(self, name: str) -> None:
         """A deleted row stays in the table's files as a dead tuple until a vacuum; VACUUM
         FULL writes the live rows to new files and drops the old ones (the server's WAL
