@@ -28,6 +28,8 @@ from jobledger.adapters.event_store import EventSourcedJobStore
 from jobledger.identity import job_uuid
 from jobledger.ports import JobStore
 from jobledger.signing import Ed25519Signer
+from jobledger.workflows import DefinitionRegistry
+from jobledger.workflows.loader import parse_definition
 from tests.support import ROOT, pythonpath
 from tests.support.cli import run_jobledger
 from tests.support.engines import EngineFactory
@@ -110,6 +112,16 @@ def run_jobs(engine: Engine, jobs: list[tuple[str, str]]) -> None:
     engine.run_until_idle()
 
 
+SIGNUP = """
+type: signup
+version: 1
+personal_data: [customer.email]
+start: done
+steps:
+  done: {kind: complete}
+"""
+
+
 def cli_lines(*args: str) -> Lines:
     result = run_jobledger(*args)
     assert result.returncode == 0, result.stderr
@@ -133,8 +145,9 @@ def signing_with(keys_file: Path) -> Callable[[JobStore], JobStore]:
 @pytest.fixture
 def corpus(make_engine: EngineFactory, store_url: str, clock: FakeClock, tmp_path: Path) -> Corpus:
     """acme/old written before the store signed; then, signed by two keys in rotation
-    (k-1 retires a day in, k-2 takes over), acme/a and beta/c, an anchor, acme/b two days
-    later, another anchor; then every job exported, and acme's."""
+    (k-1 retires a day in, k-2 takes over), acme/a and beta/c, acme/ada whose email is
+    personal data, an anchor, ada erased, acme/b two days later, another anchor; then
+    every job exported, and acme's."""
     start = clock.now()
     run_jobs(make_engine(), [("acme", "old")])
     clock.advance(timedelta(hours=1))
@@ -151,11 +164,22 @@ def corpus(make_engine: EngineFactory, store_url: str, clock: FakeClock, tmp_pat
     signed = make_engine(wrap_store=signing_with(keys / "signing-keys.json"))
     anchors = tmp_path / "anchors.jsonl"
     run_jobs(signed, [("acme", "a"), ("beta", "c")])
+    signups = make_engine(
+        registry=DefinitionRegistry([parse_definition(SIGNUP, "signup.yaml")]),
+        wrap_store=signing_with(keys / "signing-keys.json"),
+    )
+    customer = {"customer": {"email": "ada@example.com", "plan": "gold"}}
+    signups.submit("acme", "ada", "signup", input=customer, data_subject="ada")
+    signups.run_until_idle()
     cli_lines("anchor", "--store", store_url, "--file", str(anchors))
+    signups.erase("acme", "ada", by="dpo", reason="erasure request")
     clock.advance(timedelta(days=2))
     run_jobs(signed, [("acme", "b")])
     cli_lines("anchor", "--store", store_url, "--file", str(anchors))
     export = cli_lines("export", "--all", "--store", store_url)
+    text = "\n".join(export)
+    assert '"$sealed":"aes-256-gcm/1"' in text and '"type":"Erased"' in text
+    assert "ada@example.com" not in text
     events: dict[str, int] = {}
     for line in export[:-1]:
         uuid = json.loads(line)["job_uuid"]
