@@ -10,7 +10,10 @@ tests/support/evidence.py as someone holding the file but no signing key would."
 from __future__ import annotations
 
 import ast
+import base64
+import hashlib
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -21,6 +24,8 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
 from jobledger import Engine
 from jobledger.adapters.clock import FakeClock
@@ -54,6 +59,7 @@ from tests.support.evidence import (
 
 VERIFIER = ROOT / "src" / "jobledger" / "verifier.py"
 INDEPENDENT = ROOT / "tests" / "independent_verifier.py"
+DOC = ROOT / "docs" / "evidence-format.md"
 A, B, C = job_uuid("acme", "a"), job_uuid("acme", "b"), job_uuid("beta", "c")
 OLD = job_uuid("acme", "old")
 
@@ -466,3 +472,65 @@ def test_the_verifier_runs_as_one_copied_file(tmp_path: Path) -> None:
 def test_the_console_script_is_declared() -> None:
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())
     assert project["project"]["scripts"]["jobledger-verify"] == "jobledger.verifier:main"
+
+
+# ---- the document's worked example ----------------------------------------------------------
+
+
+def sha256(data: bytes) -> bytes:
+    return hashlib.sha256(data).digest()
+
+
+def test_the_documents_worked_example_is_true(tmp_path: Path) -> None:
+    """Every value of docs/evidence-format.md's example, recomputed from the page's text,
+    and its export verifying in both verifiers against its keyring."""
+    example = DOC.read_text(encoding="utf-8").split("## 8. Worked example")[1]
+    key_entry, line, manifest, body = re.findall(r"```(?:json)?\n(.*?)\n```", example, re.DOTALL)
+    event = json.loads(line)
+    fields = {
+        "originator_id": event["job_uuid"],
+        "originator_version": event["version"],
+        "timestamp": event["timestamp"],
+        **event["data"],
+    }
+    canonical = json.dumps(
+        {"fields": fields, "type": "Job." + event["type"]},
+        sort_keys=True,
+        separators=(",", ":"),
+        ensure_ascii=False,
+    )
+    assert canonical == body
+    assert sha256(body.encode()).hex() == event["chain_hash"]
+
+    private = Ed25519PrivateKey.from_private_bytes(bytes(range(32)))
+    raw = private.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)
+    assert (
+        base64.urlsafe_b64encode(raw).rstrip(b"=").decode() == json.loads(key_entry)["public_key"]
+    )
+    message = (
+        b"jobledger.event/1\n" + event["signer"].encode() + b"\n" + event["chain_hash"].encode()
+    )
+    signature = base64.urlsafe_b64encode(private.sign(message)).rstrip(b"=").decode()
+    assert signature == event["signature"] and f"the {len(message)} bytes" in example
+
+    keyring = tmp_path / "keyring.json"
+    keyring.write_text(
+        json.dumps({"format": "jobledger.keyring/1", "keys": [json.loads(key_entry)]})
+    )
+    export = tmp_path / "example.jsonl"
+    export.write_text(f"{line}\n{manifest}\n", encoding="utf-8")
+    args = [str(export), "--keyring", str(keyring)]
+    assert by_verifier(args) == by_independent(args) == Outcome(0, {}, frozenset())
+
+    hashes = {"j1": event["chain_hash"], "j2": "ab" * 32, "j3": "cd" * 32}
+    rows = re.findall(r"\| acme/(j\d) \| `([\w-]+):(\d+):[^`]+` \| `([0-9a-f]{64})` \|", example)
+    leaves = []
+    for job, uuid, version, leaf in rows:
+        assert uuid == str(job_uuid("acme", job))
+        leaves.append(sha256(b"\x00" + f"{uuid}:{version}:{hashes[job]}".encode()))
+        assert leaves[-1].hex() == leaf
+    assert [row[1] for row in rows] == sorted(row[1] for row in rows)
+    node = sha256(b"\x01" + leaves[0] + leaves[1])
+    root = sha256(b"\x01" + node + leaves[2])
+    for value in (node.hex(), root.hex(), sha256(root).hex()):
+        assert value in example
