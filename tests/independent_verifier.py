@@ -293,14 +293,18 @@ def anchored(h: dict[str, Any], jobs: Any, failing: dict[str, int | None], selec
         failing[h["job_uuid"]] = v
 
 
-def main() -> int:
+def arguments(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser()
     parser.add_argument("export")
     parser.add_argument("--keyring")
     parser.add_argument("--anchors", nargs="+", default=[])
     parser.add_argument("--unsigned-before")
+    return parser.parse_args(argv)
+
+
+def main() -> int:
     try:
-        failing, problems = run(parser.parse_args())
+        failing, problems = run(arguments())
     except Unreadable as error:
         print(f"unreadable: {error}", file=sys.stderr)
         return 2

@@ -13,6 +13,7 @@ import ast
 import base64
 import hashlib
 import json
+import random
 import re
 import shutil
 import subprocess
@@ -27,7 +28,7 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
-from jobledger import Engine
+from jobledger import Engine, verifier
 from jobledger.adapters.clock import FakeClock
 from jobledger.adapters.event_store import EventSourcedJobStore
 from jobledger.identity import job_uuid
@@ -35,6 +36,7 @@ from jobledger.ports import JobStore
 from jobledger.signing import Ed25519Signer
 from jobledger.workflows import DefinitionRegistry
 from jobledger.workflows.loader import parse_definition
+from tests import independent_verifier
 from tests.support import ROOT, pythonpath
 from tests.support.cli import run_jobledger
 from tests.support.engines import EngineFactory
@@ -389,7 +391,59 @@ def test_both_verifiers_agree_on_good_and_tampered_exports(corpus: Corpus) -> No
     if shutil.which("openssl"):
         all_cases += token_cases(corpus)
     wrong = [problem for case in all_cases for problem in check(corpus, case)]
+    wrong += random_disagreements(corpus, random.Random(16), 300)
     assert not wrong, "\n".join(wrong)
+
+
+def mutate(lines: Lines, rng: random.Random) -> Lines:
+    """One blind edit: a character replaced, a line dropped, doubled or moved."""
+    out = list(lines)
+    index = rng.randrange(len(out))
+    kind = rng.choice(["character", "drop", "double", "move"])
+    if kind == "character":
+        line = out[index]
+        at = rng.randrange(len(line))
+        out[index] = line[:at] + rng.choice('0123456789abcdef",:{}[] eE.-x\u00e9') + line[at + 1 :]
+    elif kind == "drop":
+        del out[index]
+    elif kind == "double":
+        out.insert(index, out[index])
+    else:
+        out.insert(rng.randrange(len(out)), out.pop(index))
+    return out
+
+
+def random_disagreements(corpus: Corpus, rng: random.Random, rounds: int) -> list[str]:
+    """Blind edits of the export and of the anchor file, each checked by both verifiers
+    in this process (as a subprocess each, 300 rounds would take minutes)."""
+    keyring = verifier.read_keyring(corpus.keyring)
+    before = verifier.parse_time(corpus.signing_from)
+    wrong = []
+    for round_ in range(rounds):
+        export, anchors = corpus.export, corpus.anchors
+        if round_ % 4 == 3:
+            anchors = mutate(anchors, rng)
+        else:
+            export = mutate(export, rng)
+        export_file = corpus.write("random.jsonl", export)
+        anchor_file = corpus.write("random-anchors.jsonl", anchors)
+        report = verifier.verify(export_file, keyring, [anchor_file], before)
+        ours = Outcome(
+            0 if report.verified else 1,
+            {uuid: job.failure.version for uuid, job in report.jobs.items() if job.failure},
+            frozenset(problem.where for problem in report.problems),
+        )
+        args = [str(export_file), "--keyring", str(corpus.keyring)]
+        args += ["--anchors", str(anchor_file), "--unsigned-before", corpus.signing_from]
+        failing, problems = independent_verifier.run(independent_verifier.arguments(args))
+        theirs = Outcome(
+            1 if problems or any(v is not None for v in failing.values()) else 0,
+            {uuid: v for uuid, v in failing.items() if v is not None},
+            frozenset(problems),
+        )
+        if ours != theirs:
+            wrong.append(f"random edit {round_}: {ours} against {theirs}")
+    return wrong
 
 
 def test_unreadable_input_exits_2_in_both(corpus: Corpus, tmp_path: Path) -> None:

@@ -188,9 +188,12 @@ class Failure:
 
 @dataclass
 class Job:
-    """One job's lines in file order (the line at index i should be version i + 1)."""
+    """One job's lines in file order (the line at index i should be version i + 1), and
+    its tenant and job as its first line (or an anchor, when it has none) names them."""
 
     job_uuid: str
+    tenant: object
+    job: object
     lines: list[dict[str, Any]] = field(default_factory=list)
     raw: list[str] = field(default_factory=list)
     failure: Failure | None = None
@@ -201,8 +204,12 @@ class Job:
             self.failure = Failure(version, reason)
 
     def label(self) -> str:
-        first = self.lines[0] if self.lines else {}
-        return f"{first.get('tenant')}/{first.get('job')} ({self.job_uuid})"
+        return f"{self.tenant}/{self.job} ({self.job_uuid})"
+
+    @classmethod
+    def named_by(cls, document: dict[str, Any]) -> Job:
+        """The job an event line or an anchored head names."""
+        return cls(document["job_uuid"], document.get("tenant"), document.get("job"))
 
 
 @dataclass(frozen=True)
@@ -244,7 +251,7 @@ def read_export(path: Path, report: Report) -> dict[str, Any] | None:
             if raw != canonical(document):
                 report.problems.append(Problem("manifest", f"line {number}: not canonical"))
         elif document.get("record") == "event" and is_uuid(document.get("job_uuid")):
-            job = report.jobs.setdefault(document["job_uuid"], Job(document["job_uuid"]))
+            job = report.jobs.setdefault(document["job_uuid"], Job.named_by(document))
             job.lines.append(document)
             job.raw.append(raw)
             report.events += 1
@@ -356,12 +363,11 @@ def check_manifest(manifest: dict[str, Any] | None, report: Report) -> None:
             )
         )
     heads = {uuid: head_of(job) for uuid, job in report.jobs.items()}
-    if manifest.get("heads") != heads:
-        differ = sorted(
-            uuid
-            for uuid in set(heads) | set(manifest.get("heads") or {})
-            if heads.get(uuid) != (manifest.get("heads") or {}).get(uuid)
-        )
+    claimed = manifest.get("heads")
+    if not isinstance(claimed, dict):
+        report.problems.append(Problem("manifest", "heads is not an object"))
+    elif claimed != heads:
+        differ = [u for u in sorted(set(heads) | set(claimed)) if heads.get(u) != claimed.get(u)]
         report.problems.append(Problem("manifest", f"heads differ for {', '.join(differ)}"))
     if manifest.get("broken") != []:
         report.problems.append(Problem("manifest", "the exporter found broken chains"))
@@ -455,7 +461,7 @@ def check_anchored_head(
     job = report.jobs.get(head["job_uuid"])
     if job is None:
         if selected.holds(head):
-            report.jobs[head["job_uuid"]] = job = Job(head["job_uuid"])
+            report.jobs[head["job_uuid"]] = job = Job.named_by(head)
             job.fail(version, f"anchored at v{version} ({where}) but not in the export")
         return
     if version < 1 or version > len(job.lines):
@@ -567,8 +573,8 @@ def report_document(report: Report) -> dict[str, Any]:
         "jobs": [
             {
                 "job_uuid": job.job_uuid,
-                "tenant": job.lines[0].get("tenant") if job.lines else None,
-                "job": job.lines[0].get("job") if job.lines else None,
+                "tenant": job.tenant,
+                "job": job.job,
                 "events": len(job.lines),
                 "verified": job.failure is None,
                 "version": job.failure.version if job.failure else None,
