@@ -7,7 +7,10 @@ with a 2 KB input.
 For each encoder: microseconds per document, whether its bytes are identical to the
 definition's for every document, and the microseconds per step saved against json.dumps
 (a continuing step hashes one document: its StepRecorded). Also times ``chain.link``
-(encode + sha256) as the engine calls it. msgspec is optional (``pip install msgspec``):
+(encode + sha256) as the engine calls it, and a StepRecorded's whole trip to and from its
+row: as stored before issue 16 (``chain.link`` plus eventsourcing's transcoder, two
+encodes) and by the sealing pipeline (one encode, the row built around it), unsigned and
+with an Ed25519 signature. msgspec is optional (``pip install msgspec``):
 it writes UTC times as ``Z`` and has no datetime pass-through, so it cannot produce the
 definition's bytes as is.
 
@@ -19,6 +22,7 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import base64
 import json
 import sys
 import tempfile
@@ -28,6 +32,16 @@ from pathlib import Path
 from typing import Any
 
 import orjson
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from eventsourcing.persistence import (
+    DatetimeAsISO,
+    DecimalAsStr,
+    JSONTranscoder,
+    Mapper,
+    StoredEvent,
+    UUIDAsHex,
+)
+from eventsourcing.utils import get_topic
 
 from jobledger import (
     Engine,
@@ -37,8 +51,12 @@ from jobledger import (
     Resolution,
     StepResult,
     chain,
+    event_decoding,
 )
+from jobledger.adapters import sealing
+from jobledger.adapters.mapper import SealedMapper
 from jobledger.identity import job_uuid
+from jobledger.job import Job
 from jobledger.ports import StepRequest
 from jobledger.registry import linear_workflow
 
@@ -50,9 +68,9 @@ class Executor:
         return StepResult(output={"answer": "naïve ☃", "score": 0.87}, state_patch={"n": 1})
 
 
-def sample_documents() -> dict[str, dict[str, Any]]:
+def sample_documents() -> tuple[dict[str, dict[str, Any]], Job, Job.Event]:
     """The canonical documents of one real job's Submitted, Claimed and (first, continuing)
-    StepRecorded."""
+    StepRecorded; the job, and its StepRecorded."""
     registry = FunctionRegistry()
     work = Resolution("run_interaction_task", JobStatus.QUEUED)
     last = Resolution("run_interaction_task", JobStatus.COMPLETED)
@@ -64,6 +82,8 @@ def sample_documents() -> dict[str, dict[str, Any]]:
             engine.submit("t", "j", "enc", input={"brief": "x" * 2000, "tags": ["a", "b"]})
             engine.run_until_idle()
             events = engine.deps.store.events(job_uuid("t", "j"))
+            job = engine.deps.store.load(job_uuid("t", "j"))
+            assert job is not None
         finally:
             engine.close()
     documents: dict[str, dict[str, Any]] = {}
@@ -72,7 +92,54 @@ def sample_documents() -> dict[str, dict[str, Any]]:
         fields = chain.event_fields(event)
         body = {k: v for k, v in fields.items() if k != chain.CHAIN_FIELD}
         documents.setdefault(name, {"type": type(event).__qualname__, "fields": body})
-    return documents
+    step = next(e for e in events if isinstance(e, Job.StepRecorded))
+    return documents, job, step
+
+
+class Signer:
+    def __init__(self) -> None:
+        self.key = Ed25519PrivateKey.generate()
+
+    def sign(self, chain_hash: str, at: object) -> tuple[str, str]:
+        signed = self.key.sign(b"jobledger.event/1\nk1\n" + chain_hash.encode())
+        return "k1", base64.urlsafe_b64encode(signed).rstrip(b"=").decode()
+
+
+def row_trip_us(job: Job, stored: Job.Event, rounds: int) -> dict[str, float]:
+    """Per StepRecorded: writing its row (hash included) and reading it back, before and
+    after the sealing pipeline."""
+    transcoder = JSONTranscoder()
+    for transcoding in (UUIDAsHex(), DecimalAsStr(), DatetimeAsISO()):
+        transcoder.register(transcoding)
+    plain = {k: v for k, v in vars(stored).items() if k != chain.SEALED_ATTRIBUTE}
+    event = event_decoding.make(type(stored), plain)
+    event_type, previous = type(event).__qualname__, "0" * 64
+    old_mapper, new_mapper = Mapper(transcoder), SealedMapper(transcoder)
+
+    def write_before() -> bytes:
+        chain.link(previous, event_type, chain.event_fields(event))
+        return old_mapper.to_stored_event(event).state
+
+    unsigned, signed = sealing.SealingPipeline(), sealing.SealingPipeline(signer=Signer())
+    old_row = write_before()
+    new_row = sealing.row_bytes(unsigned.seal(job, event, previous))
+
+    def read(mapper: Mapper[Any], state: bytes) -> Callable[[], object]:
+        topic = get_topic(Job.StepRecorded)
+        row = StoredEvent(event.originator_id, event.originator_version, topic, state)
+        return lambda: mapper.to_domain_event(row)
+
+    return {
+        "write before (link + transcoder)": per_call_us(write_before, rounds),
+        "write sealed, unsigned": per_call_us(
+            lambda: sealing.row_bytes(unsigned.seal(job, event, previous)), rounds
+        ),
+        "write sealed, signed": per_call_us(
+            lambda: sealing.row_bytes(signed.seal(job, event, previous)), rounds
+        ),
+        "read before (transcoder)": per_call_us(read(old_mapper, old_row), rounds),
+        "read sealed (typed decoder)": per_call_us(read(new_mapper, new_row), rounds),
+    }
 
 
 def encoders() -> dict[str, Encoder]:
@@ -107,7 +174,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=20000)
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
-    documents = sample_documents()
+    documents, job, stored = sample_documents()
     definition = {name: chain._stdlib_canonical(doc).encode() for name, doc in documents.items()}
     rows = []
     for label, encode in encoders().items():
@@ -123,8 +190,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         row["saved_us_per_step"] = baseline - row["step_us"]
     step = documents["StepRecorded"]
     link_us = per_call_us(lambda: chain.link("0" * 64, step["type"], step["fields"]), args.rounds)
+    trip = row_trip_us(job, stored, args.rounds)
     if args.json:
-        print(json.dumps({"encoders": rows, "chain_link_step_us": link_us}, indent=2))
+        document = {"encoders": rows, "chain_link_step_us": link_us, "row_us": trip}
+        print(json.dumps(document, indent=2))
         return 0
     names = list(documents)
     print(f"{'encoder':<32}" + "".join(f"{n:>14}" for n in names) + "   identical  saved/step")
@@ -135,6 +204,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"{row['saved_us_per_step']:>10.2f}us"
         )
     print(f"chain.link of a StepRecorded (encode + sha256): {link_us:.2f} us")
+    for label, us in trip.items():
+        print(f"StepRecorded row, {label}: {us:.2f} us")
     return 0
 
 

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
 import pytest
+from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 from projections import JobViews
 
 from jobledger import JobStatus, errors
@@ -24,6 +26,7 @@ from jobledger.identity import job_uuid
 from tests.support.audit import RawEvents
 from tests.support.engines import EngineFactory, store_of
 from tests.support.http import APPROVER, ApiServer, api_key, api_registry, start_api, token
+from tests.support.signing import SigningKey, b64url
 
 PROBLEM = "application/problem+json"
 
@@ -383,6 +386,7 @@ def test_verify_finds_an_edited_event_in_the_job_and_the_tenant(
         "tenant_id": "acme",
         "job_id": "j1",
         "intact": True,
+        "signatures_checked": False,
         "broken_at": None,
         "event_type": None,
         "reason": None,
@@ -395,6 +399,30 @@ def test_verify_finds_an_edited_event_in_the_job_and_the_tenant(
     assert broken["reason"].startswith("edited: ")
     assert (tenant["jobs"], tenant["intact"]) == (2, False)  # globex's job is not counted
     assert [b["job_id"] for b in tenant["broken"]] == ["j2"]
+
+
+def test_verify_holds_events_to_the_configured_keyring(
+    make_engine: EngineFactory, tmp_path: Path
+) -> None:
+    key = SigningKey("k1", not_before=datetime(2025, 1, 1, tzinfo=UTC))
+    public = key.private.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)
+    keyring = tmp_path / "keyring.json"
+    keyring.write_text(json.dumps({"format": "jobledger.keyring/1", "keys": [{
+        "id": "k1", "algorithm": "ed25519", "public_key": b64url(public),
+        "not_before": "2025-01-01T00:00:00+00:00", "not_after": None,
+    }]}))  # fmt: skip
+    engine = make_engine(registry=api_registry(), signer=key, config={"keyring": keyring})
+    engine.submit("acme", "signed", "agent3")
+    make_engine(registry=api_registry()).submit("acme", "unsigned", "agent3")
+    with start_api(engine, tmp_path) as api, api.as_role(Role.AUDITOR) as http:
+        signed = http.get("/v1/jobs/acme/signed/verify").json()
+        unsigned = http.get("/v1/jobs/acme/unsigned/verify").json()
+        tenant = http.get("/v1/tenants/acme/verify").json()
+    assert (signed["intact"], signed["signatures_checked"]) == (True, True)
+    assert (unsigned["intact"], unsigned["broken_at"]) == (False, 1)
+    assert unsigned["reason"] == "unsigned: the event is not signed"
+    assert tenant["signatures_checked"] is True
+    assert [b["job_id"] for b in tenant["broken"]] == ["unsigned"]
 
 
 # ---- errors map as the CLI's exit codes do -----------------------------------------------

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from jobledger.adapters.event_store import EventSourcedJobStore
+from jobledger.adapters.store_url import parse_store_url
 from jobledger.identity import job_uuid
 from tests.support.audit import RawEvents
 from tests.support.cli import TICKET, Cli, make_cli
@@ -165,3 +167,40 @@ def test_verify_and_import_catch_tampering(sqlite_cli: Cli, tmp_path: Path) -> N
     message = cli.fails(1, "import", "forged.jsonl", "--store", copy)
     assert "the chain does not verify at v3" in message and "nothing written" in message
     assert cli.json("verify", "--all", "--store", copy)["jobs"] == 0
+
+
+def test_verify_with_a_keyring_catches_a_tail_rehashed_without_the_key(
+    sqlite_cli: Cli, tmp_path: Path
+) -> None:
+    cli = sqlite_cli
+    cli.ok("keys", "generate", "k1", "--dir", "keys", "--not-before", "2020-01-01")
+    cli.env["JOBLEDGER_SIGNING_KEYS"] = str(tmp_path / "keys" / "signing-keys.json")
+    cli.ok("submit", "acme", "t1", "ticket")
+    cli.ok("tick", "acme", "t1")
+    keyring = "keys/keyring.json"
+    signed = cli.json("verify", "--keyring", keyring)
+    assert signed["intact"] is True and signed["signatures"]["checked"] is True
+    assert "signatures not checked (no keyring)" in cli.ok("verify")
+    assert f"signatures checked against {keyring}: all intact" in cli.ok(
+        "verify", "--keyring", keyring
+    )
+
+    # Someone with the database but without the key rewrites the tail and re-hashes it.
+    store = EventSourcedJobStore(parse_store_url(f"sqlite:///{tmp_path}/jobs.db"), mode="read")
+    uuid = job_uuid("acme", "t1")
+    events = store.events(uuid)
+    store.close()
+    RawEvents(f"sqlite:///{tmp_path}/jobs.db").rehash_tail(events, 2, lambda e, f: None)
+    assert cli.json("verify")["intact"] is True  # the chain alone holds
+    failed = cli("verify", "--keyring", keyring, "--json")
+    assert failed.returncode == 1
+    (broken,) = json.loads(failed.stdout)["broken"]
+    assert (broken["version"], broken["kind"]) == (3, "unsigned")
+    # Accepting unsigned events from before a moment lets the rewrite through: the option
+    # is for stores that predate signing, and says so by its moment.
+    later = cli.json("verify", "--keyring", keyring, "--unsigned-before", "2100-01-01T00:00:00Z")
+    assert later["intact"] is True and later["signatures"]["unsigned_before"].startswith("2100")
+    assert "no zone" in cli.fails(
+        2, "verify", "--keyring", keyring, "--unsigned-before", "2026-01-01"
+    )
+    assert "needs a keyring" in cli.fails(2, "verify", "--unsigned-before", "2026-01-01T00:00Z")

@@ -26,6 +26,8 @@ from jobledger.errors import ConfigError
 from jobledger.ports import (
     Clock,
     Cost,
+    EventSigner,
+    FieldSealer,
     Leases,
     Notifier,
     Ops,
@@ -34,6 +36,7 @@ from jobledger.ports import (
     StepExecutor,
     WorkflowRegistry,
 )
+from jobledger.signing import Ed25519Signer
 
 if TYPE_CHECKING:
     from jobledger.adapters.kafka import KafkaQueue
@@ -88,24 +91,30 @@ def build(
     tokens: ResumeTokens | None = None,
     notifier: Notifier | None = None,
     store_mode: StoreMode = "create",
+    sealer: FieldSealer | None = None,
+    signer: EventSigner | None = None,
 ) -> Deps:
     """Open (creating if needed, unless ``store_mode`` says otherwise: see
     :data:`~jobledger.adapters.event_store.StoreMode`) the store at ``config.store_url``
     and wire the defaults for what is not given: a local in-process queue (the Kafka
     ticks topic when ``config.transport`` is kafka), the system clock, JSON ops logs,
     spend folded from the log, and JWT resume tokens when a token secret is configured.
+    The store signs what it writes with ``signer``, or the configured signing keys.
 
     The transport is decided here, once: a process that runs on Kafka says so in the
     config it builds from (the CLI's ``--transport``), never by swapping queues later."""
     clock = clock if clock is not None else SystemClock()
     subject_keys = SubjectKeyTable(master=_master_key(config))
+    if signer is None and store_mode != "read" and config.signing_keys is not None:
+        signer = Ed25519Signer.from_file(config.signing_keys)
     store = EventSourcedJobStore(
         parse_store_url(config.store_url),
         partitions=config.partitions,
         cache_size=config.cache_size,
         snapshot_interval=config.snapshot_interval,
         mode=store_mode,
-        sealer=FieldCipher(subject_keys),
+        sealer=sealer if sealer is not None else FieldCipher(subject_keys),
+        signer=signer,
     )
     subject_keys.attach(store.backend, create=store_mode != "read")
     chosen, local_queue, kafka_queue = _queue(config, clock, queue)

@@ -24,6 +24,8 @@ from jobledger.ports import (
     BlockedNotes,
     Clock,
     Cost,
+    EventSigner,
+    FieldSealer,
     JobStore,
     Leases,
     Notifier,
@@ -88,13 +90,16 @@ class Engine(ErasureCommands, TickRunner, JobReader):
         tokens: ResumeTokens | None = None,
         notifier: Notifier | None = None,
         store_mode: StoreMode = "create",
+        sealer: FieldSealer | None = None,
+        signer: EventSigner | None = None,
     ) -> Engine:
         """Open (creating if needed, unless ``store_mode`` says otherwise: see
         :data:`~jobledger.adapters.event_store.StoreMode`) the store at ``store_url`` and
         wire the defaults (:func:`jobledger.bootstrap.build`):
         a local in-process queue (the Kafka ticks topic when ``transport`` is kafka), the
         system clock, JSON ops logs, spend folded from the log, and JWT resume tokens when
-        a token secret is configured."""
+        a token secret is configured. The store signs every event it writes with
+        ``signer`` and seals personal values with ``sealer`` when given."""
         config = config if config is not None else EngineConfig()
         if store_url is not None:
             config = config.model_copy(update={"store_url": store_url})
@@ -109,6 +114,8 @@ class Engine(ErasureCommands, TickRunner, JobReader):
             tokens=tokens,
             notifier=notifier,
             store_mode=store_mode,
+            sealer=sealer,
+            signer=signer,
         )
         return cls(deps)
 

@@ -199,6 +199,8 @@ class Verdict(BaseModel):
     tenant_id: str
     job_id: str
     intact: bool
+    signatures_checked: bool = False
+    """False: no keyring is configured, so who wrote the events was not checked."""
     broken_at: int | None = None
     event_type: str | None = None
     reason: str | None = None
@@ -209,6 +211,7 @@ class TenantVerdict(BaseModel):
     jobs: int
     intact: bool
     broken: list[Verdict]
+    signatures_checked: bool = False
 
 
 class PartitionLag(BaseModel):

@@ -10,8 +10,10 @@ from jobledger.api.deps import Caller, EngineDep, tenant_scope
 from jobledger.api.models import PartitionLag, TenantVerdict, Verdict
 from jobledger.api.paths import JOB, TENANT
 from jobledger.api.problems import EVERY_REQUEST, Problem, documented
-from jobledger.audit.tamper import JobCheck, verify_one, verify_store
+from jobledger.audit.tamper import JobCheck, Signatures, verify_one, verify_store
+from jobledger.engine import Engine
 from jobledger.identity import job_uuid
+from jobledger.signing import Keyring
 
 router = APIRouter(tags=["audit"], responses=EVERY_REQUEST)
 
@@ -21,12 +23,14 @@ NOT_FOUND = documented(403, 404)
 @router.get(f"{JOB}/verify", response_model=Verdict, responses=NOT_FOUND)
 def verify_job(tenant: str, job: str, caller: Caller, engine: EngineDep) -> Verdict:
     """Recompute the job's hash chain from its stored rows (auditor): intact, or the
-    first broken link (an edited, deleted or reordered event)."""
+    first broken link (an edited, deleted or reordered event; with a configured keyring
+    also an event not signed by a key valid at its time)."""
     tenant_scope(caller, tenant, Role.AUDITOR, job_id=job)
-    check = verify_one(engine.deps.store, job_uuid(tenant, job)).jobs[0]
+    signatures = _signatures(engine)
+    check = verify_one(engine.deps.store, job_uuid(tenant, job), signatures=signatures).jobs[0]
     if check.events == 0:
         engine.job(tenant, job)  # raises: no such job
-    return _verdict(check, tenant, job)
+    return _verdict(check, tenant, job, signatures is not None)
 
 
 @router.get(f"{TENANT}/verify", response_model=TenantVerdict, responses=NOT_FOUND)
@@ -37,26 +41,40 @@ def verify_tenant(tenant: str, caller: Caller, engine: EngineDep) -> TenantVerdi
     is reported only to callers who see every tenant: to anyone else it could be another
     tenant's."""
     tenant_scope(caller, tenant, Role.AUDITOR)
-    report = verify_store(engine.deps.store, tenant_id=tenant)
+    report = verify_store(engine.deps.store, tenant_id=tenant, signatures=_signatures(engine))
     checks = [check for check in report.jobs if _shown(check, caller)]
+    signed = report.signatures_checked
     broken = [
-        _verdict(check, tenant, check.job_id or str(check.job_uuid))
+        _verdict(check, tenant, check.job_id or str(check.job_uuid), signed)
         for check in checks
         if check.broken is not None
     ]
-    return TenantVerdict(tenant_id=tenant, jobs=len(checks), intact=not broken, broken=broken)
+    return TenantVerdict(
+        tenant_id=tenant,
+        jobs=len(checks),
+        intact=not broken,
+        broken=broken,
+        signatures_checked=signed,
+    )
+
+
+def _signatures(engine: Engine) -> Signatures | None:
+    """The configured keyring, read at each request: a key published since is known."""
+    path = engine.deps.config.keyring
+    return Signatures(Keyring.from_file(path)) if path is not None else None
 
 
 def _shown(check: JobCheck, caller: Principal) -> bool:
     return check.tenant_id is not None or caller.sees_every_tenant
 
 
-def _verdict(check: JobCheck, tenant: str, job: str) -> Verdict:
+def _verdict(check: JobCheck, tenant: str, job: str, signed: bool) -> Verdict:
     broken = check.broken
     return Verdict(
         tenant_id=tenant,
         job_id=job,
         intact=broken is None,
+        signatures_checked=signed,
         broken_at=broken.version if broken else None,
         event_type=broken.event_type if broken else None,
         reason=f"{broken.kind}: {broken.reason}" if broken else None,

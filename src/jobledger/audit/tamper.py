@@ -12,7 +12,11 @@ What each kind of tampering looks like:
 - ``truncated``: the newest events are gone, back to an internally consistent state
   (only an anchor shows it: the anchored version is missing);
 - ``rewritten``: the chain holds, but the hash at an anchored version is not the one
-  anchored (the history from there on was recomputed).
+  anchored (the history from there on was recomputed);
+- ``unsigned``, ``signature``: with a keyring, an event without a signature (one older
+  than ``unsigned_before`` aside), or whose signature does not hold by a key the keyring
+  knows and that was valid at the event's time. A history rewritten and re-hashed by
+  someone without a signing key is caught here, without anchors.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from jobledger.audit.anchors import Anchor, AnchorLog, AnchorSink, Head, make_an
 from jobledger.audit.errors import AnchorRefusedError
 from jobledger.audit.log import StoredRecord, job_uuids, read_job, read_jobs
 from jobledger.job import Job
+from jobledger.ports import KeyringCheck
 
 Progress = Callable[[int, int], None]
 """Called with (jobs done, jobs in all)."""
@@ -67,10 +72,21 @@ class JobCheck:
 
 
 @dataclass(frozen=True)
+class Signatures:
+    """What verify holds each event's signature against."""
+
+    keyring: KeyringCheck
+    unsigned_before: datetime | None = None
+    """Unsigned events older than this pass (a store that predates signing)."""
+
+
+@dataclass(frozen=True)
 class VerifyReport:
     jobs: tuple[JobCheck, ...]
     anchor_problems: tuple[str, ...] = ()
     anchors_read: int = 0
+    signatures_checked: bool = False
+    """False: no keyring was given, so who wrote the events was not checked."""
 
     @property
     def events(self) -> int:
@@ -89,11 +105,15 @@ def check_job(
     job_uuid: UUID,
     records: Sequence[StoredRecord],
     anchored: tuple[Head, Anchor] | None = None,
+    signatures: Signatures | None = None,
 ) -> JobCheck:
-    """Recompute one job's chain from its stored rows (in version order), then hold its
-    newest anchored head against them."""
+    """Recompute one job's chain from its stored rows (in version order), check each
+    event's signature (with ``signatures``), then hold its newest anchored head against
+    them."""
     tenant_id, job_id = _names(records, anchored)
     broken = _chain_break(records)
+    if broken is None and signatures is not None:
+        broken = _signature_break(records, signatures)
     if broken is None and anchored is not None:
         broken = _anchor_break(records, *anchored)
     head = None
@@ -118,6 +138,7 @@ def verify_store(
     progress: Progress | None = None,
     *,
     tenant_id: str | None = None,
+    signatures: Signatures | None = None,
 ) -> VerifyReport:
     """Every job in the log (and every anchored job, even if it is gone from the log), or
     with ``tenant_id`` that tenant's. A job is placed by its stored ``Submitted`` (or its
@@ -127,7 +148,7 @@ def verify_store(
     uuids = sorted(set(job_uuids(store)) | set(anchored))
     checks = []
     for done, (job_uuid, records) in enumerate(read_jobs(store, uuids), start=1):
-        check = check_job(job_uuid, records, anchored.get(job_uuid))
+        check = check_job(job_uuid, records, anchored.get(job_uuid), signatures)
         if tenant_id is None or check.tenant_id in (tenant_id, None):
             checks.append(check)
         if progress is not None:
@@ -136,18 +157,23 @@ def verify_store(
         jobs=tuple(checks),
         anchor_problems=anchors.problems if anchors is not None else (),
         anchors_read=len(anchors.anchors) if anchors is not None else 0,
+        signatures_checked=signatures is not None,
     )
 
 
 def verify_one(
-    store: EventSourcedJobStore, job_uuid: UUID, anchors: AnchorLog | None = None
+    store: EventSourcedJobStore,
+    job_uuid: UUID,
+    anchors: AnchorLog | None = None,
+    signatures: Signatures | None = None,
 ) -> VerifyReport:
     anchored = anchors.latest_heads() if anchors is not None else {}
-    check = check_job(job_uuid, read_job(store, job_uuid), anchored.get(job_uuid))
+    check = check_job(job_uuid, read_job(store, job_uuid), anchored.get(job_uuid), signatures)
     return VerifyReport(
         jobs=(check,),
         anchor_problems=anchors.problems if anchors is not None else (),
         anchors_read=len(anchors.anchors) if anchors is not None else 0,
+        signatures_checked=signatures is not None,
     )
 
 
@@ -189,6 +215,28 @@ def _chain_break(records: Sequence[StoredRecord]) -> Finding | None:
             return _mismatch(records, index, previous)
         previous = stored
         expected += 1
+    return None
+
+
+def _signature_break(records: Sequence[StoredRecord], signatures: Signatures) -> Finding | None:
+    """The first event (of an intact chain) whose writer the keyring does not vouch for."""
+    for record in records:
+        event = record.event
+        assert event is not None  # the chain verified
+        sealed = chain.attached(event)
+        signer, signature = (sealed.signer, sealed.signature) if sealed else (None, None)
+        event_type = type(event).__qualname__
+        if signature is None:
+            cutoff = signatures.unsigned_before
+            if cutoff is not None and event.timestamp < cutoff:
+                continue
+            why = "the event is not signed" + (
+                f" (and is not older than {cutoff.isoformat()})" if cutoff is not None else ""
+            )
+            return Finding(record.version, event_type, "unsigned", why)
+        failed = signatures.keyring.check(signer, signature, event.chain_hash, event.timestamp)
+        if failed is not None:
+            return Finding(record.version, event_type, "signature", failed)
     return None
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -20,12 +21,20 @@ from rich.table import Table
 
 from jobledger.audit import export as exporting
 from jobledger.audit.anchors import DEFAULT_ANCHOR_FILE, AnchorLog, FileAnchorSink, read_anchors
-from jobledger.audit.tamper import JobCheck, VerifyReport, take_anchor, verify_one, verify_store
+from jobledger.audit.tamper import (
+    JobCheck,
+    Signatures,
+    VerifyReport,
+    take_anchor,
+    verify_one,
+    verify_store,
+)
 from jobledger.cli import output
 from jobledger.cli.params import LARGEST, JobId, Tenant
 from jobledger.cli.session import ConfigOption, Exit, JsonFlag, StoreOption, open_engine
 from jobledger.engine import Engine
 from jobledger.identity import job_uuid
+from jobledger.signing import Keyring
 from jobledger.status import JobStatus
 
 if TYPE_CHECKING:
@@ -290,6 +299,26 @@ def verify(
             dir_okay=False,
         ),
     ] = None,
+    keyring: Annotated[
+        Path | None,
+        typer.Option(
+            "--keyring",
+            metavar="FILE",
+            help="The keyring of published public keys (default: the configured one): "
+            "every event must be signed by a key it holds, valid at the event's time.",
+            exists=True,
+            dir_okay=False,
+        ),
+    ] = None,
+    unsigned_before: Annotated[
+        str | None,
+        typer.Option(
+            "--unsigned-before",
+            metavar="TIME",
+            help="With a keyring: accept unsigned events older than TIME (ISO 8601 with "
+            "a zone), written before signing was turned on.",
+        ),
+    ] = None,
     store: StoreOption = None,
     config: ConfigOption = None,
     json: JsonFlag = False,
@@ -299,15 +328,21 @@ def verify(
     Every job unless given TENANT JOB (one job) or --tenant T (one tenant's).
 
     Reports the version, event, kind and why: an edited field, a deleted event, a
-    reordered history; with --anchors also a truncated or rewritten one. Exits 1 if any
-    chain (or the anchor file) is broken.
+    reordered history; with --anchors also a truncated or rewritten one; with a keyring
+    an event unsigned or not signed by a key valid at its time (a history re-hashed by
+    someone without a key). Exits 1 if any chain (or the anchor file) is broken.
     """
     if (tenant is None) != (job is None) or (tenant is not None and (all_jobs or only_tenant)):
         raise typer.BadParameter("give TENANT JOB, or --tenant T, or --all (the default)")
     if all_jobs and only_tenant is not None:
         raise typer.BadParameter("give --tenant T or --all, not both")
+    cutoff = _moment(unsigned_before, "--unsigned-before")
     anchor_log = read_anchors(anchors) if anchors is not None else None
     with open_engine(store, config, purpose="verify", mode="read") as engine:
+        keyring = keyring if keyring is not None else engine.deps.config.keyring
+        if cutoff is not None and keyring is None:
+            raise typer.BadParameter("--unsigned-before needs a keyring (--keyring FILE)")
+        signatures = Signatures(Keyring.from_file(keyring), cutoff) if keyring is not None else None
         if tenant is None:
             with _progress(not json) as progress:
                 task = progress.add_task("verifying", total=None)
@@ -316,16 +351,17 @@ def verify(
                     anchor_log,
                     lambda done, total: progress.update(task, completed=done, total=total),
                     tenant_id=only_tenant,
+                    signatures=signatures,
                 )
         else:
             assert tenant is not None and job is not None
-            report = verify_one(engine.deps.store, job_uuid(tenant, job), anchor_log)
+            report = verify_one(engine.deps.store, job_uuid(tenant, job), anchor_log, signatures)
             if report.jobs[0].events == 0 and report.jobs[0].anchored_version is None:
                 engine.job(tenant, job)  # raises: no such job
     if json:
-        output.print_json(_verify_document(report, anchors, anchor_log))
+        output.print_json(_verify_document(report, anchors, anchor_log, keyring, cutoff))
     else:
-        _print_verify(report, anchors)
+        _print_verify(report, anchors, keyring)
     if not report.intact:
         broken = report.broken
         if broken and broken[0].broken is not None:
@@ -384,14 +420,35 @@ def anchor(
     )
 
 
+def _moment(text: str | None, option: str) -> datetime | None:
+    if text is None:
+        return None
+    try:
+        moment = datetime.fromisoformat(text)
+    except ValueError:
+        raise typer.BadParameter(f"{option}: {text!r} is not an ISO 8601 time") from None
+    if moment.tzinfo is None:
+        raise typer.BadParameter(f"{option}: {text!r} has no zone (e.g. end it in Z)")
+    return moment
+
+
 def _verify_document(
-    report: VerifyReport, anchors: Path | None, anchor_log: AnchorLog | None
+    report: VerifyReport,
+    anchors: Path | None,
+    anchor_log: AnchorLog | None,
+    keyring: Path | None,
+    unsigned_before: datetime | None,
 ) -> dict[str, Any]:
     document: dict[str, Any] = {
         "intact": report.intact,
         "jobs": len(report.jobs),
         "events": report.events,
         "broken": [_check_document(check) for check in report.broken],
+        "signatures": {
+            "checked": report.signatures_checked,
+            "keyring": str(keyring) if keyring is not None else None,
+            "unsigned_before": unsigned_before.isoformat() if unsigned_before else None,
+        },
     }
     if anchors is not None and anchor_log is not None:
         document["anchors"] = {
@@ -421,9 +478,14 @@ def _check_document(check: JobCheck) -> dict[str, Any]:
     }
 
 
-def _print_verify(report: VerifyReport, anchors: Path | None) -> None:
+def _print_verify(report: VerifyReport, anchors: Path | None, keyring: Path | None) -> None:
     out = output.console()
     anchored = f" against {report.anchors_read} anchor(s) in {anchors}" if anchors else ""
+    signed = (
+        f"; signatures checked against {keyring}"
+        if keyring is not None
+        else "; signatures not checked (no keyring)"
+    )
     if report.broken:
         table = Table(title="broken chains")
         for column in ("job", "version", "event", "kind", "reason"):
@@ -441,7 +503,9 @@ def _print_verify(report: VerifyReport, anchors: Path | None) -> None:
     for problem in report.anchor_problems:
         out.print(f"anchor file: {problem}")
     state = "all intact" if report.intact else f"{len(report.broken)} broken"
-    out.print(f"verified {len(report.jobs)} job(s), {report.events} events{anchored}: {state}")
+    out.print(
+        f"verified {len(report.jobs)} job(s), {report.events} events{anchored}{signed}: {state}"
+    )
 
 
 # ---- export and import ------------------------------------------------------------------------
