@@ -19,7 +19,6 @@ import shutil
 import subprocess
 import sys
 import tomllib
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -30,10 +29,7 @@ from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
 from jobledger import Engine, verifier
 from jobledger.adapters.clock import FakeClock
-from jobledger.adapters.event_store import EventSourcedJobStore
 from jobledger.identity import job_uuid
-from jobledger.ports import JobStore
-from jobledger.signing import Ed25519Signer
 from jobledger.workflows import DefinitionRegistry
 from jobledger.workflows.loader import parse_definition
 from tests import independent_verifier
@@ -137,19 +133,6 @@ def cli_lines(*args: str) -> Lines:
     return result.stdout.rstrip("\n").split("\n")
 
 
-def signing_with(keys_file: Path) -> Callable[[JobStore], JobStore]:
-    """The store given the writer's signer (K's Ed25519Signer from the signing-keys file)
-    through the engine factory's store seam: the engine's own wiring of
-    ``EngineConfig.signing_keys`` is not in this branch yet."""
-
-    def wrap(store: JobStore) -> JobStore:
-        assert isinstance(store, EventSourcedJobStore)
-        store.sealing.signer = Ed25519Signer.from_file(keys_file)
-        return store
-
-    return wrap
-
-
 @pytest.fixture
 def corpus(make_engine: EngineFactory, store_url: str, clock: FakeClock, tmp_path: Path) -> Corpus:
     """acme/old written before the store signed; then, signed by two keys in rotation
@@ -169,12 +152,13 @@ def corpus(make_engine: EngineFactory, store_url: str, clock: FakeClock, tmp_pat
     ):
         moments = [w.isoformat() if isinstance(w, datetime) else w for w in window]
         cli_lines("keys", "generate", key_id, "--dir", str(keys), *moments)
-    signed = make_engine(wrap_store=signing_with(keys / "signing-keys.json"))
+    signing = {"signing_keys": keys / "signing-keys.json"}
+    signed = make_engine(config=signing)
     anchors = tmp_path / "anchors.jsonl"
     run_jobs(signed, [("acme", "a"), ("beta", "c")])
     signups = make_engine(
         registry=DefinitionRegistry([parse_definition(SIGNUP, "signup.yaml")]),
-        wrap_store=signing_with(keys / "signing-keys.json"),
+        config=signing,
     )
     customer = {"customer": {"email": "ada@example.com", "plan": "gold"}}
     signups.submit("acme", "ada", "signup", input=customer, data_subject="ada")
@@ -393,6 +377,7 @@ def test_both_verifiers_agree_on_good_and_tampered_exports(corpus: Corpus) -> No
     wrong = [problem for case in all_cases for problem in check(corpus, case)]
     wrong += random_disagreements(corpus, random.Random(16), 300)
     assert not wrong, "\n".join(wrong)
+    report_wording(corpus)
 
 
 def mutate(lines: Lines, rng: random.Random) -> Lines:
@@ -446,8 +431,8 @@ def random_disagreements(corpus: Corpus, rng: random.Random, rounds: int) -> lis
     return wrong
 
 
-def test_unreadable_input_exits_2_in_both(corpus: Corpus, tmp_path: Path) -> None:
-    export = corpus.write("good.jsonl", corpus.export)
+def test_unreadable_input_exits_2_in_both(tmp_path: Path) -> None:
+    export, keyring = example_files(tmp_path)
     not_a_keyring = tmp_path / "not-a-keyring.json"
     not_a_keyring.write_text('{"format": "jobledger.keyring/1", "keys": [{"id": "k"}]}')
     latin1 = tmp_path / "latin1.jsonl"
@@ -456,14 +441,16 @@ def test_unreadable_input_exits_2_in_both(corpus: Corpus, tmp_path: Path) -> Non
         [str(tmp_path / "missing.jsonl")],
         [str(latin1)],
         [str(export), "--keyring", str(not_a_keyring)],
-        [str(export), "--keyring", str(corpus.keyring), "--unsigned-before", "yesterday"],
+        [str(export), "--keyring", str(keyring), "--unsigned-before", "yesterday"],
         [str(export), "--anchors", str(tmp_path / "missing-anchors.jsonl")],
     ):
         assert by_verifier(args).exit == 2, args
         assert by_independent(args).exit == 2, args
 
 
-def test_the_report_names_the_failure(corpus: Corpus) -> None:
+def report_wording(corpus: Corpus) -> None:
+    """The text report (``python -m jobledger.verifier``) names the job, the version and
+    why, and says when signatures were not checked."""
     export = corpus.write("rewritten.jsonl", rewrite_tail(corpus.export, str(A), 3, None))
     result = run("-m", "jobledger.verifier", str(export), "--keyring", str(corpus.keyring))
     assert result.returncode == 1
@@ -535,11 +522,28 @@ def sha256(data: bytes) -> bytes:
     return hashlib.sha256(data).digest()
 
 
+def worked_example() -> tuple[str, list[str]]:
+    """Section 8 of the document, and its code blocks: the keyring entry, the event line,
+    the manifest line, the canonical bytes."""
+    example = DOC.read_text(encoding="utf-8").split("## 8. Worked example")[1]
+    return example, re.findall(r"```(?:json)?\n(.*?)\n```", example, re.DOTALL)
+
+
+def example_files(tmp_path: Path) -> tuple[Path, Path]:
+    """The example's export and keyring, as files."""
+    _, (key_entry, line, manifest, _) = worked_example()
+    keyring = tmp_path / "example-keyring.json"
+    document = {"format": "jobledger.keyring/1", "keys": [json.loads(key_entry)]}
+    keyring.write_text(json.dumps(document), encoding="utf-8")
+    export = tmp_path / "example.jsonl"
+    export.write_text(f"{line}\n{manifest}\n", encoding="utf-8")
+    return export, keyring
+
+
 def test_the_documents_worked_example_is_true(tmp_path: Path) -> None:
     """Every value of docs/evidence-format.md's example, recomputed from the page's text,
     and its export verifying in both verifiers against its keyring."""
-    example = DOC.read_text(encoding="utf-8").split("## 8. Worked example")[1]
-    key_entry, line, manifest, body = re.findall(r"```(?:json)?\n(.*?)\n```", example, re.DOTALL)
+    example, (key_entry, line, _, body) = worked_example()
     event = json.loads(line)
     fields = {
         "originator_id": event["job_uuid"],
@@ -567,12 +571,7 @@ def test_the_documents_worked_example_is_true(tmp_path: Path) -> None:
     signature = base64.urlsafe_b64encode(private.sign(message)).rstrip(b"=").decode()
     assert signature == event["signature"] and f"the {len(message)} bytes" in example
 
-    keyring = tmp_path / "keyring.json"
-    keyring.write_text(
-        json.dumps({"format": "jobledger.keyring/1", "keys": [json.loads(key_entry)]})
-    )
-    export = tmp_path / "example.jsonl"
-    export.write_text(f"{line}\n{manifest}\n", encoding="utf-8")
+    export, keyring = example_files(tmp_path)
     args = [str(export), "--keyring", str(keyring)]
     assert by_verifier(args) == by_independent(args) == Outcome(0, {}, frozenset())
 
