@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import base64
 import binascii
+import functools
 import hashlib
 import json
 import re
@@ -82,6 +83,7 @@ def chain_hash(previous: str, line: dict[str, Any]) -> str:
     return hashlib.sha256(previous.encode() + event_bytes(line)).hexdigest()
 
 
+@functools.lru_cache(maxsize=1024)  # every line of a job asks again
 def job_uuid_of(tenant: str, job: str) -> str:
     return str(uuid5(JOB_NAMESPACE, f"{len(tenant)}:{tenant}/{job}"))
 
