@@ -50,7 +50,6 @@ KEYRING_FORMAT: Final = "jobledger.keyring/1"
 SIGNED_PREFIX: Final = b"jobledger.event/1\n"
 JOB_NAMESPACE: Final = UUID("6f1c3f0e-8a53-4f55-9a5e-4f3c0c7e2b11")
 RESERVED_DATA: Final = ("originator_id", "originator_version", "timestamp", "chain_hash")
-HEX64: Final = re.compile(r"[0-9a-f]{64}")
 SIGNATURE_B64URL: Final = re.compile(r"[A-Za-z0-9_-]{86}")  # 64 bytes, no padding
 PUBLIC_KEY_B64URL: Final = re.compile(r"[A-Za-z0-9_-]{43}")  # 32 bytes, no padding
 
