@@ -13,13 +13,16 @@ from typing import TYPE_CHECKING
 
 from jobledger.adapters.clock import SystemClock
 from jobledger.adapters.event_store import EventSourcedJobStore, StoreMode
+from jobledger.adapters.field_cipher import FieldCipher
 from jobledger.adapters.jwt_tokens import JwtResumeTokens
 from jobledger.adapters.local_queue import LocalQueue
 from jobledger.adapters.log_spend import LogSpend
 from jobledger.adapters.notifier import Notifiers, notifier_from_spec
 from jobledger.adapters.ops import LoggingOps
 from jobledger.adapters.store_url import parse_store_url
+from jobledger.adapters.subject_keys import MasterKeyError, SubjectKeyTable, master_key
 from jobledger.config import EngineConfig
+from jobledger.errors import ConfigError
 from jobledger.ports import (
     Clock,
     Cost,
@@ -58,6 +61,8 @@ class Deps:
     cost: Cost | None
     tokens: ResumeTokens | None
     notifier: Notifier | None
+    subject_keys: SubjectKeyTable | None = None
+    """The data subjects' keys (the cipher's, and erasure's), beside the store."""
     local_queue: LocalQueue | None = None
     kafka_queue: KafkaQueue | None = None
 
@@ -99,6 +104,7 @@ def build(
     The transport is decided here, once: a process that runs on Kafka says so in the
     config it builds from (the CLI's ``--transport``), never by swapping queues later."""
     clock = clock if clock is not None else SystemClock()
+    subject_keys = SubjectKeyTable(master=_master_key(config))
     if signer is None and store_mode != "read" and config.signing_keys is not None:
         signer = Ed25519Signer.from_file(config.signing_keys)
     store = EventSourcedJobStore(
@@ -107,9 +113,10 @@ def build(
         cache_size=config.cache_size,
         snapshot_interval=config.snapshot_interval,
         mode=store_mode,
-        sealer=sealer,
+        sealer=sealer if sealer is not None else FieldCipher(subject_keys),
         signer=signer,
     )
+    subject_keys.attach(store.backend, create=store_mode != "read")
     chosen, local_queue, kafka_queue = _queue(config, clock, queue)
     return Deps(
         config=config,
@@ -122,6 +129,7 @@ def build(
         cost=cost if cost is not None else LogSpend(store),
         tokens=tokens if tokens is not None else _tokens(config),
         notifier=_notifier(config, notifier),
+        subject_keys=subject_keys,
         local_queue=local_queue,
         kafka_queue=kafka_queue,
     )
@@ -143,6 +151,14 @@ def _queue(
         return kafka, None, kafka
     local = LocalQueue(clock)
     return local, local, None
+
+
+def _master_key(config: EngineConfig) -> bytes | None:
+    secret = config.erasure_master_key
+    try:
+        return None if secret is None else master_key(secret.get_secret_value())
+    except MasterKeyError as error:
+        raise ConfigError(f"JOBLEDGER_ERASURE_MASTER_KEY: {error}") from None
 
 
 def _notifier(config: EngineConfig, given: Notifier | None) -> Notifier | None:

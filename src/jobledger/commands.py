@@ -19,6 +19,7 @@ from uuid import uuid4
 from jobledger import retry
 from jobledger.budget import parse_budget
 from jobledger.engine_parts import EngineParts, _check_id
+from jobledger.erasure import check_subject
 from jobledger.errors import (
     ApprovalAlreadyDecidedError,
     ConcurrencyError,
@@ -89,9 +90,12 @@ class JobCommands(EngineParts):
         mission_id: str | None = None,
         employee_id: str | None = None,
         correlation_id: str | None = None,
+        data_subject: str | None = None,
     ) -> JobView:
         """Create a job and enqueue its first tick. Submitting the same job again, or
-        with an idempotency key already used, returns the existing job unchanged."""
+        with an idempotency key already used, returns the existing job unchanged.
+        ``data_subject``: whose personal data the job holds (the workflow's
+        ``personal_data``), sealed with that subject's key; without one, a key of its own."""
         return self.submission(
             tenant_id,
             job_id,
@@ -103,6 +107,7 @@ class JobCommands(EngineParts):
             mission_id=mission_id,
             employee_id=employee_id,
             correlation_id=correlation_id,
+            data_subject=data_subject,
         ).job
 
     def submission(
@@ -118,6 +123,7 @@ class JobCommands(EngineParts):
         mission_id: str | None = None,
         employee_id: str | None = None,
         correlation_id: str | None = None,
+        data_subject: str | None = None,
     ) -> Submission:
         """:meth:`submit`, saying whether this call created the job or found it (the
         HTTP API answers 201 or 200): decided by the append itself, so two racing
@@ -135,6 +141,9 @@ class JobCommands(EngineParts):
                 # The key was reserved by a submit that died before creating its job.
                 job_id = marker.job_id
         version = self._workflow_version(workflow_type, workflow_version)
+        personal, key_id = self._personal_data(
+            tenant_id, job_id, workflow_type, version, data_subject
+        )
         limit = self.config.max_payload_bytes
         job = Job.submit(
             tenant_id=tenant_id,
@@ -154,6 +163,8 @@ class JobCommands(EngineParts):
             correlation_id=correlation_id,
             submit_key=idempotency_key,
             timestamp=self.clock.now(),
+            personal_data=personal,
+            personal_data_key=key_id,
         )
         stored = self._create(job, idempotency_key)
         if stored is job:
@@ -167,6 +178,33 @@ class JobCommands(EngineParts):
         if not self.registry.has(workflow_type, version):
             raise UnknownWorkflowError(f"unknown workflow {workflow_type!r} v{version}")
         return version
+
+    def _personal_data(
+        self,
+        tenant_id: str,
+        job_id: str,
+        workflow_type: str,
+        version: int,
+        subject: str | None,
+    ) -> tuple[tuple[str, ...], str | None]:
+        """The job's personal paths and the id of the key that seals them, taken (and the
+        job noted under it) before the job is written, so an erasure finds every job."""
+        paths = self.registry.personal_data(workflow_type, version)
+        if subject is not None:
+            check_subject(subject)
+            if not paths:
+                raise InvalidPayloadError(
+                    f"workflow {workflow_type!r} v{version} declares no personal_data: "
+                    "a data subject means nothing for its jobs"
+                )
+        if not paths:
+            return (), None
+        if self.subject_keys is None:
+            raise ConfigError(
+                f"workflow {workflow_type!r} v{version} declares personal_data, and this "
+                "engine has no subject key store to seal it with"
+            )
+        return paths, self.subject_keys.key_for(tenant_id, subject, job_id)
 
     def _submit_key(self, tenant_id: str, key: str) -> ConsumedKey | None:
         key_id = key_uuid(tenant_id, KeyKind.SUBMIT, key)

@@ -67,6 +67,10 @@ class EngineConfig(BaseSettings):
     token_issuer: str = "jobledger"
     token_audience: str = "jobledger.resume"
 
+    erasure_master_key: SecretStr | None = None
+    """Wraps the data subjects' keys in the store (base64url of 32 bytes): a copy of the
+    database alone then opens no personal value. Unset: the keys are stored unwrapped."""
+
     notifier: str | None = None
     """Where the tokens and approval requests jobs hand out go: ``stdout``, ``file:PATH``
     (JSON lines), ``webhook:URL`` (a JSON POST) or ``package.module:Class``."""

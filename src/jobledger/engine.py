@@ -13,9 +13,11 @@ import threading
 from jobledger import bootstrap
 from jobledger.adapters.event_store import StoreMode
 from jobledger.bootstrap import Deps
-from jobledger.commands import JobCommands, SignalOutcome, Submission
+from jobledger.commands import SignalOutcome, Submission
 from jobledger.config import EngineConfig
 from jobledger.engine_parts import EngineParts
+from jobledger.erasing import ErasureCommands
+from jobledger.erasure import SubjectKeys
 from jobledger.grouping import GroupCommitter
 from jobledger.orchestrator import Orchestrator
 from jobledger.ports import (
@@ -43,7 +45,7 @@ engine's own threads queue here rather than racing each other at the store."""
 __all__ = ["Engine", "EngineParts", "SignalOutcome", "Submission"]
 
 
-class Engine(JobCommands, TickRunner, JobReader):
+class Engine(ErasureCommands, TickRunner, JobReader):
     """The facade: commands on jobs, the tick, the reads. Built from the wiring the
     composition root decided (:func:`jobledger.bootstrap.build`); ``Engine.open`` does
     both."""
@@ -59,6 +61,7 @@ class Engine(JobCommands, TickRunner, JobReader):
         self.config: EngineConfig = deps.config
         self.tokens: ResumeTokens | None = deps.tokens
         self.leases: Leases | None = deps.leases
+        self.subject_keys: SubjectKeys | None = deps.subject_keys
         self._turns = [threading.Lock() for _ in range(_TURN_STRIPES)]
         self.blocked_notes: BlockedNotes | None = None
         """Where ``handle`` notes jobs it left untouched for a deployment error (the

@@ -14,6 +14,7 @@ from typing import Any
 
 from jobledger.bootstrap import Deps
 from jobledger.config import EngineConfig
+from jobledger.erasure import SubjectKeys
 from jobledger.errors import (
     BrokenHistoryError,
     InvalidPayloadError,
@@ -53,6 +54,7 @@ class EngineParts:
     orchestrator: Orchestrator
     group: GroupCommitter
     blocked_notes: BlockedNotes | None
+    subject_keys: SubjectKeys | None
     _turns: list[threading.Lock]
 
     def _kept_until(self, job: Job) -> datetime | None:

@@ -158,6 +158,14 @@ class UnauthorisedDeciderError(ApprovalError):
     pass
 
 
+class UnknownSubjectError(JobLedgerError):
+    """An erasure names a data subject the tenant has no key for, nor ever erased."""
+
+
+class SubjectErasedError(JobLedgerError):
+    """An erasure names a data subject whose keys were already destroyed."""
+
+
 class StepError(Exception):
     """Raise from a step executor to say whether the failure is worth retrying.
 

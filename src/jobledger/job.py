@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from copy import deepcopy
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from decimal import Decimal
 from enum import StrEnum
@@ -13,7 +13,7 @@ from typing import Any, ClassVar
 from eventsourcing.domain import Aggregate
 from eventsourcing.domain import Snapshot as AggregateSnapshot
 
-from jobledger import chain, identity
+from jobledger import chain, erasure, identity
 from jobledger.errors import (
     JobFinishedError,
     JobNotWaitingError,
@@ -94,9 +94,12 @@ class Job(Aggregate):
     pending_approval: ApprovalGate | None
     inbox: tuple[BufferedSignal, ...]
     chain_head: str
+    personal_data: tuple[str, ...]
+    personal_data_key: str | None
+    personal_data_erased: bool
 
-    # Version 2 holds ``key_scheme``; older snapshots are upcast when read.
-    class_version = 2
+    # Version 2 holds ``key_scheme``, 3 ``personal_data``; older snapshots are upcast.
+    class_version = 3
 
     def __init__(self) -> None:
         """State is set by ``Submitted.evolve``: the events, not the constructor, define a job."""
@@ -104,6 +107,12 @@ class Job(Aggregate):
     @staticmethod
     def upcast_v1_v2(state: JSON) -> None:
         state["key_scheme"] = LEGACY_KEY_SCHEME
+
+    @staticmethod
+    def upcast_v2_v3(state: JSON) -> None:
+        state["personal_data"] = []
+        state["personal_data_key"] = None
+        state["personal_data_erased"] = False
 
     def step_key(self, step_number: int) -> str:
         """The idempotency key of the job's step ``step_number``, in the job's own scheme."""
@@ -133,6 +142,7 @@ class Job(Aggregate):
             job.wait_event = None if wait is None else EventWait.from_dict(wait)
             job.pending_approval = None if approval is None else ApprovalGate.from_dict(approval)
             job.inbox = tuple(BufferedSignal.from_dict(m) for m in vars(job)["inbox"])
+            job.personal_data = tuple(vars(job)["personal_data"])
             return job
 
     class Event(Aggregate.Event):
@@ -166,6 +176,11 @@ class Job(Aggregate):
         key_scheme: int = LEGACY_KEY_SCHEME
         """How the job's step keys are shaped (``jobledger.identity``); absent from jobs
         submitted before it was kept, which keep the keys they started with."""
+        personal_data: list[str] | None = None
+        personal_data_key: str | None = None
+        """The dotted paths into state whose values are personal, fixed at submit, and
+        the opaque id of the key they are sealed with (never the data subject's name:
+        it may itself be personal). None: the job holds no personal data."""
 
         def evolve(self, job: Job) -> None:
             job.tenant_id = self.tenant_id
@@ -179,6 +194,9 @@ class Job(Aggregate):
             job.correlation_id = self.correlation_id
             job.submit_key = self.submit_key
             job.key_scheme = self.key_scheme
+            job.personal_data = tuple(self.personal_data or ())
+            job.personal_data_key = self.personal_data_key
+            job.personal_data_erased = False
             job.chain_head = chain.GENESIS
             job.status = JobStatus.QUEUED
             job.current_step = 0
@@ -492,6 +510,25 @@ class Job(Aggregate):
         def evolve(self, job: Job) -> None:
             job.pending_approval = ApprovalGate.from_dict(self.approval)
 
+    class Erased(Event):
+        """The data subject's key was destroyed on request: the job's personal values
+        (``paths``, sealed with key ``key_id``) are unreadable from here on, in every
+        event that holds them. Written before the key is deleted."""
+
+        key_id: str
+        paths: list[str]
+        erased_by: str
+        reason: str
+
+        def evolve(self, job: Job) -> None:
+            job.personal_data_erased = True
+            # A process that still holds the job in memory stops serving the plaintext.
+            job.state = erasure.replaced(job.state, self.paths, erasure.ERASED)
+            job.inbox = tuple(
+                replace(m, payload=erasure.replaced(m.payload, self.paths, erasure.ERASED))
+                for m in job.inbox
+            )
+
     # ---- creation -------------------------------------------------------------------
 
     @classmethod
@@ -510,6 +547,8 @@ class Job(Aggregate):
         submit_key: str | None,
         timestamp: datetime,
         key_scheme: int = KEY_SCHEME,
+        personal_data: tuple[str, ...] = (),
+        personal_data_key: str | None = None,
     ) -> Job:
         return cls._create(
             cls.Submitted,
@@ -527,6 +566,8 @@ class Job(Aggregate):
             correlation_id=correlation_id,
             submit_key=submit_key,
             key_scheme=key_scheme,
+            personal_data=list(personal_data) if personal_data else None,
+            personal_data_key=personal_data_key,
         )
 
     # ---- commands: each checks its precondition, then appends one event ---------------
@@ -891,6 +932,16 @@ class Job(Aggregate):
         if approval is not None:
             why = f"migrated from v{from_version} to v{to_version}"
             self._append(Job.ApprovalRerouted, now, approval=approval.to_dict(), reason=why)
+
+    def erase(self, *, key_id: str, erased_by: str, reason: str, now: datetime) -> None:
+        """Record that the key of this job's personal values is being destroyed. A
+        finished job is erased too: its history still holds the values."""
+        if key_id != self.personal_data_key:
+            raise ValueError(f"job {self.job_id!r} holds no values sealed with key {key_id!r}")
+        paths = list(self.personal_data)
+        self._append(
+            Job.Erased, now, key_id=key_id, paths=paths, erased_by=erased_by, reason=reason
+        )
 
     # ---- the preconditions commands share ---------------------------------------------
 

@@ -377,6 +377,9 @@ class WorkflowRegistry(Protocol):
         """The definition's budget (max_steps, max_cost_usd, deadline_seconds); a submit's
         own budget overrides it key by key."""
 
+    def personal_data(self, workflow_type: str, workflow_version: int) -> tuple[str, ...]:
+        """The dotted paths into job state whose values are personal (``jobledger.erasure``)."""
+
     def resolve(self, request: ResolveRequest) -> Resolution:
         """Pure: the same request always gives the same resolution. A throw is a bug in
         the definition and fails the job."""

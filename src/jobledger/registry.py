@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from jobledger.erasure import path_problem
 from jobledger.errors import UnknownWorkflowError
 from jobledger.ports import Resolution, ResolveRequest
 
@@ -15,11 +16,24 @@ Resolver = Callable[[ResolveRequest], Resolution]
 class FunctionRegistry:
     def __init__(self, workflows: dict[tuple[str, int], Resolver] | None = None) -> None:
         self._workflows: dict[tuple[str, int], Resolver] = dict(workflows or {})
+        self._personal: dict[tuple[str, int], tuple[str, ...]] = {}
 
-    def register(self, workflow_type: str, version: int, resolver: Resolver) -> None:
+    def register(
+        self,
+        workflow_type: str,
+        version: int,
+        resolver: Resolver,
+        *,
+        personal_data: tuple[str, ...] = (),
+    ) -> None:
+        """``personal_data``: dotted paths into job state whose values are personal."""
         if (workflow_type, version) in self._workflows:
             raise ValueError(f"workflow {workflow_type!r} v{version} is already registered")
+        problems = [p for p in map(path_problem, personal_data) if p is not None]
+        if problems:
+            raise ValueError(f"personal_data of {workflow_type!r} v{version}: {problems[0]}")
         self._workflows[(workflow_type, version)] = resolver
+        self._personal[(workflow_type, version)] = tuple(personal_data)
 
     def latest_version(self, workflow_type: str) -> int:
         versions = [v for (t, v) in self._workflows if t == workflow_type]
@@ -35,6 +49,9 @@ class FunctionRegistry:
 
     def budget_defaults(self, workflow_type: str, workflow_version: int) -> dict[str, Any]:
         return {}
+
+    def personal_data(self, workflow_type: str, workflow_version: int) -> tuple[str, ...]:
+        return self._personal.get((workflow_type, workflow_version), ())
 
     def resolve(self, request: ResolveRequest) -> Resolution:
         key = (request.workflow_type, request.workflow_version)

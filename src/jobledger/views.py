@@ -9,7 +9,7 @@ from datetime import datetime
 from decimal import Decimal
 from typing import Any
 
-from jobledger import chain
+from jobledger import chain, erasure
 from jobledger.frozen import FrozenDict
 from jobledger.job import Job
 from jobledger.status import JobStatus
@@ -44,6 +44,8 @@ class JobView:
     next_step: str | None
     pending_approval_id: str | None
     buffered_signals: int
+    erased: tuple[str, ...] = ()
+    """The paths of personal values in ``state`` that read as erased (their key is gone)."""
 
     @classmethod
     def of(cls, job: Job) -> JobView:
@@ -87,6 +89,7 @@ class JobView:
                 job.pending_approval.approval_id if job.pending_approval else None
             ),
             buffered_signals=len(job.inbox),
+            erased=tuple(erasure.erased_paths(job.state, job.personal_data)),
         )
 
 

@@ -104,6 +104,9 @@ class RecordingRegistry:
     def budget_defaults(self, workflow_type: str, workflow_version: int) -> dict[str, Any]:
         return self.inner.budget_defaults(workflow_type, workflow_version)
 
+    def personal_data(self, workflow_type: str, workflow_version: int) -> tuple[str, ...]:
+        return self.inner.personal_data(workflow_type, workflow_version)
+
     def resolve(self, request: ResolveRequest) -> Resolution:
         self.requests.append(request)
         return self.inner.resolve(request)

@@ -45,7 +45,7 @@ from functools import partial
 from typing import Any, Final
 from uuid import UUID
 
-from jobledger import transition
+from jobledger import erasure, transition
 from jobledger.audit.errors import ReplayError
 from jobledger.config import EngineConfig
 from jobledger.job import Claim, Job
@@ -154,6 +154,9 @@ class ReplayReport:
     status: str
     events: int
     steps: tuple[StepReplay, ...] = field(default_factory=tuple)
+    unreadable: tuple[str, ...] = ()
+    """The personal values replay could not read (erased: ``v3 output.customer.email``);
+    a step that decided on one of them may replay differently."""
 
     @property
     def safe(self) -> bool:
@@ -202,6 +205,7 @@ def replay_job(
     job: Job | None = None
     claim: _Claim | None = None
     tick_reasons: dict[str, str] = {}
+    unreadable: list[str] = []
     for index, event in enumerate(events):
         if job is None and not isinstance(event, Job.Submitted):
             raise ReplayError(f"the history starts with {type(event).__name__}, not Submitted")
@@ -244,6 +248,8 @@ def replay_job(
                 f"the history does not fold at v{event.originator_version} "
                 f"({type(event).__name__}): {error}"
             ) from None
+        if job is not None and job.personal_data:
+            unreadable.extend(_unreadable(event, job.personal_data))
         if job is not None and job.status is not JobStatus.RUNNING:
             claim = None
     if job is None:
@@ -258,7 +264,13 @@ def replay_job(
         status=str(job.status),
         events=len(events),
         steps=tuple(replays),
+        unreadable=tuple(unreadable),
     )
+
+
+def _unreadable(event: Job.Event, paths: Sequence[str]) -> list[str]:
+    fields = erasure.unreadable_fields(type(event).__qualname__, vars(event), paths)
+    return [f"v{event.originator_version} {name}" for name in fields]
 
 
 # ---- rebuilding the request ---------------------------------------------------------------

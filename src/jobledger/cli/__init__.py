@@ -23,6 +23,7 @@ from jobledger.cli import (
     commands_decisions,
     commands_definitions,
     commands_demo,
+    commands_erasure,
     commands_http,
     commands_jobs,
     commands_keys,
@@ -92,6 +93,7 @@ app.command()(commands_audit.anchor)
 app.command()(commands_audit.export)
 app.command("import")(commands_audit.import_)
 app.add_typer(commands_keys.app, name="keys")
+app.command()(commands_erasure.erase)
 app.add_typer(commands_definitions.app, name="definitions")
 app.add_typer(commands_config.app, name="config")
 app.command()(commands_demo.demo)

@@ -221,6 +221,7 @@ def _replay_document(report: ReplayReport) -> dict[str, Any]:
         "verdict": report.verdict,
         "diverged_at_step": report.diverged_at.step_number if report.diverged_at else None,
         "steps": [_step_document(step) for step in report.steps],
+        "unreadable": list(report.unreadable),
     }
 
 
@@ -254,6 +255,8 @@ def _print_replay(report: ReplayReport) -> None:
     if not report.steps:
         table.caption = "no step recorded yet"
     out.print(table)
+    if report.unreadable:
+        out.print(f"could not read (erased): {', '.join(report.unreadable)}")
     out.print(f"verdict: {report.verdict}")
 
 

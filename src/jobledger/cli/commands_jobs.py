@@ -50,6 +50,15 @@ def submit(
         str | None,
         typer.Option("--correlation", metavar="ID", help="Ties it to a request elsewhere."),
     ] = None,
+    subject: Annotated[
+        str | None,
+        typer.Option(
+            "--subject",
+            metavar="S",
+            help="Whose personal data the job holds (the workflow's personal_data): "
+            "sealed with that data subject's key, erased by `jobledger erase`.",
+        ),
+    ] = None,
     store: StoreOption = None,
     config: ConfigOption = None,
     json: JsonFlag = False,
@@ -71,6 +80,7 @@ def submit(
             mission_id=mission,
             employee_id=employee,
             correlation_id=correlation,
+            data_subject=subject,
         )
         _print_job(engine.history(tenant, view.job_id), view, json)
 

@@ -180,6 +180,8 @@ def job_table(
     upcoming = view.next_step or ("the start step" if view.current_step == 0 else "-")
     table.add_row("step", f"{view.current_step} recorded; next: {upcoming}")
     table.add_row("state", compact(view.state))
+    if view.erased:
+        table.add_row("erased", f"could not read {', '.join(view.erased)}: their key was erased")
     table.add_row(
         "counters",
         f"steps {view.total_steps_executed}, cost {money(view.total_cost_usd)}, "
@@ -478,6 +480,12 @@ def _rerouted(d: Mapping[str, Any]) -> AuditLine:
     )
 
 
+def _erased(d: Mapping[str, Any]) -> AuditLine:
+    paths = ", ".join(d.get("paths") or ()) or "no path"
+    text = f"personal data erased ({paths}), key {d['key_id']} destroyed: {d['reason']}"
+    return AuditLine(f"erased_by {d['erased_by']}", "", text)
+
+
 _DESCRIBERS = {
     "Submitted": _submitted,
     "Claimed": _claimed,
@@ -498,4 +506,5 @@ _DESCRIBERS = {
     "LateResultDiscarded": _discarded,
     "Migrated": _migrated,
     "ApprovalRerouted": _rerouted,
+    "Erased": _erased,
 }

@@ -33,6 +33,7 @@ from pydantic import (
     model_validator,
 )
 
+from jobledger.erasure import path_problem
 from jobledger.errors import JobLedgerError
 from jobledger.ports import RetryPolicy
 from jobledger.workflows.conditions import Condition, is_json, parse_condition
@@ -367,8 +368,23 @@ class WorkflowDefinition(_Model):
     version: int = Field(ge=1)
     description: str | None = None
     budget: BudgetDefaults = Field(default_factory=BudgetDefaults)
+    personal_data: list[str] = []
+    """Dotted paths into job state whose values are personal data: sealed with the data
+    subject's key wherever an event carries them, unreadable once it is erased."""
     start: StepRef
     steps: dict[Annotated[str, Field(min_length=1)], Step] = Field(min_length=1)
+
+    @field_validator("personal_data")
+    @classmethod
+    def _personal_paths(cls, paths: list[str]) -> list[str]:
+        for path in paths:
+            problem = path_problem(path)
+            if problem is not None:
+                raise ValueError(problem)
+        repeated = sorted({p for p in paths if paths.count(p) > 1})
+        if repeated:
+            raise ValueError(f"{', '.join(map(repr, repeated))} listed more than once")
+        return paths
 
     @property
     def key(self) -> tuple[str, int]:

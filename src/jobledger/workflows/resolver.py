@@ -217,5 +217,8 @@ class DefinitionRegistry:
         if it sets it; a submit's own budget overrides it key by key."""
         return self.get(workflow_type, workflow_version).budget_defaults()
 
+    def personal_data(self, workflow_type: str, workflow_version: int) -> tuple[str, ...]:
+        return tuple(self.get(workflow_type, workflow_version).personal_data)
+
     def resolve(self, request: ResolveRequest) -> Resolution:
         return resolve(self.get(request.workflow_type, request.workflow_version), request)

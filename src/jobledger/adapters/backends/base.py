@@ -166,6 +166,18 @@ class StoreBackend(ABC):
             curs.execute(self.sql(statement), params or {})
             return [self.row(r) for r in curs.fetchall()]
 
+    # ---- deleting for good -------------------------------------------------------------------
+
+    @abstractmethod
+    def secure_delete(self, curs: Cursor) -> None:
+        """Have the rows this transaction deletes overwritten in the database's pages,
+        where the database can."""
+
+    @abstractmethod
+    def scrub(self, name: str) -> None:
+        """After deleting rows of table ``name`` for good: rid the database's files of
+        the copies it keeps beyond the live pages."""
+
     # ---- waiting for new events ----------------------------------------------------------
 
     def waiter(self, recorders: Sequence[object]) -> Waiter:

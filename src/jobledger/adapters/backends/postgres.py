@@ -113,6 +113,16 @@ class PostgresBackend(StoreBackend):
     def transaction(self) -> AbstractContextManager[Any]:
         return self.datastore.transaction(commit=True)
 
+    def secure_delete(self, curs: Cursor) -> None:
+        """Nothing: PostgreSQL has no such setting; :meth:`scrub` rewrites the table."""
+
+    def scrub(self, name: str) -> None:
+        """A deleted row stays in the table's files as a dead tuple until a vacuum; VACUUM
+        FULL writes the live rows to new files and drops the old ones (the server's WAL
+        and its backups keep their copies: wrap the keys with a master key for those)."""
+        with psycopg.connect(self.conninfo(), autocommit=True) as conn:
+            conn.execute(SQL("VACUUM FULL {}").format(SQL(self.table(name))))
+
     def reader(self) -> AbstractContextManager[Any]:
         return self.datastore.transaction(commit=False)
 

@@ -115,6 +115,16 @@ class SQLiteBackend(StoreBackend):
     def reader(self) -> AbstractContextManager[Any]:
         return self.datastore.transaction(commit=False)
 
+    def secure_delete(self, curs: Cursor) -> None:
+        """A deleted row's bytes are zeroed in its page, not left in the free space."""
+        curs.execute("PRAGMA secure_delete = ON")
+
+    def scrub(self, name: str) -> None:
+        """The write-ahead log still holds the pages as they were before the delete: a
+        checkpoint copies the zeroed pages into the file and truncates the log."""
+        with self.datastore.get_connection(commit=True) as connection:
+            connection.cursor().execute("PRAGMA wal_checkpoint(TRUNCATE)")
+
     def columns(self, curs: Cursor, name: str) -> set[str]:
         curs.execute(f"PRAGMA table_info({name})")
         return {self.row(r)["name"] for r in curs.fetchall()}
