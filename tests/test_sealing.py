@@ -20,7 +20,7 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from projections.outbox import decode_event, encode_event
 
-from jobledger import chain
+from jobledger import chain, verifier
 from jobledger.adapters.clock import FakeClock
 from jobledger.adapters.mapper import UnsealedEventError
 from jobledger.audit import export as exporting
@@ -372,3 +372,28 @@ def test_an_append_that_cannot_be_sealed_leaves_the_rest_of_its_group_written(
     assert isinstance(results[0], UnicodeEncodeError) and results[1] is None
     assert [len(store.events(job_uuid(T, job))) for job in ("bad", "good")] == [1, 2]
     assert tamper.verify_store(store).intact
+
+
+def test_integers_beyond_64_bits_come_back_whole_from_rows_and_exports(
+    make_engine: EngineFactory, key: Ed25519Signer, tmp_path: Path
+) -> None:
+    """JSON allows any integer and the payload check admits up to 4,300 digits; a fast
+    parser that turns one past 64 bits into a float would change the state a job folds
+    and make its export fail every verifier but ours."""
+    big = {"u64": 2**64 - 1, "past": 2**70, "negative": -(2**100), "long": 10**300}
+    engine = make_engine(signer=key)
+    engine.submit(T, "big", "agent3", input=dict(big))
+    engine.run_until_idle()
+    uncached = make_engine()
+    state = uncached.job(T, "big").state
+    assert {name: state[name] for name in big} == big
+    assert all(type(state[name]) is int for name in big)
+    out = io.StringIO()
+    exporting.export_jobs(store_of(engine), out, exporting.Selection(), FakeClock().now())
+    submitted = json.loads(out.getvalue().splitlines()[0])
+    assert {name: submitted["data"]["state"][name] for name in big} == big
+    path = tmp_path / "export.jsonl"
+    path.write_text(out.getvalue())
+    keyring_file = tmp_path / "keyring.json"
+    keyring_file.write_text(json.dumps(Keyring(key.public_keys()).document()))
+    assert verifier.main([str(path), "--keyring", str(keyring_file)]) == 0

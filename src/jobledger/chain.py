@@ -86,6 +86,20 @@ def _fast_canonical(document: Mapping[str, Any]) -> bytes | None:
     return None if _float_forms_differ(encoded) else encoded
 
 
+# orjson reads an integer past 64 bits as a float, silently; the longest it reads whole
+# has 20 digits. A run of 19 or more digits anywhere (inside a string too: that only
+# costs the slower parse) sends the document to json.loads, which keeps every integer.
+_LONG_DIGITS: Final = re.compile(rb"\d{19}")
+
+
+def parse(data: bytes) -> Any:
+    """The JSON value of canonical bytes (a stored row, an export's body), every integer
+    kept whole: orjson where it reads the document exactly, json.loads where not."""
+    if _LONG_DIGITS.search(data) is None:
+        return orjson.loads(data)
+    return json.loads(data)
+
+
 def link(previous_hash: str, event_type: str, fields: Mapping[str, Any]) -> str:
     return link_bytes(previous_hash, canonical_bytes(event_type, fields))
 

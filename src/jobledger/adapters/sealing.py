@@ -18,8 +18,6 @@ from __future__ import annotations
 import json
 from typing import Any, Final
 
-import orjson
-
 from jobledger import chain
 from jobledger.chain import Sealed
 from jobledger.job import Job
@@ -127,10 +125,9 @@ def read_row(state: bytes) -> tuple[Sealed, dict[str, Any]]:
     and its event document ``{"fields": {...}, "type": "Job.X"}``. Raises ValueError on a
     row that is not one."""
     try:
-        row = orjson.loads(state)
-    except orjson.JSONDecodeError:
-        # orjson refuses integers beyond 64 bits, which the canonical form allows.
-        row = json.loads(state)
+        row = chain.parse(state)
+    except ValueError as error:
+        raise ValueError(f"not a stored event row: {error}") from None
     if not isinstance(row, dict) or not isinstance(row.get("event"), dict):
         raise ValueError("not a stored event row: no event object")
     chain_hash, signature, signer = row.get("chain_hash"), row.get("signature"), row.get("signer")

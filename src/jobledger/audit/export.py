@@ -34,7 +34,6 @@ from pathlib import Path
 from typing import Any, Final, TextIO
 from uuid import UUID
 
-import orjson
 from eventsourcing.persistence import IntegrityError
 
 from jobledger import chain, event_decoding
@@ -85,7 +84,7 @@ def event_document(event: Job.Event, tenant_id: str | None, job_id: str | None) 
     """The export line of an event, from its stored form (the sealed fields, not the
     opened ones: a personal value leaves the store as its ciphertext)."""
     sealed = chain.sealed_form(event)
-    data = dict(orjson.loads(sealed.body)["fields"])
+    data = dict(chain.parse(sealed.body)["fields"])
     job_uuid = data.pop("originator_id")
     version = data.pop("originator_version")
     timestamp = data.pop("timestamp")
