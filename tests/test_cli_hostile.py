@@ -155,6 +155,7 @@ ARGUMENTS: dict[tuple[str, ...], tuple[str, ...]] = {
     ("config", "show"): (),
     ("definitions", "check"): (),
     ("demo",): (),
+    ("erase",): ("acme", "--subject", "ada", "--reason", "asked", "--by", "dpo"),
     ("export",): ("--all",),
     ("history",): ("acme", "t1"),
     ("import",): ("export.jsonl",),
@@ -177,6 +178,12 @@ ARGUMENTS: dict[tuple[str, ...], tuple[str, ...]] = {
     ("token", "reissue"): ("acme", "t1", "--by", "ops"),
     ("verify",): ("--all",),
     ("worker",): (),
+}
+# Commands that open no store (they take no --store): their arguments for a run that works.
+NO_STORE: dict[tuple[str, ...], tuple[str, ...]] = {
+    ("keys", "generate"): ("k1", "--dir", "keys"),
+    ("keys", "list"): ("--keyring", "keys/keyring.json"),
+    ("keys", "retire"): ("k1", "--at", "2030-01-01T00:00:00Z", "--keys", "keys/signing-keys.json"),
 }
 
 
@@ -202,9 +209,15 @@ def test_no_command_prints_the_store_password(
     --store: the driver's error) or has no host (by JOBLEDGER_STORE_URL: the URL's own
     error, which printed the password before), fails with exit 3 and never prints it."""
     cli = sqlite_cli
-    assert every_command() == sorted(ARGUMENTS), "a new command needs its arguments here"
+    assert every_command() == sorted([*ARGUMENTS, *NO_STORE]), (
+        "a new command needs its arguments here"
+    )
     monkeypatch.chdir(cli.tmp)
     monkeypatch.syspath_prepend(str(cli.tmp))
+    monkeypatch.setenv("JOBLEDGER_STORE_URL", HOSTLESS)
+    for path, arguments in NO_STORE.items():
+        code, out, err = run_in_process([*path, *arguments], capsys)
+        assert code == 0 and SECRET not in out + err, (path, code, out, err)
     (cli.tmp / "export.jsonl").write_text("{}\n")
     for path, arguments in ARGUMENTS.items():
         for by_option in (True, False):

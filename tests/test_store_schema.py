@@ -25,6 +25,8 @@ from jobledger.adapters.backends.base import SCHEMA_TABLE, TRACKING_TABLE
 from jobledger.adapters.backends.migrations import COMPONENT, STORE_MIGRATIONS
 from jobledger.adapters.event_store import EventSourcedJobStore
 from jobledger.adapters.store_url import parse_store_url
+from jobledger.adapters.subject_keys import COMPONENT as ERASURE
+from jobledger.adapters.subject_keys import MIGRATIONS as ERASURE_MIGRATIONS
 from jobledger.audit.log import job_uuids
 from jobledger.cli import main
 from jobledger.errors import StoreMissingError, StoreSchemaError
@@ -89,6 +91,7 @@ def test_a_new_store_records_every_migration(make_engine: EngineFactory) -> None
     assert versions(store.backend) == {
         COMPONENT: [m.version for m in STORE_MIGRATIONS],
         VIEWS: [m.version for m in JobViews(store).migrations()],
+        ERASURE: [m.version for m in ERASURE_MIGRATIONS],
     }
 
 

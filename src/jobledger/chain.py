@@ -167,10 +167,16 @@ def holds_at(previous_hash: str, event: object, version: int) -> bool:
 
 def event_fields(event: object) -> dict[str, Any]:
     """The fields the event was stored with. A field added to an event class later (with a
-    default) is absent from the events stored before it, and they hash as they were written."""
+    default) is absent from the events stored before it, and they hash as they were written;
+    one the event class stores only when set (``stored_when_set``) is absent while None."""
     assert dataclasses.is_dataclass(event)
     stored = vars(event)
-    return {f.name: stored[f.name] for f in dataclasses.fields(event) if f.name in stored}
+    when_set: frozenset[str] = getattr(event, "stored_when_set", frozenset())
+    return {
+        f.name: stored[f.name]
+        for f in dataclasses.fields(event)
+        if f.name in stored and not (f.name in when_set and stored[f.name] is None)
+    }
 
 
 @dataclass(frozen=True)

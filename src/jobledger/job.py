@@ -150,6 +150,9 @@ class Job(Aggregate):
         stored_enums: ClassVar[Mapping[str, type[StrEnum]]] = {}
         """Fields stored as an enum's string (JSON has no enums: the stored bytes and the
         chain hash are the string's), typed again when read (``adapters.mapper``)."""
+        stored_when_set: ClassVar[frozenset[str]] = frozenset()
+        """Fields added later that are stored only when not None, so an event that does
+        not use them keeps the bytes (and the chain hash) it had before they existed."""
 
         def apply(self, aggregate: Any) -> None:
             assert isinstance(aggregate, Job)
@@ -178,6 +181,7 @@ class Job(Aggregate):
         submitted before it was kept, which keep the keys they started with."""
         personal_data: list[str] | None = None
         personal_data_key: str | None = None
+        stored_when_set = frozenset({"personal_data", "personal_data_key"})
         """The dotted paths into state whose values are personal, fixed at submit, and
         the opaque id of the key they are sealed with (never the data subject's name:
         it may itself be personal). None: the job holds no personal data."""
