@@ -19,11 +19,19 @@ import psycopg
 import pytest
 
 from jobledger import Engine, EngineConfig, StepRequest, StepResult
-from jobledger.adapters.subject_keys import KEYS, SubjectKeyTable
-from jobledger.audit.export import Selection, export_jobs
+from jobledger.adapters.subject_keys import ERASURES, KEYS, SubjectKeyTable, job_sha256
+from jobledger.audit.export import Selection, export_jobs, import_file
 from jobledger.audit.tamper import verify_store
 from jobledger.erasure import ERASED
-from jobledger.errors import InvalidPayloadError, SubjectErasedError, UnknownSubjectError
+from jobledger.errors import (
+    InvalidPayloadError,
+    JobErasedError,
+    NoPersonalDataError,
+    SubjectErasedError,
+    SubjectKeyError,
+    UnknownJobError,
+    UnknownSubjectError,
+)
 from jobledger.workflows import DefinitionRegistry
 from jobledger.workflows.definition import DefinitionError
 from jobledger.workflows.loader import parse_definition
@@ -82,7 +90,7 @@ def open_engine(store_url: str) -> Iterator[Any]:
         engine.close()
 
 
-def run_onboarding(engine: Engine, job_id: str, subject: str, state: dict[str, Any]) -> None:
+def run_onboarding(engine: Engine, job_id: str, subject: str | None, state: dict[str, Any]) -> None:
     engine.submit("acme", job_id, "onboarding", input=state, data_subject=subject)
     engine.run_until_idle()
     engine.signal(
@@ -107,6 +115,12 @@ def exported(engine: Engine) -> str:
     out = io.StringIO()
     export_jobs(store_of(engine), out, Selection(tenant_id="acme"), datetime.now(UTC))
     return out.getvalue()
+
+
+def erasure_rows(store_url: str) -> list[tuple[Any, ...]]:
+    with _cursor(store_url) as (curs, schema):
+        curs.execute(f"SELECT key_id, tenant_id, subject_sha256 FROM {schema}{ERASURES}")
+        return list(curs.fetchall())
 
 
 def key_rows(store_url: str) -> list[tuple[Any, ...]]:
@@ -249,6 +263,125 @@ def test_a_job_without_a_subject_gets_a_key_of_its_own(open_engine: Any, store_u
     rows = key_rows(store_url)
     assert len(rows) == 1 and rows[0][2] is None
     assert b"Ada Lovelace" not in stored_bytes(store_url, engine)
+
+
+# ---- erasing one job, sealed with a key of its own -----------------------------------------
+
+
+def test_a_job_without_a_subject_is_erased_alone_and_the_chains_still_verify(
+    open_engine: Any, store_url: str
+) -> None:
+    engine = open_engine()
+    run_onboarding(engine, "anon", None, ADA)
+    run_onboarding(engine, "other", None, GRACE)
+    run_onboarding(engine, "j1", "ada", ADA)
+    anon_key = engine.history("acme", "anon")[0].data["personal_data_key"]
+    assert len(key_rows(store_url)) == 3
+
+    report = engine.erase_job("acme", "anon", by="dpo@acme", reason="art. 17 request #7")
+    assert (report.tenant_id, report.key_ids) == ("acme", (anon_key,))
+    assert (report.erased, report.already) == (("anon",), ())
+
+    fresh = open_engine()
+    for reader in (engine, fresh):
+        erased = reader.job("acme", "anon")
+        assert erased.state["customer"] == {"email": ERASED, "name": ERASED, "plan": "gold"}
+        assert erased.state["confirmed"] is True and erased.status == "completed"
+    history = fresh.history("acme", "anon")
+    assert history[0].data["state"]["customer"]["name"] == ERASED
+    assert history[-1].event_type == "Erased"
+    assert history[-1].data == {
+        "key_id": anon_key,
+        "paths": ["customer.email", "customer.name"],
+        "erased_by": "dpo@acme",
+        "reason": "art. 17 request #7",
+    }
+    # Only its key is gone: the other job without a subject and the subject's job still open.
+    assert anon_key not in [row[0] for row in key_rows(store_url)]
+    assert len(key_rows(store_url)) == 2
+    assert fresh.job("acme", "other").state["customer"]["name"] == "Grace Hopper"
+    assert fresh.job("acme", "j1").state["customer"]["name"] == "Ada Lovelace"
+    assert erasure_rows(store_url) == [(anon_key, "acme", job_sha256("acme", "anon"))]
+    verdict = verify_store(store_of(fresh))
+    assert verdict.intact and len(verdict.jobs) == 3
+
+    with pytest.raises(JobErasedError, match=r"job 'anon' of tenant 'acme' was already erased at"):
+        fresh.erase_job("acme", "anon", by="dpo@acme", reason="again")
+
+
+def test_erasing_a_job_is_refused_with_nothing_written_unless_it_has_a_key_of_its_own(
+    open_engine: Any, store_url: str
+) -> None:
+    engine = open_engine()
+    run_onboarding(engine, "j1", "ada", ADA)
+    run_onboarding(engine, "j2", "ada", ADA)
+    engine.submit("acme", "p", "plain")
+    engine.run_until_idle()
+    before = (stored_bytes(store_url, engine), key_rows(store_url), erasure_rows(store_url))
+
+    with pytest.raises(UnknownJobError, match="no job 'nope' for tenant 'acme'"):
+        engine.erase_job("acme", "nope", by="dpo", reason="asked")
+    with pytest.raises(UnknownJobError):
+        engine.erase_job("other-tenant", "j1", by="dpo", reason="asked")
+    with pytest.raises(NoPersonalDataError, match="workflow 'plain' v1 declares no personal_data"):
+        engine.erase_job("acme", "p", by="dpo", reason="asked")
+    with pytest.raises(SubjectKeyError, match="sealed with its data subject's key") as shared:
+        engine.erase_job("acme", "j1", by="dpo", reason="asked")
+    assert "ada" not in str(shared.value)  # the subject's name may itself be personal
+    with pytest.raises(InvalidPayloadError, match="erased by must be a string"):
+        engine.erase_job("acme", "j1", by=None, reason="asked")  # type: ignore[arg-type]
+    assert (stored_bytes(store_url, engine), key_rows(store_url), erasure_rows(store_url)) == before
+    assert engine.job("acme", "j1").state["customer"]["name"] == "Ada Lovelace"
+
+    # Once the subject is erased, its jobs are: erasing one of them says so.
+    engine.erase("acme", "ada", by="dpo", reason="asked")
+    with pytest.raises(JobErasedError, match="'j2' of tenant 'acme' was already erased at"):
+        engine.erase_job("acme", "j2", by="dpo", reason="asked")
+    assert [e.event_type for e in engine.history("acme", "j2")].count("Erased") == 1
+
+
+def test_a_crash_between_a_jobs_erased_event_and_its_key_deletion_is_finished_by_a_rerun(
+    open_engine: Any, store_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    engine = open_engine()
+    run_onboarding(engine, "anon", None, ADA)
+
+    def crash(*_: object) -> None:
+        raise RuntimeError("killed between the Erased event and the key deletion")
+
+    with monkeypatch.context() as patched:
+        patched.setattr(SubjectKeyTable, "destroy_job_key", crash)
+        with pytest.raises(RuntimeError, match="killed"):
+            engine.erase_job("acme", "anon", by="dpo", reason="asked")
+    assert [e.event_type for e in engine.history("acme", "anon")][-1] == "Erased"
+    assert len(key_rows(store_url)) == 1 and erasure_rows(store_url) == []
+
+    rerun = open_engine().erase_job("acme", "anon", by="dpo", reason="asked")
+    assert (rerun.erased, rerun.already) == ((), ("anon",))
+    assert key_rows(store_url) == [] and len(erasure_rows(store_url)) == 1
+    events = [e.event_type for e in engine.history("acme", "anon")]
+    assert events.count("Erased") == 1
+    assert open_engine().job("acme", "anon").state["customer"]["email"] == ERASED
+    assert verify_store(store_of(engine)).intact
+
+
+def test_an_imported_job_whose_key_stayed_behind_is_not_erased_again(
+    open_engine: Any, fresh_store_url: str, tmp_path: Path
+) -> None:
+    """An export carries no key: in the store it is imported into, the values already
+    read as [erased], and erasing the job says so, writing nothing."""
+    run_onboarding(open_engine(), "anon", None, ADA)
+    path = tmp_path / "export.jsonl"
+    path.write_text(exported(open_engine()), encoding="utf-8")
+    registry = DefinitionRegistry([parse_definition(ONBOARDING, "onboarding.yaml")])
+    config = EngineConfig(store_url=fresh_store_url, token_secret=TOKEN_SECRET)
+    with Engine.open(registry=registry, executor=Greeter(), config=config) as target:
+        import_file(store_of(target), path)
+        before = target.history("acme", "anon")
+        with pytest.raises(JobErasedError, match="its key is not in this store"):
+            target.erase_job("acme", "anon", by="dpo", reason="asked")
+        assert target.history("acme", "anon") == before
+        assert target.job("acme", "anon").state["customer"]["email"] == ERASED
 
 
 @pytest.mark.parametrize(

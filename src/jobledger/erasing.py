@@ -2,9 +2,12 @@
 the key is destroyed, and the subject's personal values read as ``[erased]`` everywhere
 (the store, exports, the events topic) while every chain still verifies.
 
+A job submitted without a data subject has a key of its own, and is erased alone
+(``erase_job``) the same way: ``Erased``, then its key.
+
 The order is what makes a crash safe: the events first, the key last. A crash between the
-two leaves the key in place and the subject still listed, so running the erasure again
-finishes it (jobs that already recorded ``Erased`` are not erased twice).
+two leaves the key in place and the subject (or job) still erasable, so running the
+erasure again finishes it (jobs that already recorded ``Erased`` are not erased twice).
 """
 
 from __future__ import annotations
@@ -14,7 +17,14 @@ from datetime import datetime
 
 from jobledger.commands import JobCommands
 from jobledger.erasure import SubjectKeys, check_subject
-from jobledger.errors import ConfigError, SubjectErasedError, UnknownSubjectError
+from jobledger.errors import (
+    ConfigError,
+    JobErasedError,
+    NoPersonalDataError,
+    SubjectErasedError,
+    SubjectKeyError,
+    UnknownSubjectError,
+)
 from jobledger.job import Job
 from jobledger.keys import ConsumedKey
 from jobledger.payloads import text
@@ -24,7 +34,7 @@ from jobledger.payloads import text
 class ErasureReport:
     tenant_id: str
     key_ids: tuple[str, ...]
-    """The subject's keys, destroyed."""
+    """The subject's keys (or the job's own key), destroyed."""
     erased: tuple[str, ...]
     """The jobs that recorded ``Erased`` now."""
     already: tuple[str, ...]
@@ -58,6 +68,48 @@ class ErasureCommands(JobCommands):
         now = self.clock.now()
         keys.destroy(tenant_id, subject, list(found), now)
         return ErasureReport(tenant_id, tuple(found), tuple(erased), tuple(already), now)
+
+    def erase_job(self, tenant_id: str, job_id: str, *, by: str, reason: str) -> ErasureReport:
+        """Erase one job sealed with a key of its own (submitted without a data subject):
+        ``by`` who, and why. A job sealed with its subject's key is refused: that key is
+        the subject's other jobs' too, so only erasing the subject destroys it."""
+        keys = self._keys()
+        text(by, what="erased by", max_bytes=200)
+        text(reason, what="erasure reason", max_bytes=self.config.max_payload_bytes)
+        key_id = self._own_key(keys, tenant_id, job_id)
+        done = self._erase_job(tenant_id, job_id, key_id, by, reason)
+        now = self.clock.now()
+        keys.destroy_job_key(tenant_id, job_id, key_id, now)
+        erased, already = ((job_id,), ()) if done else ((), (job_id,))
+        return ErasureReport(tenant_id, (key_id,), erased, already, now)
+
+    def _own_key(self, keys: SubjectKeys, tenant_id: str, job_id: str) -> str:
+        """The id of the job's own key, still held; or the error that says why not."""
+        job = self._load(tenant_id, job_id)
+        key_id = job.personal_data_key
+        if key_id is None:
+            raise NoPersonalDataError(
+                f"job {job_id!r} of tenant {tenant_id!r} holds no personal data: workflow "
+                f"{job.workflow_type!r} v{job.workflow_version} declares no personal_data"
+            )
+        state = keys.key_state(tenant_id, key_id)
+        if state.erased_at is not None:
+            raise JobErasedError(
+                f"job {job_id!r} of tenant {tenant_id!r} was already erased at "
+                f"{state.erased_at.isoformat()}"
+            )
+        if not state.held:
+            raise JobErasedError(
+                f"job {job_id!r} of tenant {tenant_id!r}: its key is not in this store (an "
+                "imported job?), so its personal values already read as [erased]"
+            )
+        if state.subject:
+            # Never the subject's name: it may itself be personal.
+            raise SubjectKeyError(
+                f"job {job_id!r} of tenant {tenant_id!r} is sealed with its data subject's "
+                "key, shared with the subject's other jobs: erase the data subject instead"
+            )
+        return key_id
 
     def _erase_job(
         self, tenant_id: str, job_id: str, key_id: str, by: str, reason: str

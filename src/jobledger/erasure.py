@@ -14,6 +14,7 @@ from __future__ import annotations
 import unicodedata
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from copy import deepcopy
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Final, Protocol
 
@@ -95,6 +96,18 @@ def erased_paths(document: Mapping[str, Any], paths: Iterable[str]) -> list[str]
     return [p for p in paths if value_at(document, split(p)) == (True, ERASED)]
 
 
+@dataclass(frozen=True)
+class KeyState:
+    """What the key store knows of one key."""
+
+    held: bool
+    """The key is there: the values sealed with it still open."""
+    subject: bool
+    """A data subject's key, shared by the subject's jobs (False: one job's own key)."""
+    erased_at: datetime | None
+    """When it was destroyed by an erasure; None when it never was."""
+
+
 class SubjectKeys(Protocol):
     """The keys personal values are sealed with, held outside the log, one per data
     subject of a tenant (or one per job without a subject). Its adapter lives in the
@@ -112,6 +125,12 @@ class SubjectKeys(Protocol):
 
     def destroy(self, tenant_id: str, subject: str, key_ids: Sequence[str], at: datetime) -> None:
         """Delete the keys for good and note that the subject was erased."""
+
+    def key_state(self, tenant_id: str, key_id: str) -> KeyState:
+        """Whether the tenant's key ``key_id`` is held, whose it is, when it was erased."""
+
+    def destroy_job_key(self, tenant_id: str, job_id: str, key_id: str, at: datetime) -> None:
+        """Delete a job's own key for good and note that the job was erased."""
 
 
 def unreadable_fields(

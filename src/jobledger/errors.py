@@ -158,12 +158,29 @@ class UnauthorisedDeciderError(ApprovalError):
     pass
 
 
-class UnknownSubjectError(JobLedgerError):
+class ErasureError(JobLedgerError):
+    """An erasure was refused; nothing was written."""
+
+
+class UnknownSubjectError(ErasureError):
     """An erasure names a data subject the tenant has no key for, nor ever erased."""
 
 
-class SubjectErasedError(JobLedgerError):
+class SubjectErasedError(ErasureError):
     """An erasure names a data subject whose keys were already destroyed."""
+
+
+class JobErasedError(ErasureError):
+    """An erasure names a job whose key was already destroyed (or is not in this store)."""
+
+
+class NoPersonalDataError(ErasureError):
+    """An erasure names a job that holds no personal data (its workflow declares none)."""
+
+
+class SubjectKeyError(ErasureError):
+    """An erasure by job names a job sealed with its data subject's key, which the
+    subject's other jobs share: only erasing the subject destroys it."""
 
 
 class StepError(Exception):

@@ -4,9 +4,9 @@ Three tables of the ``erasure`` component (migrated like the store's own, on ope
 ``jobledger_subject_keys`` (key id, tenant, subject, key bytes, created), one row per data
 subject of a tenant (subject NULL: a job's own key); ``jobledger_subject_jobs`` (key id,
 job uuid), which jobs hold values sealed with a key, noted before the job is written so
-erasure finds every one; ``jobledger_erasures`` (key id, tenant, sha256 of the subject,
-erased at), so a second erase of a subject is told it was done, without keeping the
-subject's name.
+erasure finds every one; ``jobledger_erasures`` (key id, tenant, sha256 of the subject -
+or, for a job's own key, of the job - erased at), so a second erase of a subject or job
+is told it was done, without keeping the subject's name.
 
 Key bytes are stored base64url, wrapped (AES-256-GCM, the key id as associated data) by
 a master key from the configuration when one is set, so a copy of the database alone does
@@ -31,6 +31,7 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from jobledger.adapters.backends import StoreBackend
 from jobledger.adapters.backends.base import Cursor, Migration
 from jobledger.adapters.store_errors import store_errors
+from jobledger.erasure import KeyState
 
 COMPONENT: Final = "erasure"
 KEYS: Final = "jobledger_subject_keys"
@@ -145,19 +146,48 @@ class SubjectKeyTable:
                 "WHERE tenant_id = :tenant_id AND subject_sha256 = :digest",
                 {"tenant_id": tenant_id, "digest": subject_sha256(tenant_id, subject)},
             )
-        found = rows[0]["erased_at"] if rows else None
-        if found is None:
-            return None
-        return datetime.fromisoformat(found) if isinstance(found, str) else found
+        return _timestamp(rows[0]["erased_at"] if rows else None)
 
     def destroy(self, tenant_id: str, subject: str, key_ids: Sequence[str], at: datetime) -> None:
+        self._destroy(tenant_id, subject_sha256(tenant_id, subject), key_ids, at)
+
+    def key_state(self, tenant_id: str, key_id: str) -> KeyState:
         b = self.backend
+        where = "WHERE key_id = :key_id AND tenant_id = :tenant_id"
+        found = {"key_id": key_id, "tenant_id": tenant_id}
+        with store_errors("reading the subject key table"):
+            held = b.fetch(f"SELECT subject FROM {b.table(KEYS)} {where}", found)
+            erased = b.fetch(f"SELECT erased_at FROM {b.table(ERASURES)} {where}", found)
+        erased_at = erased[0]["erased_at"] if erased else None
+        return KeyState(
+            held=bool(held),
+            subject=bool(held) and held[0]["subject"] is not None,
+            erased_at=_timestamp(erased_at),
+        )
+
+    def destroy_job_key(self, tenant_id: str, job_id: str, key_id: str, at: datetime) -> None:
+        self._destroy(tenant_id, job_sha256(tenant_id, job_id), [key_id], at, own=True)
+
+    def _destroy(
+        self,
+        tenant_id: str,
+        digest: str,
+        key_ids: Sequence[str],
+        at: datetime,
+        *,
+        own: bool = False,
+    ) -> None:
+        """Delete the keys and record their erasure under ``digest``, in one transaction;
+        ``own``: only a job's own key (never a subject's, which other jobs share)."""
+        b = self.backend
+        only_own = " AND subject IS NULL" if own else ""
         with store_errors("erasing keys"), b.transaction() as curs:
             # The page that held the key is zeroed as it is freed (a no-op elsewhere).
             b.secure_delete(curs)
             for key_id in key_ids:
                 curs.execute(
-                    b.sql(f"DELETE FROM {b.table(KEYS)} WHERE key_id = :key_id"), {"key_id": key_id}
+                    b.sql(f"DELETE FROM {b.table(KEYS)} WHERE key_id = :key_id{only_own}"),
+                    {"key_id": key_id},
                 )
                 curs.execute(
                     b.sql(
@@ -165,12 +195,7 @@ class SubjectKeyTable:
                         "(key_id, tenant_id, subject_sha256, erased_at) "
                         "VALUES (:key_id, :tenant_id, :digest, :at) ON CONFLICT DO NOTHING"
                     ),
-                    {
-                        "key_id": key_id,
-                        "tenant_id": tenant_id,
-                        "digest": subject_sha256(tenant_id, subject),
-                        "at": b.ts(at),
-                    },
+                    {"key_id": key_id, "tenant_id": tenant_id, "digest": digest, "at": b.ts(at)},
                 )
         with store_errors("scrubbing the deleted keys"):
             b.scrub(KEYS)
@@ -248,6 +273,16 @@ class SubjectKeyTable:
 def subject_sha256(tenant_id: str, subject: str) -> str:
     """How an erasure names its subject: a digest, never the name (it may be personal)."""
     return hashlib.sha256(f"jobledger.subject/1\n{tenant_id}\n{subject}".encode()).hexdigest()
+
+
+def job_sha256(tenant_id: str, job_id: str) -> str:
+    """How the erasure of a job's own key names the job (apart from any subject's digest)."""
+    return hashlib.sha256(f"jobledger.job/1\n{tenant_id}\n{job_id}".encode()).hexdigest()
+
+
+def _timestamp(stored: str | datetime | None) -> datetime | None:
+    """A timestamp column as read: text on SQLite, a datetime on PostgreSQL."""
+    return datetime.fromisoformat(stored) if isinstance(stored, str) else stored
 
 
 def _b64encode(raw: bytes) -> str:

@@ -17,6 +17,7 @@ from jobledger.api import (
     problems,
     routes_approvals,
     routes_audit,
+    routes_erasures,
     routes_export,
     routes_inputs,
     routes_jobs,
@@ -74,6 +75,7 @@ def create_app(
         routes_resume,
         routes_export,
         routes_replay,
+        routes_erasures,
     ):
         app.include_router(routes.router, prefix="/v1")
     app.include_router(console.router())

@@ -5,14 +5,15 @@ from __future__ import annotations
 
 from datetime import datetime
 from decimal import Decimal
-from typing import Any, Literal
+from typing import Any, Literal, Self
 
 from projections.job_views import cursor
 from projections.status import StatusRow
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from jobledger.api.approvals import ApprovalCard
 from jobledger.cli.output import jsonable, open_wait, pending_approval
+from jobledger.erasing import ErasureReport
 from jobledger.ports import BlockedNote
 from jobledger.views import HistoryEntry, JobView
 
@@ -159,6 +160,9 @@ class SubmitRequest(Body):
     mission_id: str | None = Field(default=None, min_length=1, max_length=200)
     employee_id: str | None = Field(default=None, min_length=1, max_length=200)
     correlation_id: str | None = Field(default=None, min_length=1, max_length=200)
+    data_subject: str | None = Field(default=None, min_length=1, max_length=200)
+    """Whose personal data the job holds (the workflow's ``personal_data``), sealed with
+    that subject's key; without one, with a key of the job's own."""
 
 
 class SignalRequest(Body):
@@ -191,6 +195,44 @@ class BudgetRequest(Body):
 
 class CancelRequest(Body):
     reason: str = Field(min_length=1, max_length=10_000)
+
+
+class ErasureRequest(Body):
+    """Erase a data subject, or one job sealed with a key of its own. Who erases is the
+    authenticated caller; it is not a field."""
+
+    subject: str | None = Field(default=None, min_length=1, max_length=200)
+    job_id: str | None = Field(default=None, min_length=1, max_length=200)
+    reason: str = Field(min_length=1, max_length=10_000)
+
+    @model_validator(mode="after")
+    def _one_target(self) -> Self:
+        if (self.subject is None) == (self.job_id is None):
+            raise ValueError("give exactly one of subject and job_id")
+        return self
+
+
+class Erasure(BaseModel):
+    """What was erased: what ``jobledger erase --json`` prints."""
+
+    tenant: str
+    keys: list[str]
+    """The keys destroyed."""
+    erased: list[str]
+    """The jobs that recorded ``Erased`` now."""
+    already_erased: list[str]
+    """The jobs that had recorded it already (an erasure interrupted and run again)."""
+    erased_at: datetime
+
+    @classmethod
+    def of(cls, report: ErasureReport) -> Erasure:
+        return cls(
+            tenant=report.tenant_id,
+            keys=list(report.key_ids),
+            erased=list(report.erased),
+            already_erased=list(report.already),
+            erased_at=report.erased_at,
+        )
 
 
 class Verdict(BaseModel):

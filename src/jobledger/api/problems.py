@@ -2,10 +2,11 @@
 
 The engine's errors map to statuses by the same classes as the CLI's exit codes
 (:func:`jobledger.cli.session.exit_code`): *refused or invalid* (exit 1) is a 4xx that
-says which (400 bad input, 403 not the approver, 404 no such job, 409 a conflict with the
-job as it is); *store or configuration* (exit 3) and *temporary, try again* (exit 4) are
-503, the latter with ``Retry-After``. Every problem names the engine's error class in
-``error`` (``type`` is a URN of it) so clients can branch on it."""
+says which (400 bad input, 403 not the approver, 404 no such job or data subject, 409 a
+conflict with the job as it is, or an erasure refused); *store or configuration* (exit 3)
+and *temporary, try again* (exit 4) are 503, the latter with ``Retry-After``. Every
+problem names the engine's error class in ``error`` (``type`` is a URN of it) so clients
+can branch on it."""
 
 from __future__ import annotations
 
@@ -46,6 +47,7 @@ TITLES = {
 # Refused or invalid (the CLI's exit 1), most specific first: the status that says which.
 _REFUSED: tuple[tuple[type[Exception], int], ...] = (
     (errors.UnknownJobError, 404),
+    (errors.UnknownSubjectError, 404),
     (NoSuchVersionError, 404),
     (errors.UnauthorisedDeciderError, 403),
     (errors.InvalidTokenError, 401),
@@ -56,6 +58,7 @@ _REFUSED: tuple[tuple[type[Exception], int], ...] = (
     (errors.JobFinishedError, 409),
     (errors.ApprovalError, 409),
     (errors.TokenError, 409),
+    (errors.ErasureError, 409),
 )
 
 

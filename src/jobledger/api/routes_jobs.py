@@ -63,6 +63,7 @@ def submit(
         mission_id=body.mission_id,
         employee_id=body.employee_id,
         correlation_id=body.correlation_id,
+        data_subject=body.data_subject,
     )
     view = made.job
     if not made.created:

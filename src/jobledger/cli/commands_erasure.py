@@ -1,4 +1,4 @@
-"""Erasing a data subject's personal data: ``jobledger erase TENANT --subject S``."""
+"""Erasing personal data: ``jobledger erase TENANT (--subject S | --job J)``."""
 
 from __future__ import annotations
 
@@ -9,42 +9,53 @@ import typer
 from jobledger.cli import output
 from jobledger.cli.params import Tenant
 from jobledger.cli.session import ConfigOption, JsonFlag, StoreOption, open_engine
+from jobledger.erasing import ErasureReport
 
 
 def erase(
     tenant: Tenant,
+    reason: Annotated[str, typer.Option("--reason", metavar="TEXT", help="Why (recorded).")],
+    by: Annotated[str, typer.Option("--by", metavar="USER", help="Who erases (recorded).")],
     subject: Annotated[
-        str,
+        str | None,
         typer.Option(
             "--subject",
             metavar="S",
             help="The data subject, as the jobs were submitted with (submit --subject).",
+            show_default=False,
         ),
-    ],
-    reason: Annotated[str, typer.Option("--reason", metavar="TEXT", help="Why (recorded).")],
-    by: Annotated[str, typer.Option("--by", metavar="USER", help="Who erases (recorded).")],
+    ] = None,
+    job: Annotated[
+        str | None,
+        typer.Option(
+            "--job",
+            metavar="J",
+            help="One job submitted without --subject (sealed with a key of its own).",
+            show_default=False,
+        ),
+    ] = None,
     store: StoreOption = None,
     config: ConfigOption = None,
     json: JsonFlag = False,
 ) -> None:
-    """Erase a data subject: each of its jobs records Erased (who, why), then the
-    subject's key is destroyed; its personal values read as [erased] from then on, in the
-    store, exports and the events topic, and every chain still verifies.
+    """Erase a data subject (--subject) or one job without a subject (--job): each job
+    records Erased (who, why), then the key is destroyed; the personal values read as
+    [erased] from then on, in the store, exports and the events topic, and every chain
+    still verifies.
 
-    Interrupted, it is run again to finish; a subject already erased is refused (exit 1).
+    Interrupted, it is run again to finish; one already erased is refused (exit 1), and so
+    is --job on a job sealed with its data subject's key (erase the subject).
     """
+    if (subject is None) == (job is None):
+        raise typer.BadParameter("give exactly one of --subject S and --job J")
     with open_engine(store, config, purpose="erase") as engine:
-        report = engine.erase(tenant, subject, by=by, reason=reason)
+        if subject is not None:
+            report = engine.erase(tenant, subject, by=by, reason=reason)
+        else:
+            assert job is not None
+            report = engine.erase_job(tenant, job, by=by, reason=reason)
     if json:
-        output.print_json(
-            {
-                "tenant": report.tenant_id,
-                "keys": list(report.key_ids),
-                "erased": list(report.erased),
-                "already_erased": list(report.already),
-                "erased_at": report.erased_at,
-            }
-        )
+        output.print_json(as_json(report))
         return
     out = output.console()
     jobs = len(report.erased) + len(report.already)
@@ -56,3 +67,14 @@ def erase(
         out.print(f"  {job_id}: Erased recorded")
     for job_id in report.already:
         out.print(f"  {job_id}: Erased already recorded (an earlier, interrupted erase)")
+
+
+def as_json(report: ErasureReport) -> dict[str, object]:
+    """What ``erase --json`` prints."""
+    return {
+        "tenant": report.tenant_id,
+        "keys": list(report.key_ids),
+        "erased": list(report.erased),
+        "already_erased": list(report.already),
+        "erased_at": report.erased_at,
+    }

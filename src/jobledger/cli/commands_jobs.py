@@ -56,7 +56,8 @@ def submit(
             "--subject",
             metavar="S",
             help="Whose personal data the job holds (the workflow's personal_data): "
-            "sealed with that data subject's key, erased by `jobledger erase`.",
+            "sealed with that data subject's key, erased by `jobledger erase --subject`; "
+            "without it, with a key of the job's own (`jobledger erase --job`).",
         ),
     ] = None,
     store: StoreOption = None,
