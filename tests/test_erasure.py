@@ -238,6 +238,31 @@ def test_a_crash_between_the_events_and_the_key_deletion_is_finished_by_a_rerun(
     assert verify_store(store_of(engine)).intact
 
 
+def test_a_job_submitted_for_the_subject_during_its_erasure_is_erased_too(
+    open_engine: Any, store_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The erasure lists the subject's jobs, erases them, then destroys the key: a job
+    submitted in between takes the same key, and must not be left without its Erased."""
+    engine = open_engine()
+    other = open_engine()
+    run_onboarding(engine, "j1", "ada", ADA)
+    destroy = SubjectKeyTable.destroy
+
+    def submit_then_destroy(self: SubjectKeyTable, *args: Any) -> None:
+        other.submit("acme", "late", "onboarding", input=ADA, data_subject="ada")
+        destroy(self, *args)
+
+    with monkeypatch.context() as patched:
+        patched.setattr(SubjectKeyTable, "destroy", submit_then_destroy)
+        report = engine.erase("acme", "ada", by="dpo", reason="asked")
+    assert set(report.erased) == {"j1", "late"}
+    late = open_engine().job("acme", "late")
+    assert late.state["customer"]["email"] == ERASED and late.erased
+    assert [e.event_type for e in engine.history("acme", "late")][-1] == "Erased"
+    assert b"Ada Lovelace" not in stored_bytes(store_url, engine)
+    assert verify_store(store_of(engine)).intact
+
+
 def test_bad_erasures_and_subjects_are_refused_with_nothing_written(
     open_engine: Any, store_url: str
 ) -> None:

@@ -60,14 +60,32 @@ class ErasureCommands(JobCommands):
             raise UnknownSubjectError(f"tenant {tenant_id!r} has no such data subject")
         erased: list[str] = []
         already: list[str] = []
-        for key_id, job_ids in found.items():
+        self._erase_jobs(tenant_id, found, by, reason, erased, already)
+        now = self.clock.now()
+        keys.destroy(tenant_id, subject, list(found), now)
+        # A job submitted for the subject while the others were erased took the same key:
+        # its values are written as [erased] from now on, and it records Erased too.
+        late = {
+            key_id: [j for j in job_ids if j not in erased and j not in already]
+            for key_id, job_ids in keys.jobs_of(list(found)).items()
+        }
+        self._erase_jobs(tenant_id, late, by, reason, erased, already)
+        return ErasureReport(tenant_id, tuple(found), tuple(erased), tuple(already), now)
+
+    def _erase_jobs(
+        self,
+        tenant_id: str,
+        jobs: dict[str, list[str]],
+        by: str,
+        reason: str,
+        erased: list[str],
+        already: list[str],
+    ) -> None:
+        for key_id, job_ids in jobs.items():
             for job_id in job_ids:
                 done = self._erase_job(tenant_id, job_id, key_id, by, reason)
                 if done is not None:
                     (erased if done else already).append(job_id)
-        now = self.clock.now()
-        keys.destroy(tenant_id, subject, list(found), now)
-        return ErasureReport(tenant_id, tuple(found), tuple(erased), tuple(already), now)
 
     def erase_job(self, tenant_id: str, job_id: str, *, by: str, reason: str) -> ErasureReport:
         """Erase one job sealed with a key of its own (submitted without a data subject):

@@ -120,6 +120,9 @@ class SubjectKeys(Protocol):
     def keys_of(self, tenant_id: str, subject: str) -> dict[str, list[str]]:
         """The subject's live key ids, each with the jobs sealed with it."""
 
+    def jobs_of(self, key_ids: Sequence[str]) -> dict[str, list[str]]:
+        """The jobs sealed with each of these keys, held or destroyed."""
+
     def erased_at(self, tenant_id: str, subject: str) -> datetime | None:
         """When the subject's keys were erased; None when they never were."""
 

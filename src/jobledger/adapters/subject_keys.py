@@ -139,6 +139,18 @@ class SubjectKeyTable:
                 jobs.append(row["job_id"])
         return found
 
+    def jobs_of(self, key_ids: Sequence[str]) -> dict[str, list[str]]:
+        found: dict[str, list[str]] = {key_id: [] for key_id in key_ids}
+        with store_errors("reading the subject key table"):
+            for key_id in key_ids:
+                rows = self.backend.fetch(
+                    f"SELECT job_id FROM {self.backend.table(JOBS)} WHERE key_id = :key_id "
+                    "ORDER BY job_id",
+                    {"key_id": key_id},
+                )
+                found[key_id] = [row["job_id"] for row in rows]
+        return found
+
     def erased_at(self, tenant_id: str, subject: str) -> datetime | None:
         with store_errors("reading the erasures"):
             rows = self.backend.fetch(
