@@ -18,7 +18,7 @@ from urllib.parse import parse_qs, urlsplit, urlunsplit
 import psycopg
 import pytest
 
-from jobledger import Engine, EngineConfig, StepRequest, StepResult
+from jobledger import Engine, EngineConfig
 from jobledger.adapters.subject_keys import ERASURES, KEYS, SubjectKeyTable, job_sha256
 from jobledger.audit.export import Selection, export_jobs, import_file
 from jobledger.audit.tamper import verify_store
@@ -36,17 +36,8 @@ from jobledger.workflows import DefinitionRegistry
 from jobledger.workflows.definition import DefinitionError
 from jobledger.workflows.loader import parse_definition
 from tests.support.engines import TOKEN_SECRET, store_of
+from tests.support.erasure import ADA, GRACE, ONBOARDING, PLAINTEXT, Greeter, run_onboarding
 
-ONBOARDING = """
-type: onboarding
-version: 1
-personal_data: [customer.email, customer.name]
-start: greet
-steps:
-  greet: {kind: run_interaction_task, params: {task: greet}, next: confirm}
-  confirm: {kind: wait_event, event: customer.confirmed, next: done}
-  done: {kind: complete}
-"""
 PLAIN = """
 type: plain
 version: 1
@@ -54,20 +45,6 @@ start: done
 steps:
   done: {kind: complete}
 """
-ADA = {"customer": {"email": "ada@example.com", "name": "Ada Lovelace", "plan": "gold"}}
-GRACE = {"customer": {"email": "grace@example.com", "name": "Grace Hopper", "plan": "basic"}}
-PLAINTEXT = (b"ada@example.com", b"Ada Lovelace", b"ada.l@example.org")
-
-
-class Greeter:
-    """Copies the customer into its output and patches the state with it (both personal)."""
-
-    def execute(self, request: StepRequest) -> StepResult:
-        customer = dict(request.job.state["customer"])
-        return StepResult(
-            output={"greeted": True, "customer": {"email": customer["email"]}},
-            state_patch={"customer": {**customer, "greeted": True}},
-        )
 
 
 @pytest.fixture
@@ -88,19 +65,6 @@ def open_engine(store_url: str) -> Iterator[Any]:
     yield make
     for engine in opened:
         engine.close()
-
-
-def run_onboarding(engine: Engine, job_id: str, subject: str | None, state: dict[str, Any]) -> None:
-    engine.submit("acme", job_id, "onboarding", input=state, data_subject=subject)
-    engine.run_until_idle()
-    engine.signal(
-        "acme",
-        job_id,
-        "customer.confirmed",
-        {"customer": {**state["customer"], "email": "ada.l@example.org"}, "confirmed": True},
-        signal_id=f"{job_id}-confirmed",
-    )
-    engine.run_until_idle()
 
 
 def stored_bytes(store_url: str, engine: Engine) -> bytes:

@@ -110,17 +110,27 @@ class Cli:
         return Counter(path.read_text().splitlines()) if path.exists() else Counter()
 
 
-def make_cli(tmp_path: Path, store_url: str) -> Cli:
-    definitions = tmp_path / "definitions"
-    definitions.mkdir()
-    (definitions / "ticket.yaml").write_text(TICKET)
+def make_cli(
+    tmp_path: Path,
+    store_url: str,
+    *,
+    definitions: dict[str, str] | None = None,
+    executor: str = "tests.support.cli:RecordingExecutor",
+    settings: str = "",
+) -> Cli:
+    """A config file with ``definitions`` (file name: YAML; default the ticket), the
+    ``executor`` and any further TOML ``settings`` lines."""
+    directory = tmp_path / "definitions"
+    directory.mkdir()
+    for name, text in (definitions or {"ticket.yaml": TICKET}).items():
+        (directory / name).write_text(text)
     config = tmp_path / "jobledger.toml"
     config.write_text(
         f'store_url = "{store_url}"\n'
         'definitions = "definitions"\n'
-        'executor = "tests.support.cli:RecordingExecutor"\n'
+        f'executor = "{executor}"\n'
         f'token_secret = "{TOKEN_SECRET}"\n'
-        'worker_id = "cli-worker"\n'
+        'worker_id = "cli-worker"\n' + settings
     )
     env = {k: v for k, v in os.environ.items() if not k.startswith("JOBLEDGER_")}
     env.update(
