@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from datetime import datetime, timedelta
 from decimal import Decimal
 from typing import Any
 
+from jobledger import erasure
 from jobledger.job import Claim, Job
 from jobledger.ports import ApprovalSpec, IssuedToken, Resolution
 from jobledger.status import JobStatus
@@ -154,9 +156,15 @@ def input_sha256(resolution: Resolution) -> str:
     return _sha256(document)
 
 
-def action_sha256(step_name: str | None, params: dict[str, Any], state: dict[str, Any]) -> str:
+def action_sha256(
+    step_name: str | None,
+    params: dict[str, Any],
+    state: dict[str, Any],
+    personal_data: Sequence[str] = (),
+) -> str:
     """What a person approves: the step and the inputs it acts on."""
-    return _sha256({"step": step_name, "params": params, "state": state})
+    masked = erasure.replaced(state, personal_data, erasure.ERASED)
+    return _sha256({"step": step_name, "params": params, "state": masked})
 
 
 # ---- the parts of a transition ------------------------------------------------------------
@@ -204,7 +212,9 @@ def _open_approval(job: Job, transition: Transition, at: datetime) -> None:
     job.request_approval(
         approval_id=f"{job.job_id}:step:{transition.step_number}:approval",
         attempt=job.visits.get(transition.step_name or "", 1),
-        action_sha256=action_sha256(transition.step_name, transition.params, job.state),
+        action_sha256=action_sha256(
+            transition.step_name, transition.params, job.state, job.personal_data
+        ),
         approvers=list(spec.approvers),
         expires_at=job.resume_at,
         on_approve=spec.on_approve,

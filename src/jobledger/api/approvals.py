@@ -103,7 +103,8 @@ def approval(engine: Engine, tenant_id: str, job_id: str, approval_id: str) -> A
     params = _params(engine, view.workflow_type, view.workflow_version, step_name, view.state)
     matches = None
     if params is not None:
-        bound = transition.action_sha256(step_name, dict(params), dict(view.state))
+        personal = history[0].data.get("personal_data") or ()
+        bound = transition.action_sha256(step_name, dict(params), dict(view.state), personal)
         matches = bound == requested.data["action_sha256"]
     now = engine.job(tenant_id, job_id)
     ended = _ending(history, approval_id)

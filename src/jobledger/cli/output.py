@@ -6,7 +6,7 @@ import dataclasses
 import json
 import os
 import sys
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from decimal import Decimal
@@ -20,6 +20,8 @@ from rich.padding import Padding
 from rich.table import Table
 from rich.text import Text
 
+from jobledger import erasure
+from jobledger.erasure import ERASED
 from jobledger.ports import BlockedNote
 from jobledger.views import HistoryEntry, JobView
 
@@ -258,17 +260,32 @@ class AuditLine:
     transition: str
 
 
-def audit_line(entry: HistoryEntry) -> AuditLine:
+def audit_line(entry: HistoryEntry, personal: Sequence[str] = ()) -> AuditLine:
+    """How an event reads in an audit; ``personal``: the job's personal data paths, whose
+    erased values the line names (``[erased] output.customer.email``)."""
     describe = _DESCRIBERS.get(entry.event_type)
-    if describe is None:
-        return AuditLine("-", "", compact(entry.data))
-    return describe(entry.data)
+    line = AuditLine("-", "", compact(entry.data)) if describe is None else describe(entry.data)
+    erased = erasure.unreadable_fields(f"Job.{entry.event_type}", entry.data, personal)
+    if not erased:
+        return line
+    marked = f"{ERASED} {', '.join(erased)}"
+    return dataclasses.replace(
+        line, transition=f"{line.transition}; {marked}" if line.transition else marked
+    )
+
+
+def personal_paths(entries: Sequence[HistoryEntry]) -> tuple[str, ...]:
+    """The job's personal data paths, as its Submitted recorded them."""
+    if not entries or entries[0].event_type != "Submitted":
+        return ()
+    return tuple(entries[0].data.get("personal_data") or ())
 
 
 def history_document(entries: list[HistoryEntry]) -> list[dict[str, Any]]:
     rows = []
+    personal = personal_paths(entries)
     for entry in entries:
-        line = audit_line(entry)
+        line = audit_line(entry, personal)
         rows.append(
             {
                 "version": entry.version,
@@ -312,16 +329,18 @@ class History:
         table.add_column("by", overflow="fold")
         table.add_column("step", overflow="fold")
         table.add_column("transition", overflow="fold")
+        personal = personal_paths(self.entries)
         for entry in self.entries:
-            line = audit_line(entry)
+            line = audit_line(entry, personal)
             table.add_row(str(entry.version), self.time(entry), entry.event_type, *line_cells(line))
         return table
 
     def blocks(self) -> Iterator[RenderableType]:
         if self.title:
             yield Text(self.title, style="bold")
+        personal = personal_paths(self.entries)
         for entry in self.entries:
-            line = audit_line(entry)
+            line = audit_line(entry, personal)
             head = Text(f"v{entry.version}  {self.time(entry)}  ")
             head.append(entry.event_type, style="bold")
             head.append(f"  {line.by}")

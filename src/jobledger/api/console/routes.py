@@ -34,7 +34,14 @@ from jobledger.api.auth import AuthenticationError, Authenticator, Principal, Ro
 from jobledger.api.console.session import COOKIE, PRE_SIGN_IN_COOKIE, Session, SessionCodec
 from jobledger.api.live import LogBell, job_events
 from jobledger.api.settings import ApiSettings
-from jobledger.cli.output import audit_line, job_document, jsonable, money, when
+from jobledger.cli.output import (
+    audit_line,
+    job_document,
+    jsonable,
+    money,
+    personal_paths,
+    when,
+)
 from jobledger.engine import Engine
 from jobledger.errors import (
     ApprovalError,
@@ -435,11 +442,12 @@ def _job_context(c: Console, tenant: str, job: str, version: int | None) -> dict
         except JobLedgerError as problem:
             error = str(problem)
     at_version = shown.version if shown is not now else None
+    personal = personal_paths(history)
     return {
         "job": shown,
         "latest": now,
         "doc": job_document(shown, history[: shown.version]),
-        "timeline": [(entry, audit_line(entry)) for entry in history],
+        "timeline": [(entry, audit_line(entry, personal)) for entry in history],
         "broken": c.engine.verify(tenant, job),
         "at_version": at_version,
         "error": error,
