@@ -163,6 +163,9 @@ class JobViews(TrackedReader):
     def lag(self) -> list[Lag]:
         return self.follower.lag()
 
+    def pending_since(self) -> dict[str, datetime | None]:
+        return self.follower.pending_since()
+
     def lag_total(self) -> int:
         return sum(entry.behind for entry in self.lag())
 
@@ -243,6 +246,30 @@ class JobViews(TrackedReader):
         )
         rows = self.backend.fetch(statement, {"tenant_id": tenant_id})
         return {str(r["status"]): int(r["jobs"]) for r in rows}
+
+    @store_errors("counting jobs by tenant and status")
+    def status_totals(self) -> list[tuple[str, str, int]]:
+        """(tenant, status, jobs) for every pair with a job: one grouped read of the view."""
+        statement = (
+            "SELECT tenant_id, status, COUNT(*) AS jobs "
+            f"FROM {self.backend.table('jobledger_job_status')} GROUP BY tenant_id, status"
+        )
+        rows = self.backend.fetch(statement)
+        return [(str(r["tenant_id"]), str(r["status"]), int(r["jobs"])) for r in rows]
+
+    @store_errors("counting the ready jobs")
+    def ready_jobs(self) -> tuple[int, datetime | None]:
+        """Jobs queued for a worker, and when the longest-waiting one was queued (its
+        last change: the change that queued it)."""
+        statement = (
+            "SELECT COUNT(*) AS jobs, MIN(updated_at) AS oldest "
+            f"FROM {self.backend.table('jobledger_job_status')} WHERE status = :status"
+        )
+        row = self.backend.fetch(statement, {"status": str(JobStatus.QUEUED)})[0]
+        oldest = row["oldest"]
+        if isinstance(oldest, str):  # SQLite keeps times as ISO text
+            oldest = datetime.fromisoformat(oldest)
+        return int(row["jobs"]), oldest
 
     @store_errors("reading the tenant's spend per day")
     def spend_days(self, tenant_id: str, limit: int = 31) -> list[tuple[str, Decimal]]:

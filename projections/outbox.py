@@ -23,6 +23,7 @@ import json
 import logging
 from collections import OrderedDict
 from collections.abc import Sequence
+from datetime import datetime
 from typing import Any
 from uuid import UUID
 
@@ -96,6 +97,9 @@ class Outbox(OutboxTracking):
 
     def lag(self) -> list[Lag]:
         return self.follower.lag()
+
+    def pending_since(self) -> dict[str, datetime | None]:
+        return self.follower.pending_since()
 
     # ---- one message -------------------------------------------------------------------
 

@@ -25,6 +25,10 @@ alternates from one scenario to the next, so neither always follows the other's 
 so the report gives signed steps/s over unsigned steps/s of the same run (issue 16: within
 10 %) and counts the rows that carry a signature.
 
+With ``--metrics`` a further engine, on a store of its own, keeps Prometheus metrics (every
+ops event counted, no scraper attached: issue 14) and runs each scenario the same way, so
+the report gives steps/s with metrics over steps/s without, in the same run.
+
 Half the raw commits run before the first scenario and half after the last, so a disk
 that changed speed mid-run shows up as before/after rates far apart. The run is only as
 good as the machine is quiet: the report shows the load average.
@@ -46,6 +50,7 @@ Usage::
     python scripts/bench_steps.py --quick --json       # a smoke run: well under 30 s
     python scripts/bench_steps.py --store sqlite --profile 25   # cProfile the ticking
     python scripts/bench_steps.py --sign               # signed vs unsigned, same run
+    python scripts/bench_steps.py --metrics            # metrics on vs off, same run
 
 PostgreSQL is skipped, with a message, when neither ``--postgres-url`` nor
 ``JOBLEDGER_TEST_POSTGRES_URL`` is set (``scripts/postgres-local`` starts a local server
@@ -310,6 +315,9 @@ class Scenario:
     signed: bool = False
     signed_vs_unsigned: float | None = None
     """On the signed engine's scenario: its steps/s over the unsigned one's, same K."""
+    metrics: bool = False
+    metrics_vs_off: float | None = None
+    """On the metered engine's scenario: its steps/s over the plain one's, same K."""
     profile: str | None = None
 
 
@@ -317,10 +325,17 @@ class Bench:
     """One engine on one store, and the counters wrapped around it."""
 
     def __init__(
-        self, url: str, label: str, args: argparse.Namespace, signing_keys: Path | None = None
+        self,
+        url: str,
+        label: str,
+        args: argparse.Namespace,
+        signing_keys: Path | None = None,
+        *,
+        metrics: bool = False,
     ) -> None:
-        self.label = label + (" signed" if signing_keys else "")
+        self.label = label + (" signed" if signing_keys else "") + (" metrics" if metrics else "")
         self.signed = signing_keys is not None
+        self.metrics = metrics
         self.args = args
         self.executor = TimingExecutor()
         batch = {} if args.batch is None else {"max_batch": args.batch}
@@ -333,7 +348,7 @@ class Bench:
             **batch,
         )
         self.engine = Engine.open(
-            url, registry=bench_registry(), executor=self.executor, config=config
+            url, registry=bench_registry(), executor=self.executor, config=config, metrics=metrics
         )
         assert isinstance(self.engine.store, EventSourcedJobStore)
         self.store = self.engine.store
@@ -414,6 +429,7 @@ class Bench:
             incomplete_jobs=incomplete,
             profile=profile_text(profiler, self.args.profile) if profiler else None,
             signed=self.signed,
+            metrics=self.metrics,
         )
 
     def tick_until_idle(self, label: str, steps: int, profiler: cProfile.Profile | None) -> float:
@@ -542,6 +558,8 @@ class StoreResult:
     """Issue 11's ratios: ``sequential`` and ``many_k16`` (many jobs at K >= 16)."""
     signed: list[Scenario]
     """With ``--sign``: each scenario again on the engine that signs (else empty)."""
+    metrics: list[Scenario]
+    """With ``--metrics``: each scenario again on the engine that keeps metrics."""
     load_average: tuple[float, float, float]
     """1/5/15-minute load when this store's run began: high means noisy numbers."""
     cpus: int
@@ -558,24 +576,32 @@ def throwaway_signing_keys(directory: Path) -> Path:
 
 
 def both(benches: list[Bench], run: tuple[str, int, int], *, first_signed: bool) -> list[Scenario]:
-    """The scenario on each engine (unsigned first, or with ``first_signed`` the signed
-    one: alternated, so that neither always runs second, after the other's writes)."""
+    """The scenario on each engine (the plain one first, or with ``first_signed`` the
+    others, in reverse: alternated, so that none always runs after the others' writes)."""
     order = benches[::-1] if first_signed else benches
     done = {id(bench): bench.run(*run) for bench in order}
     return [done[id(bench)] for bench in benches]
 
 
 def measure(
-    url: str, label: str, raw: RawBench, args: argparse.Namespace, signed_url: str | None = None
+    url: str,
+    label: str,
+    raw: RawBench,
+    args: argparse.Namespace,
+    signed_url: str | None = None,
+    metrics_url: str | None = None,
 ) -> StoreResult:
-    """The scenarios (and, given ``signed_url``, each again on an engine that signs,
-    right after its unsigned run) between the two halves of the raw commits."""
+    """The scenarios (and, given ``signed_url``, each again on an engine that signs, and
+    given ``metrics_url`` on one that keeps metrics, right after the plain run) between
+    the two halves of the raw commits."""
     load = os.getloadavg()
     keys = Path(tempfile.mkdtemp(prefix="jobledger-bench-keys-", dir=args.dir))
     benches = [Bench(url, label, args)]
     try:
         if signed_url is not None:
             benches.append(Bench(signed_url, label, args, throwaway_signing_keys(keys)))
+        if metrics_url is not None:
+            benches.append(Bench(metrics_url, label, args, metrics=True))
         state, topic = benches[0].warm_up()
         for other in benches[1:]:
             other.warm_up()
@@ -590,9 +616,12 @@ def measure(
             bench.close()
         shutil.rmtree(keys, ignore_errors=True)
     scenarios = [pair[0] for pair in done]
-    signed = [pair[1] for pair in done if len(pair) > 1]
+    signed = [s for pair in done for s in pair[1:] if s.signed]
     for unsigned, signed_run in zip(scenarios, signed, strict=False):
         signed_run.signed_vs_unsigned = signed_run.steps_per_second / unsigned.steps_per_second
+    metered = [s for pair in done for s in pair[1:] if s.metrics]
+    for plain, metered_run in zip(scenarios, metered, strict=False):
+        metered_run.metrics_vs_off = metered_run.steps_per_second / plain.steps_per_second
     raw_run = RawRun(
         rows=args.raw_rows,
         row_state_bytes=len(state),
@@ -601,7 +630,7 @@ def measure(
         before_per_second=half / before if half else 0.0,
         after_per_second=(args.raw_rows - half) / after,
     )
-    for scenario in [*scenarios, *signed]:
+    for scenario in [*scenarios, *signed, *metered]:
         scenario.ratio = scenario.steps_per_second / raw_run.commits_per_second
     sequential, many = TARGETS[label]
     return StoreResult(
@@ -609,6 +638,7 @@ def measure(
         raw=raw_run,
         scenarios=scenarios,
         signed=signed,
+        metrics=metered,
         targets={"sequential": sequential, "many_k16": many},
         load_average=load,
         cpus=os.cpu_count() or 1,
@@ -620,17 +650,25 @@ def bench_sqlite(args: argparse.Namespace) -> StoreResult:
     try:
         url = f"sqlite:///{directory / 'jobs.db'}"
         signed = f"sqlite:///{directory / 'signed.db'}" if args.sign else None
-        return measure(url, "sqlite", raw_sqlite(directory / "raw.db"), args, signed)
+        metered = f"sqlite:///{directory / 'metrics.db'}" if args.metrics else None
+        return measure(url, "sqlite", raw_sqlite(directory / "raw.db"), args, signed, metered)
     finally:
         shutil.rmtree(directory, ignore_errors=True)
 
 
 def bench_postgres(args: argparse.Namespace, base_url: str) -> StoreResult:
     signed_store = fresh_schema(base_url) if args.sign else nullcontext(None)
-    with fresh_schema(base_url) as schema, signed_store as signed_schema:
+    metered_store = fresh_schema(base_url) if args.metrics else nullcontext(None)
+    with (
+        fresh_schema(base_url) as schema,
+        signed_store as signed_schema,
+        metered_store as metered_schema,
+    ):
         url = with_query(base_url, schema=schema)
         signed = with_query(base_url, schema=signed_schema) if signed_schema else None
-        return measure(url, "postgres", raw_postgres(base_url, schema), args, signed)
+        metered = with_query(base_url, schema=metered_schema) if metered_schema else None
+        raw = raw_postgres(base_url, schema)
+        return measure(url, "postgres", raw, args, signed, metered)
 
 
 @contextmanager
@@ -711,9 +749,10 @@ def print_text(results: list[StoreResult], batch: int | None) -> None:
             f"({raw.before_per_second:,.0f}/s before, {raw.after_per_second:,.0f}/s after)"
         )
         print(header)
-        for s in r.scenarios + r.signed:
+        for s in r.scenarios + r.signed + r.metrics:
             name = "sequential" if s.name == "sequential" else f"many K={s.concurrency}"
             name += " signed" if s.signed else ""
+            name += " metrics" if s.metrics else ""
             print(
                 f"{name:<18}{s.steps:>7}{s.steps_per_second:>10,.0f}{s.ratio:>7.2f}"
                 f"{s.commits_per_step:>14.3f}{s.rows_per_step:>11.2f}{s.p50_step_ms:>9.3f}"
@@ -729,6 +768,9 @@ def print_text(results: list[StoreResult], batch: int | None) -> None:
                 f"signed/unsigned {name}: {s.signed_vs_unsigned:.3f} "
                 f"({s.signed_rows} of {s.rows} rows signed; aim >= 0.90)"
             )
+        for s in r.metrics:
+            name = "sequential" if s.name == "sequential" else f"many K={s.concurrency}"
+            print(f"metrics on/off {name}: {s.metrics_vs_off:.3f} (aim >= 0.90)")
         sequential = r.scenarios[0]
         print(f"target sequential: {verdict(sequential.ratio, r.targets['sequential'])}")
         many = [s for s in r.scenarios[1:] if s.concurrency >= 16]
@@ -811,6 +853,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "Ed25519 key), and report signed steps/s over unsigned",
     )
     parser.add_argument(
+        "--metrics",
+        action="store_true",
+        help="also run each scenario on an engine that keeps Prometheus metrics (no scraper), "
+        "and report steps/s with metrics over without",
+    )
+    parser.add_argument(
         "--quick",
         action="store_true",
         help="a smoke run (few steps and raw commits; finishes in seconds, noisy figures)",
@@ -848,6 +896,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "many_jobs_mode_text": MANY_MODE_TEXT,
             "quick": args.quick,
             "signed": args.sign,
+            "metrics": args.metrics,
             "results": [asdict(r) for r in results],
             "skipped": skipped,
         }

@@ -77,6 +77,22 @@ def test_bench_steps_sign_runs_each_scenario_signed_beside_unsigned(tmp_path: Pa
         assert scenario["signed_vs_unsigned"] == ratio
 
 
+def test_bench_steps_metrics_runs_each_scenario_with_metrics_beside_without(
+    tmp_path: Path,
+) -> None:
+    report = run_script("bench_steps.py", tmp_path, "--metrics", "--concurrency", "1,16")
+    [sqlite] = report["results"]
+    assert report["metrics"] is True
+    plain, metered = sqlite["scenarios"], sqlite["metrics"]
+    assert [(s["name"], s["concurrency"]) for s in metered] == [
+        (s["name"], s["concurrency"]) for s in plain
+    ]
+    for off, on in zip(plain, metered, strict=True):
+        assert on["metrics"] is True and on["incomplete_jobs"] == 0 and off["metrics"] is False
+        assert on["metrics_vs_off"] == on["steps_per_second"] / off["steps_per_second"]
+        assert off["metrics_vs_off"] is None
+
+
 def test_bench_resume_quick_reports_every_figure(tmp_path: Path) -> None:
     report = run_script("bench_resume.py", tmp_path)
     [sqlite] = report["results"]

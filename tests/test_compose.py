@@ -33,3 +33,27 @@ def test_docker_compose_config_validates() -> None:
         ["docker-compose", "config", "-q"], cwd=ROOT, capture_output=True, text=True, timeout=60
     )
     assert done.returncode == 0, done.stderr
+
+
+def test_the_observability_profile_scrapes_every_jobledger_service() -> None:
+    compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+    services = compose["services"]
+    extra = {"prometheus", "grafana", "otel-collector"}
+    assert {name for name, s in services.items() if "observability" in s.get("profiles", [])} == (
+        extra
+    )
+    for name in extra:
+        for volume in services[name].get("volumes", []):
+            source = volume.split(":")[0]
+            if source.startswith("./"):
+                assert (ROOT / source).exists(), (name, source)
+    scrape = yaml.safe_load((ROOT / "examples/observability/prometheus.yml").read_text())
+    [job] = [j for j in scrape["scrape_configs"] if j["job_name"] == "jobledger"]
+    targets = {t for group in job["static_configs"] for t in group["targets"]}
+    # Every long-running jobledger service but the API (which asks for a credential).
+    running = {
+        f"{name}:{s['environment']['JOBLEDGER_METRICS_PORT']}"
+        for name, s in services.items()
+        if "JOBLEDGER_METRICS_PORT" in s.get("environment", {}) and name != "api"
+    }
+    assert targets == running and len(running) == 4

@@ -69,7 +69,7 @@ def test_a_job_runs_to_completion_with_one_append_per_step(
     keys = [r["idempotency_key"] for r in step_records(engine, "t", "j")]
     assert keys == ["t/j:step:1", "t/j:step:2", "t/j:step:3", "t/j:step:4"]
     assert engine.verify("t", "j") is None
-    assert ops.types("j")[-1] == "job.completed"
+    assert ops.types("j")[-2:] == ["job.completed", "job.tick.ended"]
     started = [e for e in ops.events if e.eventType == "job.step.started"]
     assert started[0].metadata == {
         "stepNumber": 1,
@@ -158,7 +158,7 @@ def test_a_resolution_that_throws_fails_the_job(make_engine: EngineFactory, ops:
     assert job.last_error is not None and "missing_field" in job.last_error
     failed = engine.history("t", "j")[-1]
     assert failed.event_type == "Failed" and failed.data["cause"] == "definition"
-    assert ops.types("j")[-1] == "job.failed"
+    assert ops.types("j")[-2:] == ["job.failed", "job.tick.ended"]
 
 
 def test_an_executor_error_fails_the_job_with_the_error(

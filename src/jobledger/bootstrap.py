@@ -18,7 +18,7 @@ from jobledger.adapters.jwt_tokens import JwtResumeTokens
 from jobledger.adapters.local_queue import LocalQueue
 from jobledger.adapters.log_spend import LogSpend
 from jobledger.adapters.notifier import Notifiers, notifier_from_spec
-from jobledger.adapters.ops import LoggingOps
+from jobledger.adapters.ops import LoggingOps, TeeOps
 from jobledger.adapters.store_url import parse_store_url
 from jobledger.adapters.subject_keys import MasterKeyError, SubjectKeyTable, master_key
 from jobledger.config import EngineConfig
@@ -40,6 +40,7 @@ from jobledger.signing import Ed25519Signer
 
 if TYPE_CHECKING:
     from jobledger.adapters.kafka import KafkaQueue
+    from jobledger.adapters.metrics import Metrics
 
 
 @dataclass(frozen=True)
@@ -65,6 +66,8 @@ class Deps:
     """The data subjects' keys (the cipher's, and erasure's), beside the store."""
     local_queue: LocalQueue | None = None
     kafka_queue: KafkaQueue | None = None
+    metrics: Metrics | None = None
+    """The process's Prometheus metrics, when kept: already teed into ``ops``."""
 
     @property
     def leases(self) -> Leases:
@@ -93,6 +96,7 @@ def build(
     store_mode: StoreMode = "create",
     sealer: FieldSealer | None = None,
     signer: EventSigner | None = None,
+    metrics: bool = False,
 ) -> Deps:
     """Open (creating if needed, unless ``store_mode`` says otherwise: see
     :data:`~jobledger.adapters.event_store.StoreMode`) the store at ``config.store_url``
@@ -100,6 +104,9 @@ def build(
     ticks topic when ``config.transport`` is kafka), the system clock, JSON ops logs,
     spend folded from the log, and JWT resume tokens when a token secret is configured.
     The store signs what it writes with ``signer``, or the configured signing keys.
+
+    Metrics are kept when ``metrics`` says so or ``config.metrics_port`` is set: their
+    counting sink then gets every ops event beside the given (or logging) sink.
 
     The transport is decided here, once: a process that runs on Kafka says so in the
     config it builds from (the CLI's ``--transport``), never by swapping queues later."""
@@ -118,6 +125,8 @@ def build(
     )
     subject_keys.attach(store.backend, create=store_mode != "read")
     chosen, local_queue, kafka_queue = _queue(config, clock, queue)
+    sink = ops if ops is not None else LoggingOps()
+    kept = _metrics(config, clock) if metrics or config.metrics_port is not None else None
     return Deps(
         config=config,
         registry=registry,
@@ -125,13 +134,14 @@ def build(
         store=store,
         queue=chosen,
         clock=clock,
-        ops=ops if ops is not None else LoggingOps(),
+        ops=sink if kept is None else TeeOps(sink, kept),
         cost=cost if cost is not None else LogSpend(store),
         tokens=tokens if tokens is not None else _tokens(config),
         notifier=_notifier(config, notifier),
         subject_keys=subject_keys,
         local_queue=local_queue,
         kafka_queue=kafka_queue,
+        metrics=kept,
     )
 
 
@@ -151,6 +161,17 @@ def _queue(
         return kafka, None, kafka
     local = LocalQueue(clock)
     return local, local, None
+
+
+def _metrics(config: EngineConfig, clock: Clock) -> Metrics:
+    """Imported only when kept: prometheus-client is an extra (``metrics``, or ``http``)."""
+    try:
+        from jobledger.adapters.metrics import Metrics
+    except ImportError:
+        raise ConfigError(
+            "metrics need prometheus-client: pip install 'jobledger[metrics]'"
+        ) from None
+    return Metrics.of(config, clock.now)
 
 
 def _master_key(config: EngineConfig) -> bytes | None:

@@ -105,6 +105,16 @@ class EngineConfig(BaseSettings):
     kafka_send_timeout_ms: int = Field(default=15_000, ge=1_000)
     """How long a publish may take before it counts as an infrastructure error."""
 
+    metrics_port: int | None = Field(default=None, ge=0, le=65_535)
+    """Serve Prometheus metrics at ``/metrics`` on this port (0: any free one) from
+    ``run``, ``worker``, ``projections run`` and ``reconcile``; unset, none are kept."""
+    metrics_host: str = Field(default="127.0.0.1", min_length=1)
+    """Where that server listens: loopback unless told otherwise (it asks for no credential)."""
+    metrics_tenant_label: bool = False
+    """Label tenant-level metrics (spend, jobs by status) by tenant; off, they are totals."""
+    metrics_tenant_cap: int = Field(default=50, ge=1, le=10_000)
+    """The most tenants given a label of their own; the ones seen after fold into ``other``."""
+
     def cost_ceiling_for(self, tenant_id: str) -> Decimal:
         """The tenant's spend ceiling per UTC day (its override, else the default); 0 is
         no ceiling."""

@@ -93,6 +93,7 @@ class Engine(ErasureCommands, TickRunner, JobReader):
         store_mode: StoreMode = "create",
         sealer: FieldSealer | None = None,
         signer: EventSigner | None = None,
+        metrics: bool = False,
     ) -> Engine:
         """Open (creating if needed, unless ``store_mode`` says otherwise: see
         :data:`~jobledger.adapters.event_store.StoreMode`) the store at ``store_url`` and
@@ -100,7 +101,8 @@ class Engine(ErasureCommands, TickRunner, JobReader):
         a local in-process queue (the Kafka ticks topic when ``transport`` is kafka), the
         system clock, JSON ops logs, spend folded from the log, and JWT resume tokens when
         a token secret is configured. The store signs every event it writes with
-        ``signer`` and seals personal values with ``sealer`` when given."""
+        ``signer`` and seals personal values with ``sealer`` when given. With ``metrics``
+        (or ``config.metrics_port``) it keeps Prometheus metrics (``deps.metrics``)."""
         config = config if config is not None else EngineConfig()
         if store_url is not None:
             config = config.model_copy(update={"store_url": store_url})
@@ -117,6 +119,7 @@ class Engine(ErasureCommands, TickRunner, JobReader):
             store_mode=store_mode,
             sealer=sealer,
             signer=signer,
+            metrics=metrics,
         )
         return cls(deps)
 

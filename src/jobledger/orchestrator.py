@@ -482,12 +482,22 @@ class Orchestrator:
         kind = error.kind if isinstance(error, StepError) else type(error).__name__
         policy = resolution.retry_policy or RetryPolicy()
         attempt = job.attempt + 1
+        retries = isinstance(error, StepError) and error.retryable and policy.allows(attempt, kind)
+        self.report(
+            job,
+            "job.step.errored",
+            stepNumber=job.current_step + 1,
+            stepType=resolution.step_type,
+            workflowType=job.workflow_type,
+            errorKind=kind,
+            willRetry=retries,
+        )
         where = f"step {job.current_step + 1} of {job.tenant_id}/{job.job_id}"
         if isinstance(error, StepError):
             log.warning("%s raised %s (%s): %s", where, type(error).__name__, kind, error)
         else:  # not the executor's way of saying it failed: a bug, with its traceback
             log.error("%s raised %s: %s", where, type(error).__name__, error, exc_info=error)
-        if isinstance(error, StepError) and error.retryable and policy.allows(attempt, kind):
+        if retries:
             now = self.clock.now()
             resume_at = now + timedelta(milliseconds=policy.backoff_ms(attempt))
             job.schedule_retry(error=str(error), error_kind=kind, resume_at=resume_at, now=now)
@@ -566,6 +576,7 @@ class Orchestrator:
             "job.step.completed",
             stepNumber=step.step_number,
             stepType=step.step_type,
+            workflowType=run.job.workflow_type,
             transitionReason=step.transition_reason,
             durationMs=int((at - executed.started_at).total_seconds() * 1000),
             idempotencyKey=step.idempotency_key,

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -70,12 +71,28 @@ class Reconciler:
         again only if the job has not moved for ``resend_after``."""
         if not self.lock.try_acquire():
             return ReconcileResult(0, 0, 0, acted=False)
+        started = time.perf_counter()
         now = as_of or self.clock.now()
         lost_after = self.lost_tick_after if lost_tick_after is None else lost_tick_after
         due = self.due_jobs(now, lost_after)
         enqueued = sum(self.enqueue(job, now) for job in due)
         self.forget_before(now - self.resend_after)
-        return ReconcileResult(scanned=len(due), enqueued=enqueued, skipped=len(due) - enqueued)
+        result = ReconcileResult(scanned=len(due), enqueued=enqueued, skipped=len(due) - enqueued)
+        self.ops.record(
+            OpsEvent(
+                jobId="",
+                tenantId="",
+                eventType="reconciler.pass",
+                status="n/a",
+                source="job_reconciler",
+                metadata={
+                    "durationMs": round((time.perf_counter() - started) * 1000, 3),
+                    "scanned": result.scanned,
+                    "enqueued": result.enqueued,
+                },
+            )
+        )
+        return result
 
     def due_jobs(self, now: datetime, lost_after: timedelta) -> list[DueJob]:
         due = [job for status in TIMED_STATUSES for job in self.views.due(status, now, self.batch)]

@@ -38,6 +38,7 @@ if TYPE_CHECKING:
     from jobledger.adapters.kafka import KafkaSettings
     from jobledger.adapters.kafka.publisher import KafkaEventPublisher
     from jobledger.adapters.kafka.worker import KafkaWorker, RecordHook, TickObserver
+    from jobledger.adapters.metrics import MetricsServer
     from jobledger.api.server import ApiServer
     from jobledger.api.settings import ApiSettings
     from jobledger.audit.schedule import AnchorPlan, ScheduledAnchoring
@@ -141,6 +142,7 @@ class Supervisor:
         self.kafka_workers = self._kafka_workers(on_tick, after_effect)
         self.publisher: KafkaEventPublisher | None = None
         self.reconciler = self._reconciler()
+        self.metrics = self._metrics()
         self.api = self._api()
         self.anchoring = self._anchoring()
         self._services = self._wire()
@@ -184,6 +186,23 @@ class Supervisor:
             ops=deps.ops,
             lost_tick_after=lost_tick_after,
         )
+
+    def _metrics(self) -> MetricsServer | None:
+        """What the process's metrics read at scrape time, by role (the outbox's lag is
+        added with the outbox), and their own port when one is configured: bound now,
+        like the API's, so a port in use stops the process before any service starts."""
+        metrics = self.engine.deps.metrics
+        if metrics is None:
+            return None
+        if self.views is not None:
+            metrics.watch_status(self.views)
+            metrics.watch_log_reader("views", self.views)
+        if self.kafka_workers:
+            metrics.watch_consumers(list(self.kafka_workers), self.engine.config.kafka_group_id)
+        config = self.engine.config
+        if config.metrics_port is None:
+            return None
+        return metrics.serve(config.metrics_host, config.metrics_port)
 
     def _api(self) -> ApiServer | None:
         """The HTTP API, its socket bound now: a port in use stops the process before
@@ -243,6 +262,8 @@ class Supervisor:
         store = self.engine.deps.store
         self.publisher = KafkaEventPublisher(self.kafka)
         outbox = Outbox(store, self.publisher, lock=lock_for(store.location, "outbox"))
+        if self.engine.deps.metrics is not None:
+            self.engine.deps.metrics.watch_log_reader("outbox", outbox)
         runner = OutboxRunner(outbox)
         return _Service("outbox", runner.run_forever, runner.stop)
 
@@ -285,6 +306,8 @@ class Supervisor:
             self.anchoring.final()  # after the workers: it pins their last steps too
         if self.publisher is not None:
             self.publisher.close()
+        if self.metrics is not None:
+            self.metrics.stop()  # last: a scrape sees the final counts until the end
 
     def reconcile_once(self) -> tuple[ReconcileResult, int]:
         """One reconcile pass by hand, then stop: every queued job counts as due (no other

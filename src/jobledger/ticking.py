@@ -36,10 +36,15 @@ class TickRunner(EngineParts):
         to the caller: what a consumer that answers with offsets needs (``handle`` is the
         local queue's, which answers by re-enqueueing)."""
         started = time.perf_counter()
-        # Counted in flight, whoever runs it (run_until_idle, the run command's workers,
-        # a Kafka worker): a group commit waits only for ticks that are running.
-        with self.group.running():
-            report = self.orchestrator.tick(tick)
+        try:
+            # Counted in flight, whoever runs it (run_until_idle, the run command's workers,
+            # a Kafka worker): a group commit waits only for ticks that are running.
+            with self.group.running():
+                report = self.orchestrator.tick(tick)
+        except JobLedgerError as error:
+            self._tick_ended(tick, "unknown", _error_outcome(error), started, error=error)
+            raise
+        self._tick_ended(tick, str(report.status), str(report.outcome), started, report=report)
         log.info(
             "tick %s/%s (%s): %s, %d step(s), now %s at step %d, v%d, %.1f ms",
             tick.tenant_id,
@@ -53,6 +58,37 @@ class TickRunner(EngineParts):
             (time.perf_counter() - started) * 1000,
         )
         return report
+
+    def _tick_ended(
+        self,
+        tick: Tick,
+        status: str,
+        outcome: str,
+        started: float,
+        *,
+        report: TickReport | None = None,
+        error: JobLedgerError | None = None,
+    ) -> None:
+        """One ops event per tick, however it ended: what tick counts and durations are
+        read from (a tick that raised says how, and of a store error which driver error)."""
+        metadata: dict[str, object] = {
+            "outcome": outcome,
+            "reason": tick.reason,
+            "durationMs": round((time.perf_counter() - started) * 1000, 3),
+        }
+        if report is not None:
+            metadata["stepsExecuted"] = report.steps_executed
+        if error is not None:
+            metadata["errorKind"] = _error_kind(error)
+        self.ops.record(
+            OpsEvent(
+                jobId=tick.job_id,
+                tenantId=tick.tenant_id,
+                eventType="job.tick.ended",
+                status=status,
+                metadata=metadata,
+            )
+        )
 
     def run_until_idle(self, *, wait_for_timers: bool = False, max_ticks: int = 100_000) -> int:
         """Handle the local queue's ticks until none is due (or, with ``wait_for_timers``,
@@ -160,3 +196,17 @@ class TickRunner(EngineParts):
         One reference swap: each resolution reads one registry, the old or the new,
         never a mix."""
         self.registry = self.orchestrator.registry = registry
+
+
+def _error_outcome(error: JobLedgerError) -> str:
+    if isinstance(error, StoreUnavailableError):
+        return "store_error"
+    return "blocked" if isinstance(error, DeploymentError) else "rejected"
+
+
+def _error_kind(error: JobLedgerError) -> str:
+    """A store error by the driver's (or the library's) error class it translated, so
+    an outage and a lock timeout count apart; any other by its own class."""
+    if isinstance(error, StoreUnavailableError) and error.__cause__ is not None:
+        return type(error.__cause__).__name__
+    return type(error).__name__

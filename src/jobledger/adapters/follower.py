@@ -18,6 +18,7 @@ import threading
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Protocol
 
 from eventsourcing.persistence import Notification, PersistenceError, Tracking, TrackingRecorder
@@ -71,6 +72,20 @@ def lag(store: EventSourcedJobStore, reader: Positions) -> list[Lag]:
         Lag(reader.tracking_name(p), p.recorder.max_notification_id() or 0, reader.position(p))
         for p in store.partitions
     ]
+
+
+@store_errors("reading the oldest event not yet read")
+def pending_since(store: EventSourcedJobStore, reader: Positions) -> dict[str, datetime | None]:
+    """Per partition: when the oldest event ``reader`` has not processed was written
+    (None: it is caught up), from one notification each: how many seconds it is behind."""
+    found: dict[str, datetime | None] = {}
+    for partition in store.partitions:
+        after = partition.recorder.select_notifications(
+            reader.position(partition), 1, inclusive_of_start=False
+        )
+        event = partition.mapper.to_domain_event(after[0]) if after else None
+        found[reader.tracking_name(partition)] = getattr(event, "timestamp", None)
+    return found
 
 
 class TrackedReader(TrackingRecorder):
@@ -170,6 +185,9 @@ class LogFollower:
 
     def lag(self) -> list[Lag]:
         return lag(self.store, self.reader)
+
+    def pending_since(self) -> dict[str, datetime | None]:
+        return pending_since(self.store, self.reader)
 
     # ---- run as a service ------------------------------------------------------------------
 

@@ -1,4 +1,4 @@
-"""Ops sinks: structured JSON log lines, or a list kept in memory."""
+"""Ops sinks: structured JSON log lines, a list kept in memory, or several at once."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import json
 import logging
 import threading
 
-from jobledger.ports import OpsEvent
+from jobledger.ports import Ops, OpsEvent
 
 
 class LoggingOps:
@@ -32,3 +32,18 @@ class MemoryOps:
 
     def types(self, job_id: str | None = None) -> list[str]:
         return [e.eventType for e in self.events if job_id is None or e.jobId == job_id]
+
+
+class TeeOps:
+    """Every event to each sink in turn (the log and the metrics): a sink that fails is
+    logged and the others still get it, since an ops event never fails a tick."""
+
+    def __init__(self, *sinks: Ops) -> None:
+        self.sinks = sinks
+
+    def record(self, event: OpsEvent) -> None:
+        for sink in self.sinks:
+            try:
+                sink.record(event)
+            except Exception:
+                logging.getLogger(__name__).exception("ops sink %r failed", sink)

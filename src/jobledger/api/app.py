@@ -22,6 +22,7 @@ from jobledger.api import (
     routes_inputs,
     routes_jobs,
     routes_live,
+    routes_metrics,
     routes_replay,
     routes_resume,
 )
@@ -46,8 +47,9 @@ def create_app(
     authenticator: Authenticator | None = None,
     views: JobViews | None = None,
 ) -> FastAPI:
-    """The API over ``engine``: everything under ``/v1``, plus ``/healthz``, ``/readyz``
-    and ``/openapi.json``. ``views`` (default: the store's own) serve listings."""
+    """The API over ``engine``: everything under ``/v1``, plus ``/healthz``, ``/readyz``,
+    ``/metrics`` (when the engine keeps metrics) and ``/openapi.json``. ``views``
+    (default: the store's own) serve listings."""
     app = FastAPI(
         title=API_TITLE,
         version=API_VERSION,
@@ -78,7 +80,11 @@ def create_app(
         routes_erasures,
     ):
         app.include_router(routes.router, prefix="/v1")
+    app.include_router(routes_metrics.router)
     app.include_router(console.router())
+    if engine.deps.metrics is not None:
+        engine.deps.metrics.watch_status(app.state.views)
+        engine.deps.metrics.watch_log_reader("views", app.state.views)
     _health(app)
     _document_400_not_422(app)
     # Outermost first: the timeout covers reading the body too.

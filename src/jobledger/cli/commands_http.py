@@ -71,7 +71,7 @@ def serve(
     kafka = settings.engine.transport == "kafka"
     queue: Queue | None = None if kafka else LeftToTheRunner()
     with open_engine(
-        store, config, purpose="serve", definitions=True, mode="create", queue=queue
+        store, config, purpose="serve", definitions=True, mode="create", queue=queue, metrics=True
     ) as engine:
         from jobledger.api.server import serve_engine
 

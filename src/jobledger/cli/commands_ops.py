@@ -68,6 +68,19 @@ HttpOption = Annotated[
         show_default=False,
     ),
 ]
+MetricsPortOption = Annotated[
+    int | None,
+    typer.Option(
+        "--metrics-port",
+        metavar="PORT",
+        min=0,
+        max=65_535,
+        help="Serve Prometheus metrics at /metrics on this port (0: any free one, printed "
+        "as metrics: URL), on JOBLEDGER_METRICS_HOST (default 127.0.0.1). Default: the "
+        "metrics_port setting (JOBLEDGER_METRICS_PORT), else none. Needs the metrics extra.",
+        show_default=False,
+    ),
+]
 TRANSPORTS = ("local", "kafka")
 TERMINAL = {str(status) for status in TERMINAL_STATUSES}
 Transport = Literal["local", "kafka"]
@@ -200,6 +213,7 @@ def run(
             show_default=False,
         ),
     ] = None,
+    metrics_port: MetricsPortOption = None,
     store: StoreOption = None,
     config: ConfigOption = None,
     log_level: LogLevelOption = LogLevel.INFO,
@@ -226,7 +240,7 @@ def run(
         events=anchor_events,
     )
     services = replace(services, anchors=anchoring.plan())
-    _serve("run", services, store, config, _transport_name(kafka))
+    _serve("run", services, store, config, _transport_name(kafka), metrics_port=metrics_port)
 
 
 def _api_settings(bind: str, store: str | None, config: Any) -> ApiSettings:
@@ -246,6 +260,7 @@ def _api_settings(bind: str, store: str | None, config: Any) -> ApiSettings:
 def worker(
     workers: WorkersOption = 1,
     transport: TransportOption = None,
+    metrics_port: MetricsPortOption = None,
     store: StoreOption = None,
     config: ConfigOption = None,
     log_level: LogLevelOption = LogLevel.INFO,
@@ -256,12 +271,13 @@ def worker(
     configure_logs(log_level, log_format)
     kafka = _is_kafka(transport, store, config)
     services = Services.of("worker", kafka=kafka, workers=workers)
-    _serve("worker", services, store, config, _transport_name(kafka))
+    _serve("worker", services, store, config, _transport_name(kafka), metrics_port=metrics_port)
 
 
 def reconcile(
     once: Annotated[bool, typer.Option("--once", help="One pass, then exit.")] = False,
     transport: TransportOption = None,
+    metrics_port: MetricsPortOption = None,
     store: StoreOption = None,
     config: ConfigOption = None,
     json: JsonFlag = False,
@@ -280,8 +296,22 @@ def reconcile(
     if not once:
         # On Kafka nothing runs here, so neither definitions nor a store to create.
         mode: StoreMode = "existing" if kafka else "create"
-        _serve("reconcile", services, store, config, _transport_name(kafka), mode=mode)
+        transport_name = _transport_name(kafka)
+        _serve(
+            "reconcile",
+            services,
+            store,
+            config,
+            transport_name,
+            mode=mode,
+            metrics_port=metrics_port,
+        )
         return
+    if metrics_port is not None:
+        raise typer.BadParameter(
+            "metrics are served by a running reconciler, not by one pass (--once)",
+            param_hint="--metrics-port",
+        )
     with open_engine(
         store,
         config,
@@ -289,6 +319,7 @@ def reconcile(
         definitions=not kafka,
         executor=not kafka,
         transport=_transport_name(kafka),
+        metrics=False,
     ) as engine:
         result, handled = Supervisor(engine, services).reconcile_once()
         ticks_topic = engine.config.kafka_ticks_topic
@@ -320,6 +351,7 @@ def projections_run(
             help="Also publish every job event to the Kafka events topic (the outbox).",
         ),
     ] = False,
+    metrics_port: MetricsPortOption = None,
     store: StoreOption = None,
     config: ConfigOption = None,
     log_level: LogLevelOption = LogLevel.INFO,
@@ -328,7 +360,7 @@ def projections_run(
     """Follow the log and keep the views up to date until Ctrl-C."""
     configure_logs(log_level, log_format)
     services = Services.of("projections", kafka=False, outbox=outbox)
-    _serve("projections", services, store, config, transport=None)
+    _serve("projections", services, store, config, transport=None, metrics_port=metrics_port)
 
 
 @projections_app.command("rebuild")
@@ -383,10 +415,12 @@ def _serve(
     transport: Transport | None,
     *,
     mode: StoreMode = "create",
+    metrics_port: int | None = None,
 ) -> None:
     """Run the services until Ctrl-C or SIGTERM, on ``transport`` (None: as configured).
     The engine runs steps only where there are workers: only then are the definitions
-    and the executor loaded, and SIGHUP reloads the definitions."""
+    and the executor loaded, and SIGHUP reloads the definitions. Metrics are kept when
+    a port is (flag or setting), or when the HTTP API serves them."""
     runs_steps = services.workers > 0
     kafka = transport == "kafka" or services.outbox
     settings = load_settings(config, store)
@@ -399,6 +433,8 @@ def _serve(
             executor=runs_steps,
             mode=mode,
             transport=transport,
+            metrics_port=metrics_port,
+            metrics=services.http is not None or None,
         ) as engine,
         _reload_on_sighup(engine, settings.definitions) if runs_steps else nullcontext(),
     ):
@@ -408,6 +444,8 @@ def _serve(
             output.console().print(f"  {line}", soft_wrap=True)
         if supervisor.api is not None:
             output.console().print(f"  http: {supervisor.api.url}", soft_wrap=True)
+        if supervisor.metrics is not None:
+            output.console().print(f"  metrics: {supervisor.metrics.url}", soft_wrap=True)
         if services.anchors is not None:
             output.console().print(f"  {services.anchors.describe()}", soft_wrap=True)
         with _stop_on_signals(supervisor.stopping.set):

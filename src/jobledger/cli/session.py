@@ -108,17 +108,23 @@ def open_engine(
     mode: StoreMode = "existing",
     transport: Literal["local", "kafka"] | None = None,
     queue: Queue | None = None,
+    metrics_port: int | None = None,
+    metrics: bool | None = None,
 ) -> Iterator[Engine]:
     """An engine on the configured store, closed afterwards. ``definitions`` and
     ``executor`` say whether the command needs them (only then are they loaded).
     ``mode``: only the commands that write jobs create a store; the ones that only read
     say ``read`` (no lock, no DDL). ``transport`` (the ``--transport`` flag) wins over
     the configured one; the queue is chosen from it when the engine is built, unless
-    ``queue`` is given."""
+    ``queue`` is given. ``metrics_port`` (the ``--metrics-port`` flag) wins over the
+    configured one; ``metrics`` True keeps metrics without a port of their own (the HTTP
+    API serves them), False keeps none whatever is configured (a one-off command)."""
     settings = load_settings(config, store_url)
     engine_config = settings.engine
     if transport is not None:
         engine_config = engine_config.model_copy(update={"transport": transport})
+    if metrics_port is not None or metrics is False:
+        engine_config = engine_config.model_copy(update={"metrics_port": metrics_port})
     _require(settings, purpose, definitions=definitions, executor=executor)
     # Commands that run no step need no definitions (loading them costs start-up time).
     registry = _registry(settings, purpose) if definitions else FunctionRegistry()
@@ -129,6 +135,7 @@ def open_engine(
         notifier=notifier,
         store_mode=mode,
         queue=queue,
+        metrics=bool(metrics),
     )
     try:
         yield engine

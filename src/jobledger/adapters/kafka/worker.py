@@ -148,6 +148,9 @@ class KafkaWorker:
         self.concurrency = concurrency
         self._halted = threading.Event()
         self._done: dict[Position, bool] = {}
+        self.consumer_lag: dict[tuple[str, int], int] = {}
+        """Per assigned (topic, partition): messages between this worker's position and
+        the partition's end, as of its last poll (replaced whole, so a scrape reads one)."""
 
     # ---- the loop ----------------------------------------------------------------------
 
@@ -177,6 +180,7 @@ class KafkaWorker:
                     log.warning("poll failed, retrying after %.1fs: %r", delay, error)
                     self.stopping.wait(delay)
                     continue
+                self.note_lag(consumer, batch)
                 if batch:
                     self.process_batch(consumer, batch, lanes)
         finally:
@@ -190,6 +194,26 @@ class KafkaWorker:
 
     def stop(self) -> None:
         self.stopping.set()
+
+    def note_lag(self, consumer: Any, batch: dict[TopicPartition, list[Any]]) -> None:
+        """Each assigned partition's lag as a poll leaves it, before its batch is handled:
+        the messages from the first one in hand (else the position) to the end the last
+        fetch reported. No request of its own: a partition not fetched yet is left out."""
+        in_hand = {tp: records[0].offset for tp, records in batch.items() if records}
+        lag: dict[tuple[str, int], int] = {}
+        for partition in consumer.assignment():
+            end = consumer.highwater(partition)
+            if end is None:
+                continue
+            position = in_hand.get(partition)
+            if position is None:
+                try:
+                    position = consumer.position(partition, timeout_ms=0)
+                except KafkaError:
+                    continue
+            if position is not None:
+                lag[(partition.topic, partition.partition)] = max(0, end - position)
+        self.consumer_lag = lag
 
     def process_batch(
         self, consumer: Any, batch: dict[TopicPartition, list[Any]], lanes: Lanes[Any]
