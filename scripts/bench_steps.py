@@ -46,6 +46,12 @@ Usage::
     python scripts/bench_steps.py --quick --json       # a smoke run: well under 30 s
     python scripts/bench_steps.py --store sqlite --profile 25   # cProfile the ticking
     python scripts/bench_steps.py --sign               # signed vs unsigned, same run
+    python scripts/bench_steps.py --tracing            # traced vs untraced, same run
+
+With ``--tracing`` each scenario runs again, right after, on the same engine with
+OpenTelemetry spans made (an SDK tracer provider with no exporter attached: the cost of
+tracing itself, not of shipping spans), and the report gives traced steps/s over untraced
+(issue 14: the overhead within 10 %). Needs the otel extra.
 
 PostgreSQL is skipped, with a message, when neither ``--postgres-url`` nor
 ``JOBLEDGER_TEST_POSTGRES_URL`` is set (``scripts/postgres-local`` starts a local server
@@ -310,6 +316,9 @@ class Scenario:
     signed: bool = False
     signed_vs_unsigned: float | None = None
     """On the signed engine's scenario: its steps/s over the unsigned one's, same K."""
+    traced: bool = False
+    traced_vs_untraced: float | None = None
+    """On a ``--tracing`` run: its steps/s over the untraced run's, same K."""
     profile: str | None = None
 
 
@@ -542,6 +551,8 @@ class StoreResult:
     """Issue 11's ratios: ``sequential`` and ``many_k16`` (many jobs at K >= 16)."""
     signed: list[Scenario]
     """With ``--sign``: each scenario again on the engine that signs (else empty)."""
+    traced: list[Scenario]
+    """With ``--tracing``: each scenario again with spans made (else empty)."""
     load_average: tuple[float, float, float]
     """1/5/15-minute load when this store's run began: high means noisy numbers."""
     cpus: int
@@ -583,7 +594,14 @@ def measure(
         before = raw(half, state, topic)
         runs = [("sequential", 1, args.seq_steps)]
         runs += [("many", k, max(1, -(-args.total_steps // k))) for k in args.concurrency]
-        done = [both(benches, each, first_signed=n % 2 == 1) for n, each in enumerate(runs)]
+        done, traced = [], []
+        for n, each in enumerate(runs):
+            # Traced first every other scenario: neither always runs on the other's rows.
+            if args.tracing and n % 2 == 1:
+                traced.append(with_tracing(benches[0], each))
+            done.append(both(benches, each, first_signed=n % 2 == 1))
+            if args.tracing and n % 2 == 0:
+                traced.append(with_tracing(benches[0], each))
         after = raw(args.raw_rows - half, state, topic)
     finally:
         for bench in benches:
@@ -593,6 +611,8 @@ def measure(
     signed = [pair[1] for pair in done if len(pair) > 1]
     for unsigned, signed_run in zip(scenarios, signed, strict=False):
         signed_run.signed_vs_unsigned = signed_run.steps_per_second / unsigned.steps_per_second
+    for untraced, traced_run in zip(scenarios, traced, strict=False):
+        traced_run.traced_vs_untraced = traced_run.steps_per_second / untraced.steps_per_second
     raw_run = RawRun(
         rows=args.raw_rows,
         row_state_bytes=len(state),
@@ -601,7 +621,7 @@ def measure(
         before_per_second=half / before if half else 0.0,
         after_per_second=(args.raw_rows - half) / after,
     )
-    for scenario in [*scenarios, *signed]:
+    for scenario in [*scenarios, *signed, *traced]:
         scenario.ratio = scenario.steps_per_second / raw_run.commits_per_second
     sequential, many = TARGETS[label]
     return StoreResult(
@@ -609,10 +629,29 @@ def measure(
         raw=raw_run,
         scenarios=scenarios,
         signed=signed,
+        traced=traced,
         targets={"sequential": sequential, "many_k16": many},
         load_average=load,
         cpus=os.cpu_count() or 1,
     )
+
+
+def with_tracing(bench: Bench, run: tuple[str, int, int]) -> Scenario:
+    """The scenario again on the same engine, its ticks and steps traced by an SDK tracer
+    provider that exports nowhere; then the engine is untraced again."""
+    from opentelemetry.sdk.trace import TracerProvider
+
+    from jobledger.adapters.otel import OtelTracer
+    from jobledger.tracing import NOOP
+
+    engine = bench.engine
+    engine.tracer = engine.orchestrator.tracer = OtelTracer(TracerProvider())
+    try:
+        scenario = bench.run(*run)
+    finally:
+        engine.tracer = engine.orchestrator.tracer = NOOP
+    scenario.traced = True
+    return scenario
 
 
 def bench_sqlite(args: argparse.Namespace) -> StoreResult:
@@ -711,9 +750,10 @@ def print_text(results: list[StoreResult], batch: int | None) -> None:
             f"({raw.before_per_second:,.0f}/s before, {raw.after_per_second:,.0f}/s after)"
         )
         print(header)
-        for s in r.scenarios + r.signed:
+        for s in r.scenarios + r.signed + r.traced:
             name = "sequential" if s.name == "sequential" else f"many K={s.concurrency}"
             name += " signed" if s.signed else ""
+            name += " traced" if s.traced else ""
             print(
                 f"{name:<18}{s.steps:>7}{s.steps_per_second:>10,.0f}{s.ratio:>7.2f}"
                 f"{s.commits_per_step:>14.3f}{s.rows_per_step:>11.2f}{s.p50_step_ms:>9.3f}"
@@ -729,6 +769,9 @@ def print_text(results: list[StoreResult], batch: int | None) -> None:
                 f"signed/unsigned {name}: {s.signed_vs_unsigned:.3f} "
                 f"({s.signed_rows} of {s.rows} rows signed; aim >= 0.90)"
             )
+        for s in r.traced:
+            name = "sequential" if s.name == "sequential" else f"many K={s.concurrency}"
+            print(f"traced/untraced {name}: {s.traced_vs_untraced:.3f} (aim >= 0.90)")
         sequential = r.scenarios[0]
         print(f"target sequential: {verdict(sequential.ratio, r.targets['sequential'])}")
         many = [s for s in r.scenarios[1:] if s.concurrency >= 16]
@@ -811,6 +854,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "Ed25519 key), and report signed steps/s over unsigned",
     )
     parser.add_argument(
+        "--tracing",
+        action="store_true",
+        help="also run each scenario with OpenTelemetry spans made and no exporter "
+        "attached, and report traced steps/s over untraced (needs the otel extra)",
+    )
+    parser.add_argument(
         "--quick",
         action="store_true",
         help="a smoke run (few steps and raw commits; finishes in seconds, noisy figures)",
@@ -848,13 +897,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             "many_jobs_mode_text": MANY_MODE_TEXT,
             "quick": args.quick,
             "signed": args.sign,
+            "traced": args.tracing,
             "results": [asdict(r) for r in results],
             "skipped": skipped,
         }
         print(json.dumps(report, indent=2))
     else:
         print_text(results, args.batch)
-    return 1 if any(s.incomplete_jobs for r in results for s in r.scenarios) else 0
+    return 1 if any(s.incomplete_jobs for r in results for s in r.scenarios + r.traced) else 0
 
 
 if __name__ == "__main__":

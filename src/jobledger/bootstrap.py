@@ -37,6 +37,7 @@ from jobledger.ports import (
     WorkflowRegistry,
 )
 from jobledger.signing import Ed25519Signer
+from jobledger.tracing import NOOP, Tracer
 
 if TYPE_CHECKING:
     from jobledger.adapters.kafka import KafkaQueue
@@ -65,6 +66,8 @@ class Deps:
     """The data subjects' keys (the cipher's, and erasure's), beside the store."""
     local_queue: LocalQueue | None = None
     kafka_queue: KafkaQueue | None = None
+    tracer: Tracer = NOOP
+    """Where the spans go (``jobledger.tracing``): nowhere unless an exporter is set."""
 
     @property
     def leases(self) -> Leases:
@@ -77,6 +80,9 @@ class Deps:
         if close is not None:
             close()
         self.store.close()
+        shutdown = getattr(self.tracer, "shutdown", None)
+        if shutdown is not None:  # exports the spans still batched
+            shutdown()
 
 
 def build(
@@ -93,6 +99,7 @@ def build(
     store_mode: StoreMode = "create",
     sealer: FieldSealer | None = None,
     signer: EventSigner | None = None,
+    tracer: Tracer | None = None,
 ) -> Deps:
     """Open (creating if needed, unless ``store_mode`` says otherwise: see
     :data:`~jobledger.adapters.event_store.StoreMode`) the store at ``config.store_url``
@@ -100,6 +107,7 @@ def build(
     ticks topic when ``config.transport`` is kafka), the system clock, JSON ops logs,
     spend folded from the log, and JWT resume tokens when a token secret is configured.
     The store signs what it writes with ``signer``, or the configured signing keys.
+    Spans go to ``tracer``, else to the configured exporter (``otel_exporter``).
 
     The transport is decided here, once: a process that runs on Kafka says so in the
     config it builds from (the CLI's ``--transport``), never by swapping queues later."""
@@ -132,6 +140,7 @@ def build(
         subject_keys=subject_keys,
         local_queue=local_queue,
         kafka_queue=kafka_queue,
+        tracer=tracer if tracer is not None else _tracer(config),
     )
 
 
@@ -151,6 +160,20 @@ def _queue(
         return kafka, None, kafka
     local = LocalQueue(clock)
     return local, local, None
+
+
+def _tracer(config: EngineConfig) -> Tracer:
+    if config.otel_exporter == "none":
+        return NOOP  # no SDK loaded, no span made
+    # Imported here: the OpenTelemetry SDK is the otel extra's, loaded only when asked for.
+    try:
+        from jobledger.adapters.otel import OtelTracer
+    except ImportError as error:
+        raise ConfigError(
+            f"otel_exporter {config.otel_exporter} needs the otel extra "
+            f"(pip install 'jobledger[otel]'): {error}"
+        ) from None
+    return OtelTracer.exporting(config.otel_exporter, service_name=config.otel_service_name)
 
 
 def _master_key(config: EngineConfig) -> bytes | None:
