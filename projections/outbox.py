@@ -8,8 +8,9 @@ Duplicates are possible after a crash, and they carry the same position (and job
 version) so consumers can drop them.
 
 A message: key ``tenant/job``; headers ``tenant``, ``job``, ``job_uuid``,
-``event_type``, ``job_version``, ``log`` (the partition) and ``position`` (the event's
-notification id in that log); value the canonical JSON of the event as stored, with its
+``event_type``, ``job_version``, ``log`` (the partition), ``position`` (the event's
+notification id in that log) and, for a traced job, its W3C ``traceparent`` (and
+``tracestate``); value the canonical JSON of the event as stored, with its
 chain hash, ``{"type": "Job.StepRecorded", "fields": {...}}`` (and ``signature``,
 ``signer`` when signed): personal values travel sealed, never in the clear.
 :func:`decode_event` turns a value back into the domain event, so a consumer can fold
@@ -38,11 +39,14 @@ from jobledger.chain import Sealed
 from jobledger.errors import StoreUnavailableError
 from jobledger.job import Job
 from jobledger.ports import EventPublisher, Lock, OutboxMessage
+from jobledger.tracing import trace_headers
 
 log = logging.getLogger(__name__)
 
 BATCH = 500
 _NAMES_CACHED = 100_000
+_Names = tuple[str, str, dict[str, str] | None]
+"""A job's tenant, id and trace context, as its Submitted event holds them."""
 
 
 class OutboxTracking(TrackedReader):
@@ -66,7 +70,7 @@ class Outbox(OutboxTracking):
         self.lock = lock
         self.follower = LogFollower(store, self, batch=batch)
         self.published = 0
-        self._names: OrderedDict[UUID, tuple[str, str]] = OrderedDict()
+        self._names: OrderedDict[UUID, _Names] = OrderedDict()
 
     @store_errors("publishing the outbox")
     def publish_pending(self) -> int:
@@ -104,7 +108,7 @@ class Outbox(OutboxTracking):
     # ---- one message -------------------------------------------------------------------
 
     def message(self, log_name: str, position: int, event: Job.Event) -> OutboxMessage:
-        tenant_id, job_id = self.names(event)
+        tenant_id, job_id, trace = self.names(event)
         event_type = type(event).__qualname__
         headers = [
             ("tenant", tenant_id.encode()),
@@ -114,6 +118,7 @@ class Outbox(OutboxTracking):
             ("job_version", str(event.originator_version).encode()),
             ("log", log_name.encode()),
             ("position", str(position).encode()),
+            *trace_headers(trace),
         ]
         return OutboxMessage(
             key=f"{tenant_id}/{job_id}".encode(),
@@ -123,12 +128,12 @@ class Outbox(OutboxTracking):
             position=position,
         )
 
-    def names(self, event: Job.Event) -> tuple[str, str]:
-        """The job's tenant and id (only Submitted carries them; later events are looked
-        up once per job and cached)."""
+    def names(self, event: Job.Event) -> _Names:
+        """The job's tenant, id and trace context (only Submitted carries them; later
+        events are looked up once per job and cached)."""
         job = event.originator_id
         if isinstance(event, Job.Submitted):
-            names = (event.tenant_id, event.job_id)
+            names = _names(event)
         elif job in self._names:
             self._names.move_to_end(job)
             return self._names[job]
@@ -136,11 +141,15 @@ class Outbox(OutboxTracking):
             first = self.store.events(job, to_version=1)
             if not first or not isinstance(first[0], Job.Submitted):
                 raise StoreUnavailableError(f"job {job} has no Submitted event to name it by")
-            names = (first[0].tenant_id, first[0].job_id)
+            names = _names(first[0])
         self._names[job] = names
         if len(self._names) > _NAMES_CACHED:
             self._names.popitem(last=False)
         return names
+
+
+def _names(submitted: Job.Submitted) -> _Names:
+    return submitted.tenant_id, submitted.job_id, submitted.trace_context
 
 
 def outbox_lag(store: EventSourcedJobStore) -> list[Lag]:

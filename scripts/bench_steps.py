@@ -51,6 +51,12 @@ Usage::
     python scripts/bench_steps.py --store sqlite --profile 25   # cProfile the ticking
     python scripts/bench_steps.py --sign               # signed vs unsigned, same run
     python scripts/bench_steps.py --metrics            # metrics on vs off, same run
+    python scripts/bench_steps.py --tracing            # traced vs untraced, same run
+
+With ``--tracing`` each scenario runs again, right after, on the same engine with
+OpenTelemetry spans made (an SDK tracer provider with no exporter attached: the cost of
+tracing itself, not of shipping spans), and the report gives traced steps/s over untraced
+(issue 14: the overhead within 10 %). Needs the otel extra.
 
 PostgreSQL is skipped, with a message, when neither ``--postgres-url`` nor
 ``JOBLEDGER_TEST_POSTGRES_URL`` is set (``scripts/postgres-local`` starts a local server
@@ -318,6 +324,9 @@ class Scenario:
     metrics: bool = False
     metrics_vs_off: float | None = None
     """On the metered engine's scenario: its steps/s over the plain one's, same K."""
+    traced: bool = False
+    traced_vs_untraced: float | None = None
+    """On a ``--tracing`` run: its steps/s over the untraced run's, same K."""
     profile: str | None = None
 
 
@@ -560,6 +569,8 @@ class StoreResult:
     """With ``--sign``: each scenario again on the engine that signs (else empty)."""
     metrics: list[Scenario]
     """With ``--metrics``: each scenario again on the engine that keeps metrics."""
+    traced: list[Scenario]
+    """With ``--tracing``: each scenario again with spans made (else empty)."""
     load_average: tuple[float, float, float]
     """1/5/15-minute load when this store's run began: high means noisy numbers."""
     cpus: int
@@ -609,7 +620,14 @@ def measure(
         before = raw(half, state, topic)
         runs = [("sequential", 1, args.seq_steps)]
         runs += [("many", k, max(1, -(-args.total_steps // k))) for k in args.concurrency]
-        done = [both(benches, each, first_signed=n % 2 == 1) for n, each in enumerate(runs)]
+        done, traced = [], []
+        for n, each in enumerate(runs):
+            # Traced first every other scenario: neither always runs on the other's rows.
+            if args.tracing and n % 2 == 1:
+                traced.append(with_tracing(benches[0], each))
+            done.append(both(benches, each, first_signed=n % 2 == 1))
+            if args.tracing and n % 2 == 0:
+                traced.append(with_tracing(benches[0], each))
         after = raw(args.raw_rows - half, state, topic)
     finally:
         for bench in benches:
@@ -622,6 +640,8 @@ def measure(
     metered = [s for pair in done for s in pair[1:] if s.metrics]
     for plain, metered_run in zip(scenarios, metered, strict=False):
         metered_run.metrics_vs_off = metered_run.steps_per_second / plain.steps_per_second
+    for untraced, traced_run in zip(scenarios, traced, strict=False):
+        traced_run.traced_vs_untraced = traced_run.steps_per_second / untraced.steps_per_second
     raw_run = RawRun(
         rows=args.raw_rows,
         row_state_bytes=len(state),
@@ -630,7 +650,7 @@ def measure(
         before_per_second=half / before if half else 0.0,
         after_per_second=(args.raw_rows - half) / after,
     )
-    for scenario in [*scenarios, *signed, *metered]:
+    for scenario in [*scenarios, *signed, *metered, *traced]:
         scenario.ratio = scenario.steps_per_second / raw_run.commits_per_second
     sequential, many = TARGETS[label]
     return StoreResult(
@@ -639,10 +659,29 @@ def measure(
         scenarios=scenarios,
         signed=signed,
         metrics=metered,
+        traced=traced,
         targets={"sequential": sequential, "many_k16": many},
         load_average=load,
         cpus=os.cpu_count() or 1,
     )
+
+
+def with_tracing(bench: Bench, run: tuple[str, int, int]) -> Scenario:
+    """The scenario again on the same engine, its ticks and steps traced by an SDK tracer
+    provider that exports nowhere; then the engine is untraced again."""
+    from opentelemetry.sdk.trace import TracerProvider
+
+    from jobledger.adapters.otel import OtelTracer
+    from jobledger.tracing import NOOP
+
+    engine = bench.engine
+    engine.tracer = engine.orchestrator.tracer = OtelTracer(TracerProvider())
+    try:
+        scenario = bench.run(*run)
+    finally:
+        engine.tracer = engine.orchestrator.tracer = NOOP
+    scenario.traced = True
+    return scenario
 
 
 def bench_sqlite(args: argparse.Namespace) -> StoreResult:
@@ -749,10 +788,11 @@ def print_text(results: list[StoreResult], batch: int | None) -> None:
             f"({raw.before_per_second:,.0f}/s before, {raw.after_per_second:,.0f}/s after)"
         )
         print(header)
-        for s in r.scenarios + r.signed + r.metrics:
+        for s in r.scenarios + r.signed + r.metrics + r.traced:
             name = "sequential" if s.name == "sequential" else f"many K={s.concurrency}"
             name += " signed" if s.signed else ""
             name += " metrics" if s.metrics else ""
+            name += " traced" if s.traced else ""
             print(
                 f"{name:<18}{s.steps:>7}{s.steps_per_second:>10,.0f}{s.ratio:>7.2f}"
                 f"{s.commits_per_step:>14.3f}{s.rows_per_step:>11.2f}{s.p50_step_ms:>9.3f}"
@@ -771,6 +811,9 @@ def print_text(results: list[StoreResult], batch: int | None) -> None:
         for s in r.metrics:
             name = "sequential" if s.name == "sequential" else f"many K={s.concurrency}"
             print(f"metrics on/off {name}: {s.metrics_vs_off:.3f} (aim >= 0.90)")
+        for s in r.traced:
+            name = "sequential" if s.name == "sequential" else f"many K={s.concurrency}"
+            print(f"traced/untraced {name}: {s.traced_vs_untraced:.3f} (aim >= 0.90)")
         sequential = r.scenarios[0]
         print(f"target sequential: {verdict(sequential.ratio, r.targets['sequential'])}")
         many = [s for s in r.scenarios[1:] if s.concurrency >= 16]
@@ -859,6 +902,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "and report steps/s with metrics over without",
     )
     parser.add_argument(
+        "--tracing",
+        action="store_true",
+        help="also run each scenario with OpenTelemetry spans made and no exporter "
+        "attached, and report traced steps/s over untraced (needs the otel extra)",
+    )
+    parser.add_argument(
         "--quick",
         action="store_true",
         help="a smoke run (few steps and raw commits; finishes in seconds, noisy figures)",
@@ -897,13 +946,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             "quick": args.quick,
             "signed": args.sign,
             "metrics": args.metrics,
+            "traced": args.tracing,
             "results": [asdict(r) for r in results],
             "skipped": skipped,
         }
         print(json.dumps(report, indent=2))
     else:
         print_text(results, args.batch)
-    return 1 if any(s.incomplete_jobs for r in results for s in r.scenarios) else 0
+    return 1 if any(s.incomplete_jobs for r in results for s in r.scenarios + r.traced) else 0
 
 
 if __name__ == "__main__":

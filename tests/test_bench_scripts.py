@@ -93,6 +93,21 @@ def test_bench_steps_metrics_runs_each_scenario_with_metrics_beside_without(
         assert off["metrics_vs_off"] is None
 
 
+def test_bench_steps_tracing_runs_each_scenario_traced_beside_untraced(tmp_path: Path) -> None:
+    report = run_script("bench_steps.py", tmp_path, "--tracing", "--concurrency", "1,16")
+    [sqlite] = report["results"]
+    assert report["traced"] is True and sqlite["signed"] == []
+    untraced, traced = sqlite["scenarios"], sqlite["traced"]
+    assert [(s["name"], s["concurrency"]) for s in traced] == [
+        (s["name"], s["concurrency"]) for s in untraced
+    ]
+    for plain, scenario in zip(untraced, traced, strict=True):
+        assert scenario["traced"] is True and scenario["incomplete_jobs"] == 0
+        assert plain["traced"] is False and plain["traced_vs_untraced"] is None
+        ratio = scenario["steps_per_second"] / plain["steps_per_second"]
+        assert scenario["traced_vs_untraced"] == ratio
+
+
 def test_bench_resume_quick_reports_every_figure(tmp_path: Path) -> None:
     report = run_script("bench_resume.py", tmp_path)
     [sqlite] = report["results"]

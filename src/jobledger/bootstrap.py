@@ -37,6 +37,7 @@ from jobledger.ports import (
     WorkflowRegistry,
 )
 from jobledger.signing import Ed25519Signer
+from jobledger.tracing import NOOP, Tracer
 
 if TYPE_CHECKING:
     from jobledger.adapters.kafka import KafkaQueue
@@ -68,6 +69,8 @@ class Deps:
     kafka_queue: KafkaQueue | None = None
     metrics: Metrics | None = None
     """The process's Prometheus metrics, when kept: already teed into ``ops``."""
+    tracer: Tracer = NOOP
+    """Where the spans go (``jobledger.tracing``): nowhere unless an exporter is set."""
 
     @property
     def leases(self) -> Leases:
@@ -80,6 +83,9 @@ class Deps:
         if close is not None:
             close()
         self.store.close()
+        shutdown = getattr(self.tracer, "shutdown", None)
+        if shutdown is not None:  # exports the spans still batched
+            shutdown()
 
 
 def build(
@@ -97,6 +103,7 @@ def build(
     sealer: FieldSealer | None = None,
     signer: EventSigner | None = None,
     metrics: bool = False,
+    tracer: Tracer | None = None,
 ) -> Deps:
     """Open (creating if needed, unless ``store_mode`` says otherwise: see
     :data:`~jobledger.adapters.event_store.StoreMode`) the store at ``config.store_url``
@@ -104,6 +111,7 @@ def build(
     ticks topic when ``config.transport`` is kafka), the system clock, JSON ops logs,
     spend folded from the log, and JWT resume tokens when a token secret is configured.
     The store signs what it writes with ``signer``, or the configured signing keys.
+    Spans go to ``tracer``, else to the configured exporter (``otel_exporter``).
 
     Metrics are kept when ``metrics`` says so or ``config.metrics_port`` is set: their
     counting sink then gets every ops event beside the given (or logging) sink.
@@ -142,6 +150,7 @@ def build(
         local_queue=local_queue,
         kafka_queue=kafka_queue,
         metrics=kept,
+        tracer=tracer if tracer is not None else _tracer(config),
     )
 
 
@@ -172,6 +181,20 @@ def _metrics(config: EngineConfig, clock: Clock) -> Metrics:
             "metrics need prometheus-client: pip install 'jobledger[metrics]'"
         ) from None
     return Metrics.of(config, clock.now)
+
+
+def _tracer(config: EngineConfig) -> Tracer:
+    if config.otel_exporter == "none":
+        return NOOP  # no SDK loaded, no span made
+    # Imported here: the OpenTelemetry SDK is the otel extra's, loaded only when asked for.
+    try:
+        from jobledger.adapters.otel import OtelTracer
+    except ImportError as error:
+        raise ConfigError(
+            f"otel_exporter {config.otel_exporter} needs the otel extra "
+            f"(pip install 'jobledger[otel]'): {error}"
+        ) from None
+    return OtelTracer.exporting(config.otel_exporter, service_name=config.otel_service_name)
 
 
 def _master_key(config: EngineConfig) -> bytes | None:

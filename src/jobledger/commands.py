@@ -8,7 +8,8 @@ from __future__ import annotations
 import hashlib
 import itertools
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from decimal import Decimal
@@ -16,7 +17,7 @@ from enum import StrEnum
 from typing import TYPE_CHECKING, Any
 from uuid import uuid4
 
-from jobledger import retry
+from jobledger import retry, tracing
 from jobledger.budget import parse_budget
 from jobledger.engine_parts import EngineParts, _check_id
 from jobledger.erasure import check_subject
@@ -144,6 +145,41 @@ class JobCommands(EngineParts):
         personal, key_id = self._personal_data(
             tenant_id, job_id, workflow_type, version, data_subject
         )
+        with self._job_span("jobledger.submit", tenant_id, job_id) as span:
+            workflow = {"jobledger.workflow.type": workflow_type}
+            span.set({**workflow, "jobledger.workflow.version": version})
+            submission = self._submit_new(
+                tenant_id,
+                job_id,
+                workflow_type,
+                version,
+                input=input,
+                budget=budget,
+                idempotency_key=idempotency_key,
+                ids=(mission_id, employee_id, correlation_id),
+                personal=(personal, key_id),
+                trace_context=span.carrier,
+            )
+            span.set({"jobledger.created": submission.created})
+        return submission
+
+    def _submit_new(
+        self,
+        tenant_id: str,
+        job_id: str,
+        workflow_type: str,
+        version: int,
+        *,
+        input: Mapping[str, Any] | None,
+        budget: Mapping[str, Any] | None,
+        idempotency_key: str | None,
+        ids: tuple[str | None, str | None, str | None],
+        personal: tuple[tuple[str, ...], str | None],
+        trace_context: dict[str, str],
+    ) -> Submission:
+        """Write the job (in the trace the submit span began, recorded on it) and enqueue
+        its first tick; or find it written already."""
+        mission_id, employee_id, correlation_id = ids
         limit = self.config.max_payload_bytes
         job = Job.submit(
             tenant_id=tenant_id,
@@ -163,13 +199,15 @@ class JobCommands(EngineParts):
             correlation_id=correlation_id,
             submit_key=idempotency_key,
             timestamp=self.clock.now(),
-            personal_data=personal,
-            personal_data_key=key_id,
+            personal_data=personal[0],
+            personal_data_key=personal[1],
+            trace_context=trace_context,
         )
         stored = self._create(job, idempotency_key)
         if stored is job:
             self._report(job, "job.submitted", workflowType=workflow_type, workflowVersion=version)
-            self.queue.enqueue(Tick(tenant_id, job_id, "create"), dedupe_key="create")
+            tick = Tick(tenant_id, job_id, "create", trace_context=trace_context or None)
+            self.queue.enqueue(tick, dedupe_key="create")
         return Submission(JobView.of(stored), created=stored is job)
 
     def _workflow_version(self, workflow_type: str, version: int | None) -> int:
@@ -596,13 +634,33 @@ class JobCommands(EngineParts):
 
     def _wake(self, job: Job, reason: str, claim_id: str | None = None) -> None:
         """Enqueue the tick that goes on with a job the command made runnable: queued, or
-        running under the claim the command folded in for that tick (``claim_id``)."""
+        running under the claim the command folded in for that tick (``claim_id``). Its
+        span continues the job's trace however long the job waited, and its tick is
+        that span's child."""
         held = claim_id is not None and job.status is JobStatus.RUNNING
-        if job.status is JobStatus.QUEUED or (held and job.claim_id == claim_id):
-            self.queue.enqueue(
-                Tick(job.tenant_id, job.job_id, reason, claim_id=claim_id if held else None),
-                dedupe_key=f"{reason}:{job.version}",
+        if job.status is not JobStatus.QUEUED and not (held and job.claim_id == claim_id):
+            return
+        with self._job_span("jobledger.wake", job.tenant_id, job.job_id, job) as span:
+            span.set({"jobledger.wake.reason": reason, "jobledger.job.version": job.version})
+            tick = Tick(
+                job.tenant_id,
+                job.job_id,
+                reason,
+                claim_id=claim_id if held else None,
+                trace_context=span.carrier or None,
             )
+            self.queue.enqueue(tick, dedupe_key=f"{reason}:{job.version}")
+
+    @contextmanager
+    def _job_span(
+        self, name: str, tenant_id: str, job_id: str, job: Job | None = None
+    ) -> Iterator[tracing.Span]:
+        """A span about one job, in the job's trace when it has one, and its log context."""
+        attributes = {"jobledger.tenant_id": tenant_id, "jobledger.job_id": job_id}
+        parent = job.trace_context if job is not None else None
+        opened = self.tracer.span(name, parent=parent, attributes=attributes)
+        with opened as span, tracing.logged(span, tenant=tenant_id, job=job_id):
+            yield span
 
     def migrate(
         self,

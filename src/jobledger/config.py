@@ -77,6 +77,12 @@ class EngineConfig(BaseSettings):
     notifier_secret: SecretStr | None = None
     """Signs each webhook POST: ``X-Jobledger-Signature: sha256=<HMAC of the body>``."""
 
+    otel_exporter: Literal["none", "console", "otlp"] = "none"
+    """Where spans go (the otel extra): ``otlp`` (to ``OTEL_EXPORTER_OTLP_ENDPOINT``, the
+    OpenTelemetry SDK's own settings), ``console`` (stdout, for development) or nowhere."""
+    otel_service_name: str = Field(default="jobledger", min_length=1)
+    """The ``service.name`` of the spans this process exports."""
+
     signing_keys: Path | None = None
     """The signing-keys file (``jobledger.signing``): set, every event this process
     writes is signed by the key valid at its time; unset, events are written unsigned."""

@@ -37,6 +37,7 @@ from jobledger.ports import (
 )
 from jobledger.reading import JobReader
 from jobledger.ticking import TickRunner
+from jobledger.tracing import Tracer
 
 _TURN_STRIPES = 64
 """Locks the commands' writers of one job take turns on (a job hashes to one): the
@@ -62,6 +63,7 @@ class Engine(ErasureCommands, TickRunner, JobReader):
         self.tokens: ResumeTokens | None = deps.tokens
         self.leases: Leases | None = deps.leases
         self.subject_keys: SubjectKeys | None = deps.subject_keys
+        self.tracer: Tracer = deps.tracer
         self._turns = [threading.Lock() for _ in range(_TURN_STRIPES)]
         self.blocked_notes: BlockedNotes | None = None
         """Where ``handle`` notes jobs it left untouched for a deployment error (the
@@ -94,6 +96,7 @@ class Engine(ErasureCommands, TickRunner, JobReader):
         sealer: FieldSealer | None = None,
         signer: EventSigner | None = None,
         metrics: bool = False,
+        tracer: Tracer | None = None,
     ) -> Engine:
         """Open (creating if needed, unless ``store_mode`` says otherwise: see
         :data:`~jobledger.adapters.event_store.StoreMode`) the store at ``store_url`` and
@@ -102,7 +105,8 @@ class Engine(ErasureCommands, TickRunner, JobReader):
         system clock, JSON ops logs, spend folded from the log, and JWT resume tokens when
         a token secret is configured. The store signs every event it writes with
         ``signer`` and seals personal values with ``sealer`` when given. With ``metrics``
-        (or ``config.metrics_port``) it keeps Prometheus metrics (``deps.metrics``)."""
+        (or ``config.metrics_port``) it keeps Prometheus metrics (``deps.metrics``). Its spans go to
+        ``tracer``, else to the exporter the config names (none by default)."""
         config = config if config is not None else EngineConfig()
         if store_url is not None:
             config = config.model_copy(update={"store_url": store_url})
@@ -120,6 +124,7 @@ class Engine(ErasureCommands, TickRunner, JobReader):
             sealer=sealer,
             signer=signer,
             metrics=metrics,
+            tracer=tracer,
         )
         return cls(deps)
 

@@ -35,6 +35,7 @@ from jobledger.ports import (
     WorkflowRegistry,
 )
 from jobledger.status import JobStatus
+from jobledger.tracing import Tracer
 
 MAX_ID_LENGTH = 200
 
@@ -55,6 +56,7 @@ class EngineParts:
     group: GroupCommitter
     blocked_notes: BlockedNotes | None
     subject_keys: SubjectKeys | None
+    tracer: Tracer
     _turns: list[threading.Lock]
 
     def _kept_until(self, job: Job) -> datetime | None:

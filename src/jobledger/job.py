@@ -97,6 +97,9 @@ class Job(Aggregate):
     personal_data: tuple[str, ...]
     personal_data_key: str | None
     personal_data_erased: bool
+    trace_context: dict[str, str] | None
+    """The W3C trace context the job was submitted in (``jobledger.tracing``): every later
+    span about the job continues that trace. Kept in a snapshot only when set."""
 
     # Version 2 holds ``key_scheme``, 3 ``personal_data``; older snapshots are upcast.
     class_version = 3
@@ -130,6 +133,9 @@ class Job(Aggregate):
             state["wait_event"] = None if wait is None else wait.to_dict()
             state["pending_approval"] = None if approval is None else approval.to_dict()
             state["inbox"] = [signal.to_dict() for signal in aggregate.inbox]
+            if state.get("trace_context") is None:
+                # An untraced job's snapshot keeps the bytes it had before tracing.
+                state.pop("trace_context", None)
             return snapshot
 
         def mutate(self, _: None) -> Job:
@@ -143,6 +149,7 @@ class Job(Aggregate):
             job.pending_approval = None if approval is None else ApprovalGate.from_dict(approval)
             job.inbox = tuple(BufferedSignal.from_dict(m) for m in vars(job)["inbox"])
             job.personal_data = tuple(vars(job)["personal_data"])
+            job.trace_context = vars(job).get("trace_context")
             return job
 
     class Event(Aggregate.Event):
@@ -181,10 +188,12 @@ class Job(Aggregate):
         submitted before it was kept, which keep the keys they started with."""
         personal_data: list[str] | None = None
         personal_data_key: str | None = None
-        stored_when_set = frozenset({"personal_data", "personal_data_key"})
         """The dotted paths into state whose values are personal, fixed at submit, and
         the opaque id of the key they are sealed with (never the data subject's name:
         it may itself be personal). None: the job holds no personal data."""
+        trace_context: dict[str, str] | None = None
+        """The W3C trace context of the span that submitted the job; None: untraced."""
+        stored_when_set = frozenset({"personal_data", "personal_data_key", "trace_context"})
 
         def evolve(self, job: Job) -> None:
             job.tenant_id = self.tenant_id
@@ -201,6 +210,7 @@ class Job(Aggregate):
             job.personal_data = tuple(self.personal_data or ())
             job.personal_data_key = self.personal_data_key
             job.personal_data_erased = False
+            job.trace_context = self.trace_context
             job.chain_head = chain.GENESIS
             job.status = JobStatus.QUEUED
             job.current_step = 0
@@ -553,6 +563,7 @@ class Job(Aggregate):
         key_scheme: int = KEY_SCHEME,
         personal_data: tuple[str, ...] = (),
         personal_data_key: str | None = None,
+        trace_context: Mapping[str, str] | None = None,
     ) -> Job:
         return cls._create(
             cls.Submitted,
@@ -572,6 +583,7 @@ class Job(Aggregate):
             key_scheme=key_scheme,
             personal_data=list(personal_data) if personal_data else None,
             personal_data_key=personal_data_key,
+            trace_context=dict(trace_context) if trace_context else None,
         )
 
     # ---- commands: each checks its precondition, then appends one event ---------------

@@ -22,7 +22,7 @@ from enum import StrEnum
 from typing import Any, Protocol
 from uuid import uuid4
 
-from jobledger import transition
+from jobledger import tracing, transition
 from jobledger.budget import exceeded_limit
 from jobledger.config import EngineConfig
 from jobledger.errors import (
@@ -63,6 +63,7 @@ from jobledger.ports import (
     WorkflowRegistry,
 )
 from jobledger.status import JobStatus
+from jobledger.tracing import Attributes, Span, Tracer
 from jobledger.transition import StepOutcome, Transition
 from jobledger.views import JobView
 
@@ -95,6 +96,8 @@ class TickReport:
     version: int
     step: int = 0
     """The job's current step when the tick ended."""
+    span: Span | None = None
+    """The tick's span, ended: its log line carries the span's ids."""
 
 
 REBASE_ATTEMPTS = 100
@@ -154,6 +157,8 @@ class Wiring(Protocol):
     def notifier(self) -> Notifier | None: ...
     @property
     def leases(self) -> Leases | None: ...
+    @property
+    def tracer(self) -> Tracer: ...
 
 
 class Orchestrator:
@@ -168,6 +173,7 @@ class Orchestrator:
         self.cost = wiring.cost
         self.tokens = wiring.tokens
         self.notifier = wiring.notifier
+        self.tracer = wiring.tracer
         self.tick_appends: TickAppends = self.store
         self.async_steps = SharedLoop()
         """Replaced by the engine's group commit when it runs many ticks at once."""
@@ -184,8 +190,36 @@ class Orchestrator:
     # ---- the tick, as a list of steps ------------------------------------------------
 
     def tick(self, tick: Tick) -> TickReport:
-        """Advance the job until it parks, finishes, or spends this tick's step budget."""
-        run = _Run(tick, self.load(tick), claim_id=tick.claim_id or uuid4().hex)
+        """Advance the job until it parks, finishes, or spends this tick's step budget,
+        in a span of the job's trace: the child of the span that enqueued the tick, else
+        of the one that submitted the job."""
+        job = self.load(tick)
+        attributes: Attributes = {
+            "jobledger.tenant_id": job.tenant_id,
+            "jobledger.job_id": job.job_id,
+            "jobledger.workflow.type": job.workflow_type,
+            "jobledger.workflow.version": job.workflow_version,
+            "jobledger.tick.reason": tick.reason,
+            "jobledger.worker_id": self.config.worker_id,
+        }
+        parent = tick.trace_context or job.trace_context
+        with self.tracer.span("jobledger.tick", parent=parent, attributes=attributes) as span:
+            with tracing.logged(span, tenant=job.tenant_id, job=job.job_id):
+                report = self.drive(_Run(tick, job, claim_id=tick.claim_id or uuid4().hex))
+            span.set(
+                {
+                    "jobledger.outcome": str(report.outcome),
+                    "jobledger.tick.steps": report.steps_executed,
+                    "jobledger.job.status": str(report.status),
+                    "jobledger.job.version": report.version,
+                }
+            )
+        report.span = span
+        return report
+
+    def drive(self, run: _Run) -> TickReport:
+        """Take steps until one ends the tick; report the job as the store holds it."""
+        tick = run.tick
         try:
             while (outcome := self.advance(run)) is None:
                 pass
@@ -214,9 +248,38 @@ class Orchestrator:
             return Outcome.CLAIM_LOST
         if self.park_over_budget(job, now):
             return Outcome.PARKED
+        number = job.current_step + 1
+        # The job's own attributes are the tick span's: a step span names only its step.
+        attributes: Attributes = {
+            "jobledger.step.number": number,
+            "jobledger.step.idempotency_key": job.step_key(number),
+        }
+        lost: _LostRace | None = None
+        decided: dict[str, tracing.Attribute] = {}
+        with self.tracer.span("jobledger.step", attributes=attributes) as span:
+            with tracing.logged(span, step=number):
+                try:
+                    outcome = self.step(job, run, now, decided)
+                except _LostRace as race:  # how the tick ends, not a failed span
+                    lost, outcome = race, race.outcome
+            # Set once, at the end: each call costs the SDK a lock and a check per value.
+            decided["jobledger.outcome"] = "continued" if outcome is None else str(outcome)
+            span.set(decided)
+        if lost is not None:
+            raise lost
+        return outcome
+
+    def step(
+        self, job: Job, run: _Run, now: datetime, decided: dict[str, tracing.Attribute]
+    ) -> Outcome | None:
+        """Resolve, run and record the job's next step (or end the tick without one);
+        what the resolution decided goes in ``decided``, for the step span."""
         resolution = self.resolve(job, run, now)
         if resolution is None:
             return Outcome.FAILED
+        decided["jobledger.step.type"] = resolution.step_type
+        decided["jobledger.next_status"] = str(resolution.next_status)
+        self.trace_event("jobledger.resolution", {})
         if resolution.is_costly and self.defer_for_ceiling(job, now):
             return Outcome.DEFERRED
         self.check_deployment(job, resolution)
@@ -397,6 +460,7 @@ class Orchestrator:
             now=now,
         )
         self.append(job)
+        self.trace_event("jobledger.claim", {"jobledger.claim_id": run.claim_id})
         if expired_holder is not None:
             # The previous holder died mid-step: the step re-runs with the same key.
             self.report(
@@ -480,6 +544,7 @@ class Orchestrator:
     def step_failed(self, job: Job, resolution: Resolution, error: Exception) -> Outcome:
         """A retryable error within its policy schedules a retry; anything else fails."""
         kind = error.kind if isinstance(error, StepError) else type(error).__name__
+        self.trace_event("jobledger.step.error", {"jobledger.error.kind": kind})
         policy = resolution.retry_policy or RetryPolicy()
         attempt = job.attempt + 1
         retries = isinstance(error, StepError) and error.retryable and policy.allows(attempt, kind)
@@ -622,6 +687,7 @@ class Orchestrator:
                     self.discard_late_result(job, step.idempotency_key, step.step_number)
                     raise _LostRace(Outcome.DISCARDED) from None
                 self.report(job, "job.step.rebased", idempotencyKey=step.idempotency_key)
+                self.trace_event("jobledger.rebased", {})
                 continue
             break
         else:
@@ -629,6 +695,7 @@ class Orchestrator:
                 f"job {job.job_id!r} kept changing while step {step.step_number} was recorded"
             )
         run.job = job
+        self.trace_event("jobledger.append", {})
 
     def discard_late_result(self, job: Job, key: str, step_number: int) -> None:
         """The job moved on while our step ran. If it was cancelled, say so in its history."""
@@ -747,7 +814,7 @@ class Orchestrator:
             maxStepsPerTick=self.config.max_steps_per_tick,
         )
         self.queue.enqueue(
-            Tick(job.tenant_id, job.job_id, "burst_continuation"),
+            Tick(job.tenant_id, job.job_id, "burst_continuation", trace_context=self.carrier()),
             dedupe_key=f"burst:{job.current_step}",
         )
 
@@ -757,7 +824,7 @@ class Orchestrator:
         if self.config.resume_mode == "scan_only":
             return
         self.queue.enqueue(
-            Tick(job.tenant_id, job.job_id, "waiting_time_resume"),
+            Tick(job.tenant_id, job.job_id, "waiting_time_resume", trace_context=self.carrier()),
             delay_ms=max(1, _millis(at - now)),
             dedupe_key=dedupe_key,
         )
@@ -768,6 +835,14 @@ class Orchestrator:
             self.tick_appends.append(job)
         except VersionConflict:
             raise _LostRace(Outcome.CLAIM_LOST) from None
+        self.trace_event("jobledger.append", {})
+
+    def trace_event(self, name: str, attributes: Attributes) -> None:
+        self.tracer.current().event(name, attributes)
+
+    def carrier(self) -> dict[str, str] | None:
+        """The current span's trace context, for a tick enqueued from it to continue."""
+        return self.tracer.current().carrier or None
 
     def report(self, job: Job, event_type: str, **metadata: Any) -> None:
         self.ops.record(

@@ -41,6 +41,9 @@ class Tick:
     attempt: int = 0
     """Only on that retry too: how many store errors this tick has hit, so each retry
     waits longer than the one before."""
+    trace_context: Mapping[str, str] | None = field(default=None, compare=False, hash=False)
+    """The W3C trace context of the span that enqueued the tick (``jobledger.tracing``):
+    its tick span is that span's child. None: the job's own trace context is used."""
 
     @property
     def job(self) -> tuple[str, str]:

@@ -7,7 +7,7 @@ import logging
 import time
 from dataclasses import replace
 
-from jobledger import retry
+from jobledger import retry, tracing
 from jobledger.engine_parts import EngineParts
 from jobledger.errors import (
     ConfigError,
@@ -45,18 +45,20 @@ class TickRunner(EngineParts):
             self._tick_ended(tick, "unknown", _error_outcome(error), started, error=error)
             raise
         self._tick_ended(tick, str(report.status), str(report.outcome), started, report=report)
-        log.info(
-            "tick %s/%s (%s): %s, %d step(s), now %s at step %d, v%d, %.1f ms",
-            tick.tenant_id,
-            tick.job_id,
-            tick.reason,
-            report.outcome,
-            report.steps_executed,
-            report.status,
-            report.step,
-            report.version,
-            (time.perf_counter() - started) * 1000,
-        )
+        # Logged once its span has ended, under its ids, so the line joins the trace.
+        with tracing.logged(report.span, tenant=tick.tenant_id, job=tick.job_id, step=report.step):
+            log.info(
+                "tick %s/%s (%s): %s, %d step(s), now %s at step %d, v%d, %.1f ms",
+                tick.tenant_id,
+                tick.job_id,
+                tick.reason,
+                report.outcome,
+                report.steps_executed,
+                report.status,
+                report.step,
+                report.version,
+                (time.perf_counter() - started) * 1000,
+            )
         return report
 
     def _tick_ended(

@@ -3,7 +3,9 @@
 One line per tick outcome at info (job, step, outcome, status, ms), executor failures at
 warning (a ``StepError``) or error (anything else, with its traceback); the ops events
 (JSON, several per step) only with ``--log-level debug``. Logs go to stderr; stdout
-stays for what a command prints.
+stays for what a command prints. A JSON line logged while a job is worked on names it:
+``tenant``, ``job``, ``step``, and ``trace_id`` and ``span_id`` when it is traced, so the
+line joins its trace.
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ from enum import StrEnum
 from typing import Annotated
 
 import typer
+
+from jobledger import tracing
 
 
 class LogFormat(StrEnum):
@@ -39,17 +43,35 @@ LogFormatOption = Annotated[
 ]
 
 
+JOB_FIELDS = ("tenant", "job", "step", "trace_id", "span_id")
+
+
+class JobContext(logging.Filter):
+    """Copies the log context (``jobledger.tracing.log_fields``: the job this thread is
+    working on, its trace) onto each record as it is logged, in the thread that logs it."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        for name, value in tracing.log_fields().items():
+            if not hasattr(record, name):
+                setattr(record, name, value)
+        return True
+
+
 class JsonLines(logging.Formatter):
-    """A JSON object per line: time (UTC, ISO 8601), level, logger, message, and the
-    traceback when there is one."""
+    """A JSON object per line: time (UTC, ISO 8601), level, logger, message, the job
+    fields known (:data:`JOB_FIELDS`), and the traceback when there is one."""
 
     def format(self, record: logging.LogRecord) -> str:
-        line = {
+        line: dict[str, object] = {
             "time": datetime.fromtimestamp(record.created, UTC).isoformat(),
             "level": record.levelname.lower(),
             "logger": record.name,
             "message": record.getMessage(),
         }
+        for name in JOB_FIELDS:
+            value = getattr(record, name, None)
+            if value is not None:
+                line[name] = value
         if record.exc_info:
             line["traceback"] = self.formatException(record.exc_info)
         return json.dumps(line, ensure_ascii=False)
@@ -59,6 +81,7 @@ def configure(level: LogLevel, fmt: LogFormat) -> None:
     handler = logging.StreamHandler(sys.stderr)
     if fmt is LogFormat.JSON:
         handler.setFormatter(JsonLines())
+        handler.addFilter(JobContext())
     else:
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     root = logging.getLogger()

@@ -1,4 +1,5 @@
-"""What travels on the tick and signal topics: compact JSON values, keyed by tenant/job.
+"""What travels on the tick and signal topics: compact JSON values, keyed by tenant/job;
+a tick enqueued in a traced span carries its W3C ``traceparent`` (``tracestate``) header.
 
 A value that is not UTF-8 JSON of the right shape raises :class:`MalformedMessage` with a
 short machine-readable reason; the worker sends such a message to the dead-letter topic.
@@ -8,10 +9,12 @@ from __future__ import annotations
 
 import json
 import unicodedata
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
 from jobledger.ports import Tick
+from jobledger.tracing import trace_context
 
 TICK_SCHEMA = "jobledger.tick/1"
 SIGNAL_SCHEMA = "jobledger.signal/1"
@@ -62,7 +65,9 @@ def encode_tick(tick: Tick, *, dedupe_key: str | None, enqueued_at_ms: int) -> b
     )
 
 
-def decode_tick(value: bytes | None) -> TickMessage:
+def decode_tick(
+    value: bytes | None, headers: Iterable[tuple[str, bytes]] | None = None
+) -> TickMessage:
     document = _object(value)
     _schema(document, TICK_SCHEMA)
     tenant_id = _id(document, "tenant_id")
@@ -76,7 +81,8 @@ def decode_tick(value: bytes | None) -> TickMessage:
     enqueued = document.get("enqueued_at_ms")
     if enqueued is not None and (not isinstance(enqueued, int) or isinstance(enqueued, bool)):
         raise MalformedMessage("bad_field", "enqueued_at_ms must be an integer")
-    return TickMessage(Tick(tenant_id, job_id, reason), dedupe_key, enqueued)
+    tick = Tick(tenant_id, job_id, reason, trace_context=trace_context(headers))
+    return TickMessage(tick, dedupe_key, enqueued)
 
 
 # ---- signals -----------------------------------------------------------------------------

@@ -14,6 +14,7 @@ from jobledger.adapters.kafka.clients import KafkaUnavailableError
 from jobledger.adapters.kafka.messages import encode_tick, job_key
 from jobledger.adapters.kafka.settings import KafkaSettings
 from jobledger.ports import Tick
+from jobledger.tracing import trace_headers
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +52,10 @@ class KafkaQueue:
         value = encode_tick(tick, dedupe_key=dedupe_key, enqueued_at_ms=int(time.time() * 1000))
         try:
             future = self.producer().send(
-                self.settings.ticks_topic, key=job_key(tick.tenant_id, tick.job_id), value=value
+                self.settings.ticks_topic,
+                key=job_key(tick.tenant_id, tick.job_id),
+                value=value,
+                headers=trace_headers(tick.trace_context),
             )
             future.get(timeout=self.settings.send_timeout_ms / 1000)
         except KafkaError as error:

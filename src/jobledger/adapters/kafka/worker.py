@@ -313,7 +313,7 @@ class KafkaWorker:
         return True
 
     def handle_tick(self, record: Any, position: Position) -> None:
-        message = decode_tick(record.value)
+        message = decode_tick(record.value, record.headers)
         # A retry after an infrastructure error goes on with the claim it held.
         tick = replace(message.tick, claim_id=self._claims.get(position))
         report: TickReport | None = None
