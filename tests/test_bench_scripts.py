@@ -139,3 +139,17 @@ def test_bench_http_quick_reports_every_figure(tmp_path: Path) -> None:
             assert figures["requests_per_second"] > 0
     sse = sqlite["sse"]
     assert sse["events"] == 10 and 0 <= sse["p50_ms"] <= sse["p99_ms"] <= sse["max_ms"]
+
+
+def test_bench_steps_metrics_and_tracing_together_trace_the_engine_that_keeps_metrics(
+    tmp_path: Path,
+) -> None:
+    """Issue 14's budget is for both on at once: the traced runs keep metrics too, and
+    their ratio is over the plain engine's steps/s."""
+    report = run_script("bench_steps.py", tmp_path, "--metrics", "--tracing", "--concurrency", "4")
+    [sqlite] = report["results"]
+    plain, both = sqlite["scenarios"], sqlite["traced"]
+    assert len(both) == len(plain) == 2
+    for off, on in zip(plain, both, strict=True):
+        assert on["metrics"] is True and on["traced"] is True and on["incomplete_jobs"] == 0
+        assert on["traced_vs_untraced"] == on["steps_per_second"] / off["steps_per_second"]
