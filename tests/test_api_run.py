@@ -4,7 +4,6 @@ service, on SQLite and PostgreSQL; it stops cleanly with the runner, open stream
 from __future__ import annotations
 
 import os
-import re
 import signal
 import socket
 import subprocess
@@ -18,7 +17,7 @@ import pytest
 
 from jobledger.api.auth import Role
 from tests.support import pythonpath
-from tests.support.cli import JOBLEDGER, run_jobledger
+from tests.support.cli import JOBLEDGER, announced, run_jobledger
 from tests.support.http import api_key, write_keys_file
 from tests.support.sse import SseReader
 
@@ -96,18 +95,8 @@ def runner(home: Path) -> Iterator[tuple[subprocess.Popen[str], str]]:
 
 def served_at(process: subprocess.Popen[str]) -> str:
     """The URL the runner says it serves the API at (it chose the port)."""
-    assert process.stdout is not None
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        line = process.stdout.readline()
-        if not line:
-            break
-        found = re.search(r"(?:http|serve): (http://127\.0\.0\.1:\d+)", line)
-        if found:
-            return found.group(1)
-    process.kill()
-    _, err = process.communicate(timeout=30)
-    raise AssertionError(f"the runner did not say where it serves: {err}")
+    pattern = r"(?:http|serve): (http://127\.0\.0\.1:\d+)"
+    return announced(process, pattern, "the runner did not say where it serves")
 
 
 def wait_for_status(http: httpx.Client, path: str, status: str) -> None:

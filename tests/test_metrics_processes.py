@@ -5,11 +5,9 @@ On SQLite and PostgreSQL."""
 
 from __future__ import annotations
 
-import re
 import signal
 import subprocess
 import threading
-import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -25,7 +23,7 @@ from jobledger.adapters.kafka.publisher import KafkaEventPublisher
 from jobledger.adapters.kafka.worker import KafkaWorker
 from jobledger.adapters.metrics import Metrics
 from jobledger.adapters.ops import MemoryOps
-from tests.support.cli import JOBLEDGER, Cli, make_cli
+from tests.support.cli import JOBLEDGER, Cli, announced, make_cli
 from tests.support.engines import TOKEN_SECRET, default_registry, open_engine
 from tests.support.kafka_broker import KafkaTopics, wait_for
 from tests.support.scrape import Samples, names, parse, scrape, total, value
@@ -58,18 +56,8 @@ def serving(cli: Cli, *command: str) -> Iterator[tuple[subprocess.Popen[str], st
 
 
 def metrics_url(process: subprocess.Popen[str]) -> str:
-    assert process.stdout is not None
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        line = process.stdout.readline()
-        if not line:
-            break
-        found = re.search(r"metrics: (http://127\.0\.0\.1:\d+/metrics)", line)
-        if found:
-            return found.group(1)
-    process.kill()
-    _, err = process.communicate(timeout=30)
-    raise AssertionError(f"the process did not say where it serves metrics: {err}")
+    pattern = r"metrics: (http://127\.0\.0\.1:\d+/metrics)"
+    return announced(process, pattern, "the process did not say where it serves metrics")
 
 
 def stopped(process: subprocess.Popen[str]) -> None:

@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
+import time
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -140,3 +142,21 @@ def make_cli(
         CLI_SUPPORT_EFFECTS=str(tmp_path / "effects.log"),
     )
     return Cli(tmp_path, config, env)
+
+
+def announced(process: subprocess.Popen[str], pattern: str, what: str) -> str:
+    """The first group of ``pattern`` in the first stdout line of ``process`` that has it
+    (the URL a server says it chose); the process is killed and its stderr shown if it
+    never says so within a minute."""
+    assert process.stdout is not None
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        line = process.stdout.readline()
+        if not line:
+            break
+        found = re.search(pattern, line)
+        if found:
+            return found.group(1)
+    process.kill()
+    _, err = process.communicate(timeout=30)
+    raise AssertionError(f"{what}: {err}")

@@ -20,6 +20,7 @@ from projections import JobViews
 
 from jobledger import transition
 from jobledger.api.auth import Principal, Role
+from jobledger.cli.output import personal_paths
 from jobledger.engine import Engine
 from jobledger.errors import JobLedgerError
 from jobledger.views import HistoryEntry
@@ -103,7 +104,7 @@ def approval(engine: Engine, tenant_id: str, job_id: str, approval_id: str) -> A
     params = _params(engine, view.workflow_type, view.workflow_version, step_name, view.state)
     matches = None
     if params is not None:
-        personal = history[0].data.get("personal_data") or ()
+        personal = personal_paths(history)
         bound = transition.action_sha256(step_name, dict(params), dict(view.state), personal)
         matches = bound == requested.data["action_sha256"]
     now = engine.job(tenant_id, job_id)
