@@ -27,14 +27,21 @@ from jobledger.adapters.store_errors import store_errors
 from jobledger.errors import InvalidPayloadError
 from jobledger.job import Job
 from jobledger.ports import BlockedNote
+from jobledger.schedule import Schedule
 from jobledger.status import TERMINAL_STATUSES, JobStatus
-from projections import approvals, blocked, spend, status
+from projections import approvals, blocked, schedules, spend, status
+from projections.schedules import ScheduleRow
 from projections.status import StatusRow
 
 log = logging.getLogger(__name__)
 
 BATCH = 200
-VIEW_TABLES = ("jobledger_job_status", "jobledger_tenant_spend", "jobledger_pending_approvals")
+VIEW_TABLES = (
+    "jobledger_job_status",
+    "jobledger_tenant_spend",
+    "jobledger_pending_approvals",
+    schedules.TABLE,
+)
 SCHEMA = "views"
 """The views' component in the store's schema table (their own numbered migrations)."""
 __all__ = ["BATCH", "JobQuery", "JobViews", "Lag", "Progress", "cursor"]
@@ -96,6 +103,7 @@ class JobViews(TrackedReader):
             Migration(1, "the status, spend, approvals and blocked-jobs tables", _create),
             Migration(2, "the status view's deadline_at, folded again", self._add_columns),
             Migration(3, "the status view's mission and correlation ids", self._add_columns),
+            Migration(4, "the schedules view", _create_schedules),
         )
 
     @store_errors("creating the views")
@@ -128,6 +136,8 @@ class JobViews(TrackedReader):
                 event = partition.mapper.to_domain_event(notification)
                 if isinstance(event, Job.Event):
                     self.apply(curs, event)
+                elif isinstance(event, Schedule.Event):
+                    schedules.apply(self.backend, curs, event)
             if fresh:
                 self.track(curs, Tracking(partition.name, fresh[-1].id), after=position)
 
@@ -229,6 +239,16 @@ class JobViews(TrackedReader):
         params = {"status": str(job_status), "before": self.backend.ts(before), "limit": limit}
         return [status.row_from(r) for r in self.backend.fetch(statement, params)]
 
+    @store_errors("reading due schedules")
+    def due_schedules(self, before: datetime, limit: int) -> list[ScheduleRow]:
+        """Active schedules whose next (or buffered) firing is at or before ``before``."""
+        return schedules.due(self.backend, before, limit)
+
+    @store_errors("listing schedules")
+    def tenant_schedules(self, tenant_id: str, *, deleted: bool = False) -> list[ScheduleRow]:
+        """The tenant's schedules by name (deleted ones only with ``deleted``)."""
+        return schedules.of_tenant(self.backend, tenant_id, deleted=deleted)
+
     @store_errors("reading pending approvals")
     def pending_approvals(self, tenant_id: str | None = None) -> list[dict[str, Any]]:
         t = self.backend.table("jobledger_pending_approvals")
@@ -317,6 +337,11 @@ def _create(b: StoreBackend, curs: Cursor) -> None:
     for module in (status, spend, approvals, blocked):
         for statement in module.create_statements(b):
             curs.execute(b.sql(statement))
+
+
+def _create_schedules(b: StoreBackend, curs: Cursor) -> None:
+    for statement in schedules.create_statements(b):
+        curs.execute(b.sql(statement))
 
 
 def _latest(views: JobViews) -> int:

@@ -16,6 +16,7 @@ PROCESS = (
     "jobledger.engine",
     "jobledger.engine_parts",
     "jobledger.commands",
+    "jobledger.schedules",
     "jobledger.erasing",
     "jobledger.ticking",
     "jobledger.reading",

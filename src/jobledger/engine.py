@@ -36,6 +36,7 @@ from jobledger.ports import (
     WorkflowRegistry,
 )
 from jobledger.reading import JobReader
+from jobledger.schedules import ScheduleCommands
 from jobledger.ticking import TickRunner
 from jobledger.tracing import Tracer
 
@@ -77,6 +78,8 @@ class Engine(ErasureCommands, TickRunner, JobReader):
         )
         """Commits the step appends of the ticks this engine runs at once together."""
         self.orchestrator.tick_appends = self.group
+        self.schedules = ScheduleCommands(self)
+        """Create, pause, resume, delete and trigger schedules (``jobledger.schedules``)."""
 
     @classmethod
     def open(

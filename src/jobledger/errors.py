@@ -193,3 +193,24 @@ class StepError(Exception):
         super().__init__(message)
         self.retryable = retryable
         self.kind = kind
+
+
+class InvalidScheduleError(InvalidPayloadError):
+    """A schedule's cron expression, time zone or policy is not usable; nothing is written."""
+
+
+class UnknownScheduleError(JobLedgerError):
+    def __init__(self, tenant_id: str, name: str) -> None:
+        super().__init__(f"no schedule {name!r} for tenant {tenant_id!r}")
+        self.tenant_id = tenant_id
+        self.name = name
+
+
+class ScheduleExistsError(JobLedgerError):
+    """A schedule of that name exists (or existed: a deleted schedule keeps its name and
+    its history)."""
+
+
+class ScheduleStateError(JobLedgerError):
+    """The command does not apply to the schedule as it is (pausing a paused schedule,
+    anything but reading a deleted one)."""

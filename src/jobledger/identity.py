@@ -43,3 +43,11 @@ def job_key_uuid(tenant_id: str, job_id: str, kind: str, key: str) -> UUID:
     nonce, an approval id): the same id sent to two jobs is two keys."""
     scope = f"{len(tenant_id)}:{tenant_id}/{len(job_id)}:{job_id}"
     return uuid5(KEY_NAMESPACE, f"{kind}\x00{scope}\x00{key}")
+
+
+SCHEDULE_NAMESPACE = UUID("3b0f6c52-9d1e-4c8a-8f7e-5a2d9e4b1c67")
+
+
+def schedule_uuid(tenant_id: str, name: str) -> UUID:
+    """A schedule's aggregate id: its tenant and its name, as a job's is."""
+    return uuid5(SCHEDULE_NAMESPACE, f"{len(tenant_id)}:{tenant_id}/{name}")

@@ -16,6 +16,7 @@ from uuid import UUID
 from jobledger.errors import DuplicateKeyError, VersionConflict
 from jobledger.job import Job
 from jobledger.keys import ConsumedKey
+from jobledger.schedule import Schedule
 from jobledger.status import JobStatus
 from jobledger.substate import ApprovalGate
 from jobledger.views import JobView
@@ -310,6 +311,16 @@ class JobStore(Protocol):
         """Whether the job's event at ``version`` is stored with exactly that chain hash."""
         ...
 
+    def load_schedule(self, schedule_uuid: UUID) -> Schedule | None:
+        """The schedule at its newest version, or None."""
+
+    def append_schedule(self, schedule: Schedule) -> None:
+        """Write the schedule's pending events in one transaction. Raises VersionConflict
+        if it moved on since it was loaded (or, creating it, if it exists)."""
+
+    def schedule_events(self, schedule_uuid: UUID) -> list[Schedule.Event]:
+        """The schedule's events in order: its history."""
+
     def events(
         self,
         job_uuid: UUID,
@@ -436,6 +447,12 @@ class DueJobs(Protocol):
     def due(self, job_status: JobStatus, before: datetime, limit: int) -> Sequence[DueJob]:
         """Jobs in ``job_status`` whose due moment (timer, wait timeout, lease expiry,
         last change for queued jobs) is at or before ``before``."""
+
+
+class ScheduleFirer(Protocol):
+    def fire_due(self, now: datetime, limit: int) -> int:
+        """Fire the schedules due by ``now`` (at most ``limit`` of them); how many jobs
+        were fired."""
 
 
 class Lock(Protocol):

@@ -3,8 +3,9 @@
 Ticks can be lost (an in-process queue dies with its process; a delayed tick is never
 published). The status projection knows what should happen next, so the reconciler
 asks it, by index, for jobs that are due: timers and wait deadlines that have passed,
-leases that have lapsed, queued jobs that have sat too long. Only one reconciler acts at
-a time; another waits on the lock and takes over if the first dies.
+leases that have lapsed, queued jobs that have sat too long; and, by the same kind of
+index, for schedules whose next firing is due (it fires them: ``ScheduleFirer``). Only
+one reconciler acts at a time; another waits on the lock and takes over if the first dies.
 """
 
 from __future__ import annotations
@@ -16,7 +17,17 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from jobledger.ports import Clock, DueJob, DueJobs, Lock, Ops, OpsEvent, Queue, Tick
+from jobledger.ports import (
+    Clock,
+    DueJob,
+    DueJobs,
+    Lock,
+    Ops,
+    OpsEvent,
+    Queue,
+    ScheduleFirer,
+    Tick,
+)
 from jobledger.status import JobStatus
 
 log = logging.getLogger(__name__)
@@ -38,6 +49,8 @@ class ReconcileResult:
     enqueued: int
     skipped: int
     acted: bool = True
+    fired: int = 0
+    """Jobs submitted by due schedules in this pass."""
 
 
 class Reconciler:
@@ -52,6 +65,7 @@ class Reconciler:
         lost_tick_after: timedelta = timedelta(seconds=30),
         resend_after: timedelta = timedelta(minutes=1),
         batch: int = 1_000,
+        schedules: ScheduleFirer | None = None,
     ) -> None:
         self.views = views
         self.queue = queue
@@ -61,6 +75,7 @@ class Reconciler:
         self.lost_tick_after = lost_tick_after
         self.resend_after = resend_after
         self.batch = batch
+        self.schedules = schedules
         self.sent: dict[tuple[str, int], datetime] = {}
         self.stopping = threading.Event()
 
@@ -77,7 +92,10 @@ class Reconciler:
         due = self.due_jobs(now, lost_after)
         enqueued = sum(self.enqueue(job, now) for job in due)
         self.forget_before(now - self.resend_after)
-        result = ReconcileResult(scanned=len(due), enqueued=enqueued, skipped=len(due) - enqueued)
+        fired = 0 if self.schedules is None else self.schedules.fire_due(now, self.batch)
+        result = ReconcileResult(
+            scanned=len(due), enqueued=enqueued, skipped=len(due) - enqueued, fired=fired
+        )
         self.ops.record(
             OpsEvent(
                 jobId="",
@@ -89,6 +107,7 @@ class Reconciler:
                     "durationMs": round((time.perf_counter() - started) * 1000, 3),
                     "scanned": result.scanned,
                     "enqueued": result.enqueued,
+                    "fired": result.fired,
                 },
             )
         )

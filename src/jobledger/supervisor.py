@@ -33,6 +33,7 @@ from jobledger.errors import ConfigError
 from jobledger.lanes import Lanes
 from jobledger.ports import Tick
 from jobledger.reconciler import Reconciler, ReconcileResult
+from jobledger.schedules import ScheduleFiring
 
 if TYPE_CHECKING:
     from jobledger.adapters.kafka import KafkaSettings
@@ -185,6 +186,7 @@ class Supervisor:
             lock=lock_for(deps.store.location, "reconciler"),
             ops=deps.ops,
             lost_tick_after=lost_tick_after,
+            schedules=ScheduleFiring(self.engine.schedules, self.views),
         )
 
     def _metrics(self) -> MetricsServer | None:

@@ -37,6 +37,7 @@ from jobledger.errors import (
 from jobledger.job import Job
 from jobledger.keys import ConsumedKey, KeyKind
 from jobledger.ports import Append, EventSigner, FieldSealer, Refusal
+from jobledger.schedule import Schedule
 
 log = logging.getLogger(__name__)
 
@@ -328,6 +329,30 @@ class EventSourcedJobStore:
     def holds(self, job_uuid: UUID, version: int, chain_hash: str) -> bool:
         found = next(self.partition(job_uuid).events.get(job_uuid, gt=version - 1, limit=1), None)
         return isinstance(found, Job.Event) and found.chain_hash == chain_hash
+
+    @store_errors("loading a schedule")
+    def load_schedule(self, schedule_uuid: UUID) -> Schedule | None:
+        try:
+            schedule: object = self.partition(schedule_uuid).repository.get(schedule_uuid)
+        except AggregateNotFoundError:
+            return None
+        except (OriginatorVersionError, MapperDeserialisationError) as error:
+            raise BrokenHistoryError(str(schedule_uuid), _broken_at(error)) from None
+        assert isinstance(schedule, Schedule)
+        return schedule
+
+    @store_errors("appending to a schedule")
+    def append_schedule(self, schedule: Schedule) -> None:
+        events = schedule.collect_events()
+        try:
+            self.partition(schedule.id).events.put(events)
+        except IntegrityError:
+            raise VersionConflict("the schedule was changed by another writer") from None
+
+    @store_errors("reading a schedule's events")
+    def schedule_events(self, schedule_uuid: UUID) -> list[Schedule.Event]:
+        stored = self.partition(schedule_uuid).events.get(schedule_uuid)
+        return [event for event in stored if isinstance(event, Schedule.Event)]
 
     @store_errors("reading events")
     def events(

@@ -333,12 +333,12 @@ def reconcile(
     if kafka:
         output.console().print(
             f"scanned {result.scanned}, published {result.enqueued} ticks to {ticks_topic}, "
-            f"skipped {result.skipped}"
+            f"skipped {result.skipped}; fired {result.fired} scheduled jobs"
         )
         return
     output.console().print(
         f"scanned {result.scanned}, enqueued {result.enqueued}, skipped {result.skipped}; "
-        f"handled {handled} ticks"
+        f"fired {result.fired} scheduled jobs; handled {handled} ticks"
     )
 
 
