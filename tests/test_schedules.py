@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -31,6 +32,7 @@ from jobledger.errors import (
 from jobledger.identity import schedule_uuid
 from jobledger.reconciler import Reconciler
 from jobledger.schedules import ScheduleFiring
+from tests.support.cli import make_cli
 from tests.support.engines import EngineFactory
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -507,3 +509,111 @@ def test_an_hourly_schedule_fires_every_real_hour_across_fall_back(
         "25 02:00 UTC = 03:00 CET",
         "25 03:00 UTC = 04:00 CET",
     ]
+
+
+# ---- the command line ----------------------------------------------------------------------
+
+REPORT = """
+type: report
+version: 1
+start: work
+steps:
+  work: {kind: run_interaction_task, params: {task: report}, next: done}
+  done: {kind: complete}
+"""
+
+
+def test_the_schedule_commands_create_list_pause_resume_trigger_and_delete(
+    store_url: str, tmp_path: Path
+) -> None:
+    cli = make_cli(tmp_path, store_url, definitions={"report.yaml": REPORT})
+    created = json.loads(
+        cli.ok(
+            "schedule",
+            "create",
+            "acme",
+            "morning",
+            "--cron",
+            "0 7 * * *",
+            "--timezone",
+            "Europe/Paris",
+            "--workflow",
+            "report",
+            "--input",
+            '{"a": 1}',
+            "--catch-up",
+            "all",
+            "--catch-up-max",
+            "3",
+            "--overlap",
+            "buffer_one",
+            "--json",
+        )
+    )
+    assert (created["state"], created["catch_up_max"], created["overlap"]) == (
+        "active",
+        3,
+        "buffer_one",
+    )
+    local = datetime.fromisoformat(created["next_fire_local"])
+    assert local.hour == 7 and local == datetime.fromisoformat(created["next_fire_at"])
+
+    for args, problem in [
+        (("--cron", "0 7 * *"), "must have 5 fields"),
+        (("--timezone", "Mars/Olympus"), "unknown time zone"),
+        (("--workflow", "nope"), "unknown workflow"),
+    ]:
+        options = {"--cron": "0 7 * * *", "--timezone": "UTC", "--workflow": "report"}
+        options[args[0]] = args[1]
+        flat = [part for pair in options.items() for part in pair]
+        result = cli("schedule", "create", "acme", "bad", *flat)
+        assert result.returncode == 1 and problem in result.stderr, result.stderr
+    assert (
+        cli(
+            "schedule",
+            "create",
+            "acme",
+            "morning",
+            "--cron",
+            "0 7 * * *",
+            "--timezone",
+            "UTC",
+            "--workflow",
+            "report",
+        ).returncode
+        == 1
+    )  # the name is taken
+
+    [row] = json.loads(cli.ok("schedule", "list", "acme", "--json"))
+    assert (row["name"], row["next_fire_at"]) == ("morning", created["next_fire_at"])
+    table = cli.ok("schedule", "list", "acme")
+    assert "Europe/Paris" in table and local.isoformat() in table
+    assert f"{datetime.fromisoformat(created['next_fire_at']):%Y-%m-%d %H:%M:%S} UTC" in table
+
+    fired = json.loads(cli.ok("schedule", "trigger", "acme", "morning", "--json"))
+    assert fired["job_id"].startswith("morning@") and fired["job_id"].endswith("/manual")
+    reconciled = json.loads(cli.ok("reconcile", "--once", "--json"))
+    assert reconciled["fired"] == 0 and reconciled["handled"] >= 1  # ran the triggered job
+    shown = json.loads(cli.ok("show", "acme", fired["job_id"], "--json"))
+    assert shown["status"] == "completed" and shown["state"]["a"] == 1
+
+    assert json.loads(cli.ok("schedule", "pause", "acme", "morning", "--json"))["state"] == "paused"
+    assert cli("schedule", "pause", "acme", "morning").returncode == 1
+    assert (
+        json.loads(cli.ok("schedule", "resume", "acme", "morning", "--json"))["state"] == "active"
+    )
+    assert (
+        json.loads(cli.ok("schedule", "delete", "acme", "morning", "--json"))["state"] == "deleted"
+    )
+    assert json.loads(cli.ok("schedule", "list", "acme", "--json")) == []
+    history = json.loads(cli.ok("schedule", "history", "acme", "morning", "--json"))["events"]
+    assert [e["event_type"] for e in history] == [
+        "Created",
+        "Fired",
+        "Paused",
+        "Resumed",
+        "Deleted",
+    ]
+    assert history[1]["data"]["job_id"] == fired["job_id"]
+    missing = cli("schedule", "trigger", "acme", "nosuch")
+    assert missing.returncode == 1 and "no schedule 'nosuch'" in missing.stderr

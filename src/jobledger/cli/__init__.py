@@ -28,6 +28,7 @@ from jobledger.cli import (
     commands_jobs,
     commands_keys,
     commands_ops,
+    commands_schedules,
 )
 from jobledger.cli.session import Exit, report_error
 from jobledger.errors import JobLedgerError
@@ -81,6 +82,7 @@ app.command()(commands_decisions.signal)
 app.command()(commands_decisions.cancel)
 app.command("raise-budget")(commands_decisions.raise_budget)
 app.add_typer(commands_decisions.token_app, name="token")
+app.add_typer(commands_schedules.app, name="schedule")
 app.command()(commands_ops.run)
 app.command()(commands_ops.worker)
 app.command()(commands_ops.reconcile)

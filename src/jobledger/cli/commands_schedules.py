@@ -1,0 +1,286 @@
+"""``jobledger schedule ...``: cron schedules that submit jobs (``engine.schedules``)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from enum import StrEnum
+from typing import Annotated, Any
+from zoneinfo import ZoneInfo
+
+import typer
+from projections import JobViews
+from projections.schedules import ScheduleRow
+from rich.table import Table
+
+from jobledger.cli import output
+from jobledger.cli.params import LARGEST, InputOption, Tenant
+from jobledger.cli.session import ConfigOption, JsonFlag, StoreOption, open_engine
+from jobledger.schedule import MAX_CATCH_UP, ScheduleEntry, ScheduleView
+
+app = typer.Typer(
+    help="Cron schedules that submit jobs: create, list, pause, resume, delete, trigger, "
+    "history. The reconciler (run, reconcile) fires them.",
+    no_args_is_help=True,
+)
+
+Name = Annotated[str, typer.Argument(metavar="NAME", help="Schedule name.", show_default=False)]
+
+
+class CatchUpChoice(StrEnum):
+    SKIP = "skip"
+    ONE = "one"
+    ALL = "all"
+
+
+class OverlapChoice(StrEnum):
+    ALLOW = "allow"
+    SKIP = "skip"
+    BUFFER_ONE = "buffer_one"
+
+
+@app.command("create")
+def create(
+    tenant: Tenant,
+    name: Name,
+    cron: Annotated[
+        str,
+        typer.Option("--cron", metavar="EXPR", help='Five cron fields, e.g. "0 7 * * *".'),
+    ],
+    timezone: Annotated[
+        str,
+        typer.Option("--timezone", metavar="ZONE", help="IANA time zone, e.g. Europe/Paris."),
+    ],
+    workflow: Annotated[
+        str, typer.Option("--workflow", metavar="W", help="Workflow type each firing submits.")
+    ],
+    version: Annotated[
+        int | None,
+        typer.Option(
+            "--version", min=1, max=LARGEST, help="Definition version (default: the newest)."
+        ),
+    ] = None,
+    input: InputOption = None,
+    catch_up: Annotated[
+        CatchUpChoice,
+        typer.Option("--catch-up", help="Firings missed while nothing ran: skip, one, all."),
+    ] = CatchUpChoice.SKIP,
+    catch_up_max: Annotated[
+        int | None,
+        typer.Option(
+            "--catch-up-max",
+            metavar="N",
+            min=1,
+            max=MAX_CATCH_UP,
+            help="With --catch-up all: fire at most the latest N missed firings.",
+        ),
+    ] = None,
+    overlap: Annotated[
+        OverlapChoice,
+        typer.Option(
+            "--overlap",
+            help="While the previous job runs: allow, skip, or buffer_one (fire one when it ends).",
+        ),
+    ] = OverlapChoice.ALLOW,
+    store: StoreOption = None,
+    config: ConfigOption = None,
+    json: JsonFlag = False,
+) -> None:
+    """Create a schedule: each time of --cron on --timezone's clock submits a --workflow job."""
+    with open_engine(
+        store, config, purpose="schedule create", definitions=True, mode="create"
+    ) as e:
+        view = e.schedules.create(
+            tenant,
+            name,
+            cron=cron,
+            timezone=timezone,
+            workflow_type=workflow,
+            workflow_version=version,
+            input=input,
+            catch_up=str(catch_up),
+            catch_up_max=catch_up_max,
+            overlap=str(overlap),
+        )
+    _print_view(view, json)
+
+
+@app.command("list")
+def list_schedules(
+    tenant: Tenant,
+    deleted: Annotated[bool, typer.Option("--deleted", help="Deleted schedules too.")] = False,
+    store: StoreOption = None,
+    config: ConfigOption = None,
+    json: JsonFlag = False,
+) -> None:
+    """The tenant's schedules from the schedules view (brought up to date first): cron,
+    zone, workflow, state, next firing on the schedule's clock and in UTC, last job."""
+    with open_engine(store, config, purpose="schedule list", mode="read") as engine:
+        views = JobViews(engine.deps.store)
+        views.catch_up()
+        rows = views.tenant_schedules(tenant, deleted=deleted)
+    if json:
+        output.print_json([_row_document(r) for r in rows])
+        return
+    table = Table()
+    for column in ("name", "cron", "zone", "workflow", "state", "next (local)", "next (UTC)"):
+        table.add_column(column, overflow="fold")  # ids are never cut
+    table.add_column("policies")
+    table.add_column("last job", overflow="fold")
+    for row in rows:
+        doc = _row_document(row)
+        table.add_row(
+            row.name,
+            row.cron,
+            row.timezone,
+            _workflow(row.workflow_type, row.workflow_version),
+            row.state,
+            doc["next_fire_local"] or "-",
+            output.when(_next(row)),
+            f"catch-up {_catch_up(row.catch_up, row.catch_up_max)}, overlap {row.overlap}",
+            row.last_job_id or "-",
+        )
+    output.console().print(table)
+
+
+@app.command("pause")
+def pause(
+    tenant: Tenant,
+    name: Name,
+    store: StoreOption = None,
+    config: ConfigOption = None,
+    json: JsonFlag = False,
+) -> None:
+    """Stop firing until resumed (trigger still fires)."""
+    with open_engine(store, config, purpose="schedule pause") as engine:
+        view = engine.schedules.pause(tenant, name)
+    _print_view(view, json)
+
+
+@app.command("resume")
+def resume(
+    tenant: Tenant,
+    name: Name,
+    store: StoreOption = None,
+    config: ConfigOption = None,
+    json: JsonFlag = False,
+) -> None:
+    """Fire again from the next cron time (firings missed while paused are not caught up)."""
+    with open_engine(store, config, purpose="schedule resume") as engine:
+        view = engine.schedules.resume(tenant, name)
+    _print_view(view, json)
+
+
+@app.command("delete")
+def delete(
+    tenant: Tenant,
+    name: Name,
+    store: StoreOption = None,
+    config: ConfigOption = None,
+    json: JsonFlag = False,
+) -> None:
+    """Never fire again; the history (and the name) are kept."""
+    with open_engine(store, config, purpose="schedule delete") as engine:
+        view = engine.schedules.delete(tenant, name)
+    _print_view(view, json)
+
+
+@app.command("trigger")
+def trigger(
+    tenant: Tenant,
+    name: Name,
+    store: StoreOption = None,
+    config: ConfigOption = None,
+    json: JsonFlag = False,
+) -> None:
+    """Fire now, under a key of its own: submits the job (a worker runs it); the next cron
+    firing is unchanged."""
+    with open_engine(store, config, purpose="schedule trigger", definitions=True) as engine:
+        job_id = engine.schedules.trigger(tenant, name)
+        view = engine.schedules.get(tenant, name)
+    if json:
+        output.print_json({"job_id": job_id, "schedule": _view_document(view)})
+        return
+    output.console().print(f"fired {job_id}")
+
+
+@app.command("history")
+def history(
+    tenant: Tenant,
+    name: Name,
+    store: StoreOption = None,
+    config: ConfigOption = None,
+    json: JsonFlag = False,
+) -> None:
+    """Every event of the schedule: each firing with its job, each skip with its reason."""
+    with open_engine(store, config, purpose="schedule history", mode="read") as engine:
+        entries = engine.schedules.history(tenant, name)
+    if json:
+        output.print_json({"events": [_entry_document(e) for e in entries]})
+        return
+    table = Table("version", "time", "event", "fire time", "what")
+    for entry in entries:
+        table.add_row(
+            str(entry.version),
+            output.when(entry.timestamp),
+            entry.event_type,
+            output.when(entry.data.get("fire_time")),
+            _what(entry),
+        )
+    output.console().print(table)
+
+
+# ---- printing ----------------------------------------------------------------------------
+
+
+def _print_view(view: ScheduleView, json: bool) -> None:
+    if json:
+        output.print_json(_view_document(view))
+        return
+    local = view.next_fire_local.isoformat() if view.next_fire_local else "-"
+    output.console().print(
+        f"schedule {view.name} of {view.tenant_id}: {view.state}, {view.cron} "
+        f"({view.timezone}) -> {_workflow(view.workflow_type, view.workflow_version)}; "
+        f"next {local} ({output.when(view.next_fire_at)})"
+    )
+
+
+def _view_document(view: ScheduleView) -> dict[str, Any]:
+    document: dict[str, Any] = output.jsonable(view)
+    return document
+
+
+def _row_document(row: ScheduleRow) -> dict[str, Any]:
+    document: dict[str, Any] = output.jsonable(row)
+    moment = _next(row)
+    document["next_fire_at"] = None if moment is None else output.jsonable(moment)
+    local = None if moment is None else moment.astimezone(ZoneInfo(row.timezone))
+    document["next_fire_local"] = None if local is None else local.isoformat()
+    return document
+
+
+def _entry_document(entry: ScheduleEntry) -> dict[str, Any]:
+    document: dict[str, Any] = output.jsonable(entry)
+    return document
+
+
+def _next(row: ScheduleRow) -> datetime | None:
+    return row.next_fire_at if row.state == "active" else None
+
+
+def _workflow(workflow_type: str, version: int | None) -> str:
+    return workflow_type if version is None else f"{workflow_type}@{version}"
+
+
+def _catch_up(mode: str, bound: int) -> str:
+    return f"all (max {bound})" if mode == "all" else mode
+
+
+def _what(entry: ScheduleEntry) -> str:
+    data = entry.data
+    if entry.event_type == "Fired":
+        return f"job {data['job_id']} ({data['trigger']})"
+    if entry.event_type == "Skipped":
+        return str(data["reason"])
+    if entry.event_type == "Created":
+        return f"{data['cron']} ({data['timezone']}) -> {data['workflow_type']}"
+    return ""
