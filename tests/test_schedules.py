@@ -16,7 +16,7 @@ from zoneinfo import ZoneInfo
 import pytest
 from projections import JobViews
 
-from jobledger import Engine, JobStatus
+from jobledger import Engine, FunctionRegistry, JobStatus
 from jobledger.adapters.clock import FakeClock
 from jobledger.adapters.event_store import EventSourcedJobStore
 from jobledger.adapters.locks import lock_for
@@ -199,6 +199,20 @@ def test_an_unknown_workflow_a_bad_policy_or_a_taken_name_is_refused(
         engine.schedules.resume(T, "s")
     with pytest.raises(ScheduleExistsError, match="keeps its name"):
         hourly(engine, "s")
+
+
+def test_a_reconciler_without_the_workflow_leaves_the_firing_due_for_one_that_has_it(
+    make_engine: EngineFactory, clock: FakeClock
+) -> None:
+    engine = make_engine()
+    hourly(engine, "d")
+    undeployed = make_engine(registry=FunctionRegistry())  # e.g. a reconciler without definitions
+    clock.set(datetime(2026, 1, 1, 1, 0, 5, tzinfo=UTC))
+    assert fire(undeployed, clock) == 0
+    assert [kind for kind, _ in events(engine, "d")] == ["Created"]
+    assert engine.schedules.get(T, "d").next_fire_at == datetime(2026, 1, 1, 1, tzinfo=UTC)
+    assert fire(engine, clock) == 1
+    assert fired_jobs(engine, "d") == ["d@2026-01-01T01:00:00Z"]
 
 
 # ---- catch-up and overlap ------------------------------------------------------------------

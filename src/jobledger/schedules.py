@@ -46,9 +46,11 @@ MAX_NAME_LENGTH = 100
 """A firing's job id is the name and the fire time: it must stay a valid job id."""
 ATTEMPTS = 5
 """How often a command (or a firing) reloads a schedule another writer moved on."""
-_NOT_SUBMITTED = (UnknownWorkflowError, InvalidPayloadError, JobConflictError)
-"""A submit refused for what the schedule asks (a workflow since removed, an input a
-newer definition refuses): the firing is recorded as skipped, with the reason."""
+_NOT_SUBMITTED = (InvalidPayloadError, JobConflictError)
+"""A submit refused for what the schedule asks (an input a newer definition refuses):
+the firing is recorded as skipped, with the reason. An unknown workflow is not among
+them: it says what this process was deployed with (a reconciler without the
+definitions), so the firing stays due for a process that has them."""
 
 
 class ScheduleCommands:
@@ -156,6 +158,8 @@ class ScheduleCommands:
                 self._fire_loaded(schedule, moment, fired)
             except VersionConflict:
                 continue
+            except UnknownWorkflowError as error:
+                log.warning("schedule %s left due: %s", uuid, error)
             return fired
         log.warning("schedule %s kept moving during a firing; the next pass tries again", uuid)
         return fired

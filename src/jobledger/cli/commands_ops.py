@@ -316,7 +316,8 @@ def reconcile(
         store,
         config,
         purpose="reconcile",
-        definitions=not kafka,
+        # On Kafka the definitions only serve the schedules it fires, when configured.
+        definitions=not kafka or load_settings(config, store).definitions is not None,
         executor=not kafka,
         transport=_transport_name(kafka),
         metrics=False,
@@ -424,12 +425,14 @@ def _serve(
     runs_steps = services.workers > 0
     kafka = transport == "kafka" or services.outbox
     settings = load_settings(config, store)
+    # A reconciler submits the jobs of due schedules: it resolves their workflows.
+    fires_schedules = services.reconciler and settings.definitions is not None
     with (
         open_engine(
             store,
             config,
             purpose=name,
-            definitions=runs_steps,
+            definitions=runs_steps or fires_schedules,
             executor=runs_steps,
             mode=mode,
             transport=transport,
