@@ -16,7 +16,7 @@ from zoneinfo import ZoneInfo
 import pytest
 from projections import JobViews
 
-from jobledger import Engine, FunctionRegistry, JobStatus
+from jobledger import Engine, FunctionRegistry, JobStatus, linear_workflow
 from jobledger.adapters.clock import FakeClock
 from jobledger.adapters.event_store import EventSourcedJobStore
 from jobledger.adapters.locks import lock_for
@@ -32,8 +32,9 @@ from jobledger.errors import (
 from jobledger.identity import schedule_uuid
 from jobledger.reconciler import Reconciler
 from jobledger.schedules import ScheduleFiring
+from jobledger.supervisor import Services, Supervisor
 from tests.support.cli import make_cli
-from tests.support.engines import EngineFactory
+from tests.support.engines import EngineFactory, agent_steps, default_registry
 
 ROOT = Path(__file__).resolve().parent.parent
 T = "sched-tenant"
@@ -127,6 +128,17 @@ def test_a_schedule_fires_its_job_at_the_cron_time_on_its_own_clock_once(
     assert engine.job(T, job_id).status is JobStatus.COMPLETED
 
 
+def test_the_supervisors_reconciler_fires_due_schedules_and_runs_their_jobs(
+    make_engine: EngineFactory, clock: FakeClock
+) -> None:
+    engine = make_engine()
+    hourly(engine, "sup")
+    clock.set(datetime(2026, 1, 1, 1, 0, 2, tzinfo=UTC))
+    result, handled = Supervisor(engine, Services.of("reconcile", kafka=False)).reconcile_once()
+    assert result.fired == 1 and handled >= 1
+    assert engine.job(T, "sup@2026-01-01T01:00:00Z").status is JobStatus.COMPLETED
+
+
 def test_the_view_lists_a_tenants_schedules_and_indexes_what_is_due(
     make_engine: EngineFactory, clock: FakeClock
 ) -> None:
@@ -213,6 +225,30 @@ def test_a_reconciler_without_the_workflow_leaves_the_firing_due_for_one_that_ha
     assert engine.schedules.get(T, "d").next_fire_at == datetime(2026, 1, 1, 1, tzinfo=UTC)
     assert fire(engine, clock) == 1
     assert fired_jobs(engine, "d") == ["d@2026-01-01T01:00:00Z"]
+
+
+def test_an_input_holding_the_workflows_personal_data_is_refused(
+    make_engine: EngineFactory,
+) -> None:
+    """A schedule's input sits unsealed in its own history, out of an erasure's reach."""
+    registry = default_registry()
+    registry.register(
+        "letter", 1, linear_workflow(agent_steps(1)), personal_data=("customer.email",)
+    )
+    engine = make_engine(registry=registry)
+    with pytest.raises(InvalidScheduleError, match=r"personal data .* customer.email"):
+        engine.schedules.create(
+            T,
+            "letters",
+            cron="0 9 * * 1",
+            timezone="Europe/Paris",
+            workflow_type="letter",
+            input={"customer": {"email": "a@example.org"}},
+        )
+    assert engine.store.load_schedule(schedule_uuid(T, "letters")) is None
+    engine.schedules.create(
+        T, "letters", cron="0 9 * * 1", timezone="UTC", workflow_type="letter", input={"n": 1}
+    )
 
 
 # ---- catch-up and overlap ------------------------------------------------------------------

@@ -14,10 +14,12 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 from uuid import UUID
 
+from jobledger import erasure
 from jobledger.cron import CronTimes
 from jobledger.engine_parts import _check_id
 from jobledger.errors import (
     InvalidPayloadError,
+    InvalidScheduleError,
     JobConflictError,
     ScheduleExistsError,
     UnknownScheduleError,
@@ -27,6 +29,7 @@ from jobledger.errors import (
 from jobledger.identity import schedule_uuid
 from jobledger.payloads import json_object
 from jobledger.schedule import (
+    JSON,
     Due,
     Policies,
     Schedule,
@@ -82,15 +85,17 @@ class ScheduleCommands:
         _check_name(name)
         times = CronTimes.parse(cron, timezone)
         policies = Policies.parse(catch_up, catch_up_max, overlap)
-        self.engine._workflow_version(workflow_type, workflow_version)  # known, or refused
+        version = self.engine._workflow_version(workflow_type, workflow_version)
         limit = self.engine.config.max_payload_bytes
+        payload = json_object(input, what="schedule input", max_bytes=limit)
+        self._check_no_personal_data(payload, workflow_type, version)
         schedule = Schedule.create(
             tenant_id=tenant_id,
             name=name,
             times=times,
             workflow_type=workflow_type,
             workflow_version=workflow_version,
-            input=json_object(input, what="schedule input", max_bytes=limit),
+            input=payload,
             policies=policies,
             now=self.engine.clock.now(),
         )
@@ -102,6 +107,18 @@ class ScheduleCommands:
                 "(a deleted schedule keeps its name and history)"
             ) from None
         return ScheduleView.of(schedule)
+
+    def _check_no_personal_data(self, payload: JSON, workflow_type: str, version: int) -> None:
+        """A schedule keeps its input in its own events, unsealed, where an erasure
+        cannot reach it: personal values are for the jobs' own state, not a schedule's."""
+        paths = self.engine.registry.personal_data(workflow_type, version)
+        held = [p for p in paths if erasure.value_at(payload, erasure.split(p))[0]]
+        if held:
+            raise InvalidScheduleError(
+                f"schedule input holds personal data of workflow {workflow_type!r} "
+                f"v{version} at {', '.join(held)}: a schedule's input is not sealed or "
+                "erasable, so it must not hold them"
+            )
 
     def get(self, tenant_id: str, name: str) -> ScheduleView:
         return ScheduleView.of(self._load(tenant_id, name))
