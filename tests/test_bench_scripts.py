@@ -153,3 +153,5 @@ def test_bench_steps_metrics_and_tracing_together_trace_the_engine_that_keeps_me
     for off, on in zip(plain, both, strict=True):
         assert on["metrics"] is True and on["traced"] is True and on["incomplete_jobs"] == 0
         assert on["traced_vs_untraced"] == on["steps_per_second"] / off["steps_per_second"]
+        assert on["traced_cpu_vs_untraced"] == on["cpu_us_per_step"] / off["cpu_us_per_step"]
+        assert off["traced_cpu_vs_untraced"] is None
