@@ -428,7 +428,8 @@ def test_a_signal_from_the_kafka_topic_continues_the_jobs_trace_and_links_its_se
 ) -> None:
     """A signal message that carries a ``traceparent`` is delivered in a span of the
     sender's trace; the job's wake, in the job's own trace, links it (as an HTTP caller's
-    span is linked). One without a trace context wakes the job in its trace alone."""
+    span is linked). One without a trace context wakes the job in its trace alone, and
+    one with a garbled header is delivered all the same."""
     submitter = kafka_engine(store_url, kafka_topics, otel(exported), "api")
     worker_engine = kafka_engine(store_url, kafka_topics, otel(exported), "w1")
     worker = KafkaWorker(worker_engine, kafka_topics.settings())
@@ -449,17 +450,23 @@ def test_a_signal_from_the_kafka_topic_continues_the_jobs_trace_and_links_its_se
 
     try:
         with running(worker):
-            for job_id in ("traced", "plain"):
+            for job_id in ("traced", "plain", "garbled"):
                 submitter.submit(TENANT, job_id, "traced")
                 wait_for(lambda job_id=job_id: waiting(job_id), 30, f"{job_id} waits")
             with sender.span("billing.paid", attributes={}) as paid:
                 publish("traced", "s1", paid.carrier)
             publish("plain", "s2", {})
-            for job_id in ("traced", "plain"):
+            publish("garbled", "s3", {"traceparent": "00-not-a-trace-01"})
+            for job_id in ("traced", "plain", "garbled"):
                 wait_for(lambda job_id=job_id: completed(job_id), 30, f"{job_id} completes")
+        assert worker.stats.dead_lettered == 0
         spans = exported.get_finished_spans()
         (sent,) = by_name(spans, "billing.paid")
-        (delivered,) = by_name(spans, "jobledger.signal")
+        delivered, garbled = sorted(
+            by_name(spans, "jobledger.signal"),
+            key=lambda span: attributes(span)["jobledger.signal.id"],
+        )
+        assert garbled.parent is None  # a trace of its own
         # The delivery is the sender's: in its trace, the child of the span that sent it.
         assert trace_of(delivered) == trace_of(sent) and parent_of(delivered) == span_id(sent)
         assert attributes(delivered) == {
@@ -476,10 +483,17 @@ def test_a_signal_from_the_kafka_topic_continues_the_jobs_trace_and_links_its_se
         }
         for job_id, own in job_spans.items():
             assert_job_trace(own, job_id)  # the job's tree, whole, in its own trace
-        (traced_wake,) = by_name(job_spans["traced"], "jobledger.wake")
-        (plain_wake,) = by_name(job_spans["plain"], "jobledger.wake")
-        assert [link.context.span_id for link in traced_wake.links] == [span_id(delivered)]
-        assert list(plain_wake.links) == []
+        wakes = {job_id: by_name(own, "jobledger.wake") for job_id, own in job_spans.items()}
+        linked = {
+            job_id: [link.context.span_id for each in wake for link in each.links]
+            for job_id, wake in wakes.items()
+        }
+        # The sender's delivery, none, and the garbled delivery's trace of its own.
+        assert linked == {
+            "traced": [span_id(delivered)],
+            "plain": [],
+            "garbled": [span_id(garbled)],
+        }
     finally:
         raw.close()
         submitter.close()
