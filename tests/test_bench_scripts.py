@@ -145,11 +145,18 @@ def test_bench_steps_metrics_and_tracing_together_trace_the_engine_that_keeps_me
     tmp_path: Path,
 ) -> None:
     """Issue 14's budget is for both on at once: the traced runs keep metrics too, and
-    their ratio is over the plain engine's steps/s."""
-    report = run_script("bench_steps.py", tmp_path, "--metrics", "--tracing", "--concurrency", "4")
+    their ratio is over the plain engine's steps/s, pooled over the rounds run."""
+    report = run_script(
+        "bench_steps.py", tmp_path, "--metrics", "--tracing", "--concurrency", "4", "--rounds", "2"
+    )
     [sqlite] = report["results"]
     plain, both = sqlite["scenarios"], sqlite["traced"]
     assert len(both) == len(plain) == 2
     for off, on in zip(plain, both, strict=True):
         assert on["metrics"] is True and on["traced"] is True and on["incomplete_jobs"] == 0
+        assert off["rounds"] == on["rounds"] == 2 and len(on["round_ratios"]) == 2
+        assert off["jobs"] == 2 * off["concurrency"]  # each round's jobs, pooled
+        assert on["steps"] == off["steps"] == off["jobs"] * off["steps_per_job"]
         assert on["traced_vs_untraced"] == on["steps_per_second"] / off["steps_per_second"]
+        assert on["traced_cpu_vs_untraced"] == on["cpu_us_per_step"] / off["cpu_us_per_step"]
+        assert off["traced_cpu_vs_untraced"] is None

@@ -76,6 +76,25 @@ def test_submit_show_tick_resume_approve_and_history(cli: Cli) -> None:
     assert cli.effects() == {"acme/t1:step:1": 1, "acme/t1:step:4": 1}
 
 
+def test_one_shot_commands_take_the_log_options_of_the_running_ones(cli: Cli) -> None:
+    """--log-level and --log-format on a one-shot command: a tick run from the shell logs
+    its line as JSON, naming the job; without either, logging is as it was (nothing
+    below a warning), so what the commands print is unchanged."""
+    cli.ok("submit", "acme", "l1", "ticket")
+    quiet = cli("tick", "acme", "l1")
+    assert quiet.returncode == 0 and quiet.stderr == ""
+    signalled = cli("signal", "acme", "l1", "invoice.paid", "--id", "p1", "--log-format", "json")
+    assert signalled.returncode == 0 and signalled.stderr == ""  # at warning by default
+    logged = cli("tick", "acme", "l1", "--log-level", "info", "--log-format", "json")
+    assert logged.returncode == 0 and "awaiting_approval" in logged.stdout
+    lines = [json.loads(line) for line in logged.stderr.splitlines()]
+    (ticked,) = [line for line in lines if line["logger"] == "jobledger.ticking"]
+    assert ticked["level"] == "info" and ticked["message"].startswith("tick acme/l1 (")
+    assert (ticked["tenant"], ticked["job"], ticked["step"]) == ("acme", "l1", 3)
+    refused = cli.fails(2, "show", "acme", "l1", "--log-format", "xml")
+    assert "'xml' is not one of 'text', 'json'" in refused
+
+
 def test_signal_reject_and_cancel(cli: Cli) -> None:
     cli.ok("submit", "acme", "t2", "ticket")
     early = cli.json(

@@ -6,6 +6,7 @@ broker, with the OpenTelemetry SDK's in-memory exporter.
 
 from __future__ import annotations
 
+import asyncio
 import io
 import json
 import logging
@@ -15,6 +16,7 @@ from contextlib import contextmanager
 from typing import Any
 
 import pytest
+from kafka import KafkaProducer
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
@@ -33,6 +35,7 @@ from jobledger import (
     linear_workflow,
     tracing,
 )
+from jobledger.adapters.kafka.messages import SignalMessage
 from jobledger.adapters.kafka.publisher import KafkaEventPublisher
 from jobledger.adapters.kafka.worker import KafkaWorker
 from jobledger.adapters.otel import OtelTracer
@@ -321,6 +324,43 @@ def test_json_log_lines_carry_the_job_step_and_the_span_they_were_logged_in(
     assert tracing.log_fields() == {}  # nothing is left behind once the work is done
 
 
+class AsyncLoggingExecutor:
+    """An ``async def execute`` (run on the worker's shared event loop, another thread)
+    that logs and makes a span of its own, as a model client would."""
+
+    def __init__(self, tracer: OtelTracer) -> None:
+        self.tracer = tracer
+
+    async def execute(self, request: StepRequest) -> StepResult:
+        await asyncio.sleep(0)
+        logging.getLogger("executor").info("calling the model")
+        with self.tracer.span("model.call", attributes={}):
+            await asyncio.sleep(0)
+        return StepResult()
+
+
+def test_an_async_executors_log_lines_and_spans_belong_to_its_step(
+    make_engine: EngineFactory, exported: InMemorySpanExporter
+) -> None:
+    tracer = otel(exported)
+    executor = AsyncLoggingExecutor(tracer)
+    engine = make_engine(registry=three_steps(), tracer=tracer, executor=executor)
+    with json_log() as out:
+        engine.submit(TENANT, "j", "traced")
+        engine.run_until_idle()
+    lines = [json.loads(line) for line in out.getvalue().splitlines()]
+    spans = exported.get_finished_spans()
+    (step,) = [
+        s for s in by_name(spans, "jobledger.step") if attributes(s)["jobledger.step.number"] == 1
+    ]
+    (called,) = [line for line in lines if line["logger"] == "executor"]
+    assert called["tenant"] == TENANT and called["job"] == "j" and called["step"] == 1
+    assert called["trace_id"] == f"{trace_of(step):032x}"
+    assert called["span_id"] == f"{span_id(step):016x}"
+    (call,) = by_name(spans, "model.call")
+    assert trace_of(call) == trace_of(step) and parent_of(call) == span_id(step)
+
+
 # ---- across a real Kafka broker ----------------------------------------------------------
 
 
@@ -379,5 +419,82 @@ def test_one_trace_follows_a_job_across_a_kafka_hop_and_a_wait(
         assert published == len(submitter.history(TENANT, "k")) == len(records)
         assert {headers(record)["traceparent"] for record in records} == {traceparent}
     finally:
+        submitter.close()
+        worker_engine.close()
+
+
+def test_a_signal_from_the_kafka_topic_continues_the_jobs_trace_and_links_its_senders(
+    store_url: str, kafka_topics: KafkaTopics, exported: InMemorySpanExporter
+) -> None:
+    """A signal message that carries a ``traceparent`` is delivered in a span of the
+    sender's trace; the job's wake, in the job's own trace, links it (as an HTTP caller's
+    span is linked). One without a trace context wakes the job in its trace alone, and
+    one with a garbled header is delivered all the same."""
+    submitter = kafka_engine(store_url, kafka_topics, otel(exported), "api")
+    worker_engine = kafka_engine(store_url, kafka_topics, otel(exported), "w1")
+    worker = KafkaWorker(worker_engine, kafka_topics.settings())
+    sender = otel(exported)
+    raw = KafkaProducer(bootstrap_servers=kafka_topics.bootstrap, acks="all")
+
+    def publish(job_id: str, signal_id: str, carrier: dict[str, str]) -> None:
+        message = SignalMessage(TENANT, job_id, "go", signal_id, {"paid": True})
+        headers = trace_headers(carrier)
+        raw.send(kafka_topics.signals, key=message.key, value=message.encode(), headers=headers)
+        raw.flush(10)
+
+    def waiting(job_id: str) -> bool:
+        return submitter.job(TENANT, job_id).status is JobStatus.WAITING_EVENT
+
+    def completed(job_id: str) -> bool:
+        return submitter.job(TENANT, job_id).status is JobStatus.COMPLETED
+
+    try:
+        with running(worker):
+            for job_id in ("traced", "plain", "garbled"):
+                submitter.submit(TENANT, job_id, "traced")
+                wait_for(lambda job_id=job_id: waiting(job_id), 30, f"{job_id} waits")
+            with sender.span("billing.paid", attributes={}) as paid:
+                publish("traced", "s1", paid.carrier)
+            publish("plain", "s2", {})
+            publish("garbled", "s3", {"traceparent": "00-not-a-trace-01"})
+            for job_id in ("traced", "plain", "garbled"):
+                wait_for(lambda job_id=job_id: completed(job_id), 30, f"{job_id} completes")
+        assert worker.stats.dead_lettered == 0
+        spans = exported.get_finished_spans()
+        (sent,) = by_name(spans, "billing.paid")
+        delivered, garbled = sorted(
+            by_name(spans, "jobledger.signal"),
+            key=lambda span: attributes(span)["jobledger.signal.id"],
+        )
+        assert garbled.parent is None  # a trace of its own
+        # The delivery is the sender's: in its trace, the child of the span that sent it.
+        assert trace_of(delivered) == trace_of(sent) and parent_of(delivered) == span_id(sent)
+        assert attributes(delivered) == {
+            "jobledger.tenant_id": TENANT,
+            "jobledger.job_id": "traced",
+            "jobledger.signal.event": "go",
+            "jobledger.signal.id": "s1",
+            "jobledger.signal.outcome": "resumed",
+        }
+        job_spans = {
+            job_id: [s for s in spans if trace_of(s) == trace_of(submit)]
+            for submit in by_name(spans, "jobledger.submit")
+            for job_id in [attributes(submit)["jobledger.job_id"]]
+        }
+        for job_id, own in job_spans.items():
+            assert_job_trace(own, job_id)  # the job's tree, whole, in its own trace
+        wakes = {job_id: by_name(own, "jobledger.wake") for job_id, own in job_spans.items()}
+        linked = {
+            job_id: [link.context.span_id for each in wake for link in each.links]
+            for job_id, wake in wakes.items()
+        }
+        # The sender's delivery, none, and the garbled delivery's trace of its own.
+        assert linked == {
+            "traced": [span_id(delivered)],
+            "plain": [],
+            "garbled": [span_id(garbled)],
+        }
+    finally:
+        raw.close()
         submitter.close()
         worker_engine.close()

@@ -143,6 +143,8 @@ class SharedLoop:
         self._loop: asyncio.AbstractEventLoop | None = None
 
     def run(self, awaitable: Awaitable[T]) -> T:
+        # Scheduled in a copy of this thread's context (call_soon_threadsafe's), so the
+        # coroutine logs under the step's job fields and makes its spans the step's children.
         return asyncio.run_coroutine_threadsafe(_awaited(awaitable), self._started()).result()
 
     def _started(self) -> asyncio.AbstractEventLoop:

@@ -100,6 +100,8 @@ class TickReport:
     """The tick's span, ended: its log line carries the span's ids."""
 
 
+NO_ATTRIBUTES: Attributes = {}
+"""One empty mapping for the events that carry none (a step makes two)."""
 REBASE_ATTEMPTS = 100
 """How often a step's append is rebuilt on inputs that keep landing while it is written."""
 
@@ -120,6 +122,9 @@ class _Run:
     tick: Tick
     job: Job
     claim_id: str
+    span: Span
+    """The tick's span, or its step's while a step runs: the claim, resolution and append
+    events go to it without looking up the current span each time."""
     steps: int = 0
 
 
@@ -205,7 +210,8 @@ class Orchestrator:
         parent = tick.trace_context or job.trace_context
         with self.tracer.span("jobledger.tick", parent=parent, attributes=attributes) as span:
             with tracing.logged(span, tenant=job.tenant_id, job=job.job_id):
-                report = self.drive(_Run(tick, job, claim_id=tick.claim_id or uuid4().hex))
+                claim_id = tick.claim_id or uuid4().hex
+                report = self.drive(_Run(tick, job, claim_id=claim_id, span=span))
             span.set(
                 {
                     "jobledger.outcome": str(report.outcome),
@@ -257,11 +263,14 @@ class Orchestrator:
         lost: _LostRace | None = None
         decided: dict[str, tracing.Attribute] = {}
         with self.tracer.span("jobledger.step", attributes=attributes) as span:
+            tick_span, run.span = run.span, span
             with tracing.logged(span, step=number):
                 try:
                     outcome = self.step(job, run, now, decided)
                 except _LostRace as race:  # how the tick ends, not a failed span
                     lost, outcome = race, race.outcome
+                finally:
+                    run.span = tick_span
             # Set once, at the end: each call costs the SDK a lock and a check per value.
             decided["jobledger.outcome"] = "continued" if outcome is None else str(outcome)
             span.set(decided)
@@ -279,7 +288,7 @@ class Orchestrator:
             return Outcome.FAILED
         decided["jobledger.step.type"] = resolution.step_type
         decided["jobledger.next_status"] = str(resolution.next_status)
-        self.trace_event("jobledger.resolution", {})
+        run.span.event("jobledger.resolution", NO_ATTRIBUTES)
         if resolution.is_costly and self.defer_for_ceiling(job, now):
             return Outcome.DEFERRED
         self.check_deployment(job, resolution)
@@ -459,8 +468,8 @@ class Orchestrator:
             reason=run.tick.reason,
             now=now,
         )
-        self.append(job)
-        self.trace_event("jobledger.claim", {"jobledger.claim_id": run.claim_id})
+        self.append(job, run)
+        run.span.event("jobledger.claim", {"jobledger.claim_id": run.claim_id})
         if expired_holder is not None:
             # The previous holder died mid-step: the step re-runs with the same key.
             self.report(
@@ -544,7 +553,7 @@ class Orchestrator:
     def step_failed(self, job: Job, resolution: Resolution, error: Exception) -> Outcome:
         """A retryable error within its policy schedules a retry; anything else fails."""
         kind = error.kind if isinstance(error, StepError) else type(error).__name__
-        self.trace_event("jobledger.step.error", {"jobledger.error.kind": kind})
+        self.tracer.current().event("jobledger.step.error", {"jobledger.error.kind": kind})
         policy = resolution.retry_policy or RetryPolicy()
         attempt = job.attempt + 1
         retries = isinstance(error, StepError) and error.retryable and policy.allows(attempt, kind)
@@ -687,7 +696,7 @@ class Orchestrator:
                     self.discard_late_result(job, step.idempotency_key, step.step_number)
                     raise _LostRace(Outcome.DISCARDED) from None
                 self.report(job, "job.step.rebased", idempotencyKey=step.idempotency_key)
-                self.trace_event("jobledger.rebased", {})
+                run.span.event("jobledger.rebased", NO_ATTRIBUTES)
                 continue
             break
         else:
@@ -695,7 +704,7 @@ class Orchestrator:
                 f"job {job.job_id!r} kept changing while step {step.step_number} was recorded"
             )
         run.job = job
-        self.trace_event("jobledger.append", {})
+        run.span.event("jobledger.append", NO_ATTRIBUTES)
 
     def discard_late_result(self, job: Job, key: str, step_number: int) -> None:
         """The job moved on while our step ran. If it was cancelled, say so in its history."""
@@ -829,16 +838,14 @@ class Orchestrator:
             dedupe_key=dedupe_key,
         )
 
-    def append(self, job: Job) -> None:
+    def append(self, job: Job, run: _Run | None = None) -> None:
         """Append a transition that guards no key; a lost race ends the tick quietly."""
         try:
             self.tick_appends.append(job)
         except VersionConflict:
             raise _LostRace(Outcome.CLAIM_LOST) from None
-        self.trace_event("jobledger.append", {})
-
-    def trace_event(self, name: str, attributes: Attributes) -> None:
-        self.tracer.current().event(name, attributes)
+        span = run.span if run is not None else self.tracer.current()
+        span.event("jobledger.append", NO_ATTRIBUTES)
 
     def carrier(self) -> dict[str, str] | None:
         """The current span's trace context, for a tick enqueued from it to continue."""

@@ -33,6 +33,7 @@ from jobledger.audit.tamper import (
 from jobledger.audit.timestamping import TimeStampAuthority, TsaTrust
 from jobledger.cli import output
 from jobledger.cli.config_file import load_settings
+from jobledger.cli.logs import OneShotLogFormatOption, OneShotLogLevelOption, configure_one_shot
 from jobledger.cli.params import LARGEST, JobId, Tenant
 from jobledger.cli.session import ConfigOption, Exit, JsonFlag, StoreOption, open_engine
 from jobledger.engine import Engine
@@ -84,6 +85,8 @@ def replay(
     store: StoreOption = None,
     config: ConfigOption = None,
     json: JsonFlag = False,
+    log_level: OneShotLogLevelOption = None,
+    log_format: OneShotLogFormatOption = None,
 ) -> None:
     """Replay recorded decisions against a definition, without any side effect.
 
@@ -92,6 +95,7 @@ def replay(
     `different next step` or `different wait`, and each job is `safe to migrate` or
     `diverges at step k: recorded X, would now do Y`. Exits 1 if any job diverges.
     """
+    configure_one_shot(log_level, log_format)
     target = _definition(definition)
     statuses = _statuses(status)
     _one_or_all(tenant, job, all_jobs)
@@ -151,6 +155,8 @@ def migrate(
     store: StoreOption = None,
     config: ConfigOption = None,
     json: JsonFlag = False,
+    log_level: OneShotLogLevelOption = None,
+    log_format: OneShotLogFormatOption = None,
 ) -> None:
     """Move a job that has not finished to another version of its definition.
 
@@ -158,6 +164,7 @@ def migrate(
     with the divergence, unless --force (with --by and --reason, which are recorded in
     the `Migrated` event with the replay verdict). Needs the definitions.
     """
+    configure_one_shot(log_level, log_format)
     if force and not (by and reason):
         raise typer.BadParameter("--force needs --by USER and --reason TEXT")
     with open_engine(store, config, purpose="migrate", definitions=True) as engine:
@@ -350,6 +357,8 @@ def verify(
     store: StoreOption = None,
     config: ConfigOption = None,
     json: JsonFlag = False,
+    log_level: OneShotLogLevelOption = None,
+    log_format: OneShotLogFormatOption = None,
 ) -> None:
     """Recompute hash chains from the stored events; name each job's first broken link.
 
@@ -361,6 +370,7 @@ def verify(
     an event unsigned or not signed by a key valid at its time (a history re-hashed by
     someone without a key). Exits 1 if any chain (or the anchors) is broken.
     """
+    configure_one_shot(log_level, log_format)
     if (tenant is None) != (job is None) or (tenant is not None and (all_jobs or only_tenant)):
         raise typer.BadParameter("give TENANT JOB, or --tenant T, or --all (the default)")
     if all_jobs and only_tenant is not None:
@@ -433,6 +443,8 @@ def anchor(
     store: StoreOption = None,
     config: ConfigOption = None,
     json: JsonFlag = False,
+    log_level: OneShotLogLevelOption = None,
+    log_format: OneShotLogFormatOption = None,
 ) -> None:
     """Pin every job's chain head outside the store (one JSON line with a Merkle root).
 
@@ -440,6 +452,7 @@ def anchor(
     1, if any is broken; a destination or TSA that does not take the line exits non-zero
     with nothing anchored. `verify --anchors DEST` then catches a history rolled back since.
     """
+    configure_one_shot(log_level, log_format)
     engine_config = load_settings(config, store).engine
     if dump is not None:
         _dump(Destination.parse(dump[0]).sink(engine_config), dump[1], json)
@@ -629,6 +642,8 @@ def export(
     all_jobs: AllFlag = False,
     store: StoreOption = None,
     config: ConfigOption = None,
+    log_level: OneShotLogLevelOption = None,
+    log_format: OneShotLogFormatOption = None,
 ) -> None:
     """Write job histories to stdout as canonical JSON lines, then a manifest line.
 
@@ -638,6 +653,7 @@ def export(
     manifest has the counts, each job's head hash and the export time. Exits 1 (after
     writing everything) if a stored chain does not verify: import refuses such a file.
     """
+    configure_one_shot(log_level, log_format)
     chosen = sum([tenant is not None or job is not None, only_tenant is not None, all_jobs])
     if chosen > 1 or (tenant is None) != (job is None):
         raise typer.BadParameter("give TENANT JOB, or --tenant T, or --all (the default)")
@@ -664,6 +680,8 @@ def import_(
     store: StoreOption = None,
     config: ConfigOption = None,
     json: JsonFlag = False,
+    log_level: OneShotLogLevelOption = None,
+    log_format: OneShotLogFormatOption = None,
 ) -> None:
     """Load an export into an EMPTY store, chains and all.
 
@@ -671,6 +689,7 @@ def import_(
     keys they consumed. Refuses, writing nothing, a file whose chains or manifest do not
     verify, or a store that is not empty.
     """
+    configure_one_shot(log_level, log_format)
     with open_engine(store, config, purpose="import", mode="create") as engine:
         summary = exporting.import_file(engine.deps.store, file)
     if json:

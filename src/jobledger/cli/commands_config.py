@@ -14,6 +14,7 @@ from jobledger.api.settings import env_name as http_env_name
 from jobledger.audit.schedule import AnchorSettings, load_anchor_settings
 from jobledger.audit.schedule import env_name as anchors_env_name
 from jobledger.cli.config_file import CLI_KEYS, Settings, env_name, load_settings
+from jobledger.cli.logs import OneShotLogFormatOption, OneShotLogLevelOption, configure_one_shot
 from jobledger.cli.output import console, jsonable, print_json
 from jobledger.cli.session import ConfigOption, JsonFlag, StoreOption
 from jobledger.config import EngineConfig
@@ -94,8 +95,15 @@ def source(settings: Settings, name: str) -> str:
 
 
 @app.command("show")
-def show(store: StoreOption = None, config: ConfigOption = None, json: JsonFlag = False) -> None:
+def show(
+    store: StoreOption = None,
+    config: ConfigOption = None,
+    json: JsonFlag = False,
+    log_level: OneShotLogLevelOption = None,
+    log_format: OneShotLogFormatOption = None,
+) -> None:
     """Print the effective settings, each with where it came from; secrets hidden."""
+    configure_one_shot(log_level, log_format)
     settings = load_settings(config, store)
     rows = effective(settings)
     if json:

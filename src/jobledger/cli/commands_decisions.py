@@ -11,6 +11,7 @@ from typing import Annotated
 import typer
 
 from jobledger.cli import output
+from jobledger.cli.logs import OneShotLogFormatOption, OneShotLogLevelOption, configure_one_shot
 from jobledger.cli.params import LARGEST, JobId, PayloadOption, Tenant, parse_moment, read_value
 from jobledger.cli.session import ConfigOption, JsonFlag, StoreOption, open_engine
 from jobledger.engine import Engine
@@ -38,8 +39,11 @@ def approve(
     store: StoreOption = None,
     config: ConfigOption = None,
     json: JsonFlag = False,
+    log_level: OneShotLogLevelOption = None,
+    log_format: OneShotLogFormatOption = None,
 ) -> None:
     """Approve the job's open approval request."""
+    configure_one_shot(log_level, log_format)
     _decide("approve", tenant, job, approval, by, comment, store, config, json)
 
 
@@ -52,8 +56,11 @@ def reject(
     store: StoreOption = None,
     config: ConfigOption = None,
     json: JsonFlag = False,
+    log_level: OneShotLogLevelOption = None,
+    log_format: OneShotLogFormatOption = None,
 ) -> None:
     """Reject the job's open approval request."""
+    configure_one_shot(log_level, log_format)
     _decide("reject", tenant, job, approval, by, comment, store, config, json)
 
 
@@ -94,8 +101,11 @@ def resume(
     store: StoreOption = None,
     config: ConfigOption = None,
     json: JsonFlag = False,
+    log_level: OneShotLogLevelOption = None,
+    log_format: OneShotLogFormatOption = None,
 ) -> None:
     """Resume the job a signed resume token was issued for (once)."""
+    configure_one_shot(log_level, log_format)
     with open_engine(store, config, purpose="resume") as engine:
         view = engine.resume(read_value(token).strip(), payload, tenant_id=tenant)
         _done(f"resumed {view.tenant_id}/{view.job_id}", engine, view, json)
@@ -109,12 +119,15 @@ def reissue_token(
     store: StoreOption = None,
     config: ConfigOption = None,
     json: JsonFlag = False,
+    log_level: OneShotLogLevelOption = None,
+    log_format: OneShotLogFormatOption = None,
 ) -> None:
     """Issue a new resume token for a job waiting for an event, and print it.
 
     The old token stops working in the same write (it is refused as superseded). The
     new one lives at least until the wait's timeout or the job's deadline.
     """
+    configure_one_shot(log_level, log_format)
     with open_engine(store, config, purpose="token reissue") as engine:
         token = engine.reissue_token(tenant, job, by=by)
         view = engine.job(tenant, job)
@@ -148,12 +161,15 @@ def signal(
     store: StoreOption = None,
     config: ConfigOption = None,
     json: JsonFlag = False,
+    log_level: OneShotLogLevelOption = None,
+    log_format: OneShotLogFormatOption = None,
 ) -> None:
     """Deliver an outside event by name (trusted callers).
 
     A job waiting for EVENT resumes; otherwise the signal is kept until the wait opens.
     The same --id twice is delivered once.
     """
+    configure_one_shot(log_level, log_format)
     with open_engine(store, config, purpose="signal") as engine:
         outcome = engine.signal(tenant, job, event, payload, signal_id=signal_id)
         _done(f"signal {signal_id}: {outcome}", engine, engine.job(tenant, job), json, outcome)
@@ -167,8 +183,11 @@ def cancel(
     store: StoreOption = None,
     config: ConfigOption = None,
     json: JsonFlag = False,
+    log_level: OneShotLogLevelOption = None,
+    log_format: OneShotLogFormatOption = None,
 ) -> None:
     """Cancel a job (terminal; open tokens and approvals become void)."""
+    configure_one_shot(log_level, log_format)
     with open_engine(store, config, purpose="cancel") as engine:
         view = engine.cancel(tenant, job, reason=reason, by=by)
         _done(f"cancelled by {by}", engine, view, json)
@@ -211,11 +230,14 @@ def raise_budget(
     store: StoreOption = None,
     config: ConfigOption = None,
     json: JsonFlag = False,
+    log_level: OneShotLogLevelOption = None,
+    log_format: OneShotLogFormatOption = None,
 ) -> None:
     """Raise a job's budget (steps, cost, deadline), recorded with who and why.
 
     A job parked in budget_exceeded goes on once the raise covers what stopped it.
     """
+    configure_one_shot(log_level, log_format)
     if max_steps is None and max_cost is None and deadline is None:
         raise typer.BadParameter("give at least one of --max-steps, --max-cost, --deadline")
     with open_engine(store, config, purpose="raise-budget") as engine:

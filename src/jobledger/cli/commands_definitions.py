@@ -11,6 +11,7 @@ from rich.table import Table
 
 from jobledger.cli import output
 from jobledger.cli.config_file import load_settings
+from jobledger.cli.logs import OneShotLogFormatOption, OneShotLogLevelOption, configure_one_shot
 from jobledger.cli.session import ConfigOption, Exit, JsonFlag
 from jobledger.errors import ConfigError
 
@@ -43,6 +44,8 @@ def check(
         ),
     ] = None,
     json: JsonFlag = False,
+    log_level: OneShotLogLevelOption = None,
+    log_format: OneShotLogFormatOption = None,
 ) -> None:
     """Validate definitions without running them (exit 1 on any problem).
 
@@ -50,6 +53,7 @@ def check(
     problem with its file, step and field. With --store: warns (exit 0) for each
     (type, version) that jobs not yet finished are pinned to and DIR drops.
     """
+    configure_one_shot(log_level, log_format)
     from jobledger.workflows import DefinitionError, load_definitions
 
     if directory is None:

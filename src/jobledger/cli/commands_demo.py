@@ -8,6 +8,7 @@ import typer
 
 from jobledger.cli import output
 from jobledger.cli.config_file import load_settings
+from jobledger.cli.logs import OneShotLogFormatOption, OneShotLogLevelOption, configure_one_shot
 from jobledger.cli.session import ConfigOption, Exit, StoreOption
 
 
@@ -17,6 +18,8 @@ def demo(
     keep: Annotated[
         bool, typer.Option("--keep", help="Keep the temporary directory and print its path.")
     ] = False,
+    log_level: OneShotLogLevelOption = None,
+    log_format: OneShotLogFormatOption = None,
 ) -> None:
     """Run the example mission: every capability at once, on a fresh SQLite file.
 
@@ -25,6 +28,7 @@ def demo(
     takes a second. --store runs it on another store (under a job id of its own).
     Exits 1 if any of its checks fails.
     """
+    configure_one_shot(log_level, log_format)
     from jobledger.demo.run import run_demo  # only this command needs it
 
     base = load_settings(config, None).engine  # the demo picks its own store unless --store

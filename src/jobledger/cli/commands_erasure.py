@@ -7,6 +7,7 @@ from typing import Annotated
 import typer
 
 from jobledger.cli import output
+from jobledger.cli.logs import OneShotLogFormatOption, OneShotLogLevelOption, configure_one_shot
 from jobledger.cli.params import Tenant
 from jobledger.cli.session import ConfigOption, JsonFlag, StoreOption, open_engine
 from jobledger.erasing import ErasureReport
@@ -37,6 +38,8 @@ def erase(
     store: StoreOption = None,
     config: ConfigOption = None,
     json: JsonFlag = False,
+    log_level: OneShotLogLevelOption = None,
+    log_format: OneShotLogFormatOption = None,
 ) -> None:
     """Erase a data subject (--subject) or one job without a subject (--job): each job
     records Erased (who, why), then the key is destroyed; the personal values read as
@@ -46,6 +49,7 @@ def erase(
     Interrupted, it is run again to finish; one already erased is refused (exit 1), and so
     is --job on a job sealed with its data subject's key (erase the subject).
     """
+    configure_one_shot(log_level, log_format)
     if (subject is None) == (job is None):
         raise typer.BadParameter("give exactly one of --subject S and --job J")
     with open_engine(store, config, purpose="erase") as engine:

@@ -9,6 +9,7 @@ from typing import Annotated, Any
 import typer
 
 from jobledger.cli import output
+from jobledger.cli.logs import OneShotLogFormatOption, OneShotLogLevelOption, configure_one_shot
 from jobledger.cli.params import (
     LARGEST,
     BudgetOption,
@@ -63,12 +64,15 @@ def submit(
     store: StoreOption = None,
     config: ConfigOption = None,
     json: JsonFlag = False,
+    log_level: OneShotLogLevelOption = None,
+    log_format: OneShotLogFormatOption = None,
 ) -> None:
     """Submit a job; a worker (or `jobledger tick`) runs it.
 
     Submitting the same job again, or with a used idempotency key, returns the existing
     job unchanged (a different request for the same job is refused).
     """
+    configure_one_shot(log_level, log_format)
     with open_engine(store, config, purpose="submit", definitions=True, mode="create") as engine:
         view = engine.submit(
             tenant,
@@ -110,11 +114,14 @@ def show(
     store: StoreOption = None,
     config: ConfigOption = None,
     json: JsonFlag = False,
+    log_level: OneShotLogLevelOption = None,
+    log_format: OneShotLogFormatOption = None,
 ) -> None:
     """Show a job: status, step, next step, state, counters, lease, waits, approval.
 
     With --at-version N or --at TIME: the job exactly as it was then.
     """
+    configure_one_shot(log_level, log_format)
     if at_version is not None and at is not None:
         raise typer.BadParameter("give --at-version or --at, not both")
     with open_engine(store, config, purpose="show", mode="read") as engine:
@@ -136,6 +143,8 @@ def history(
     store: StoreOption = None,
     config: ConfigOption = None,
     json: JsonFlag = False,
+    log_level: OneShotLogLevelOption = None,
+    log_format: OneShotLogFormatOption = None,
 ) -> None:
     """Every event of a job in order, as an audit reads it, and whether its chain holds.
 
@@ -143,6 +152,7 @@ def history(
     token's nonce, the signal id, the cost ceiling or a timeout. Exits 1 if the hash
     chain is broken.
     """
+    configure_one_shot(log_level, log_format)
     with open_engine(store, config, purpose="history", mode="read") as engine:
         entries = engine.history(tenant, job)
         broken = engine.verify(tenant, job)
@@ -167,6 +177,8 @@ def tick(
     store: StoreOption = None,
     config: ConfigOption = None,
     json: JsonFlag = False,
+    log_level: OneShotLogLevelOption = None,
+    log_format: OneShotLogFormatOption = None,
 ) -> None:
     """Advance one job by one tick, as a worker would (for operators).
 
@@ -174,6 +186,7 @@ def tick(
     Needs the definitions and an executor (--config or JOBLEDGER_DEFINITIONS and
     JOBLEDGER_EXECUTOR).
     """
+    configure_one_shot(log_level, log_format)
     outside = Outside()
     with open_engine(
         store, config, purpose="tick", definitions=True, executor=True, notifier=outside

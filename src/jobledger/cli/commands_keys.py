@@ -23,6 +23,7 @@ from rich.table import Table
 
 from jobledger.cli import output
 from jobledger.cli.config_file import load_settings
+from jobledger.cli.logs import OneShotLogFormatOption, OneShotLogLevelOption, configure_one_shot
 from jobledger.cli.params import parse_moment
 from jobledger.cli.session import ConfigOption, JsonFlag
 from jobledger.errors import ConfigError
@@ -88,10 +89,13 @@ def generate(
     keyring: KeyringOption = None,
     config: ConfigOption = None,
     json: JsonFlag = False,
+    log_level: OneShotLogLevelOption = None,
+    log_format: OneShotLogFormatOption = None,
 ) -> None:
     """Make an Ed25519 key: write DIR/ID.pem (mode 0600, never over a file), add it to the
     signing-keys file and its public key to the keyring (each created if missing; by
     default DIR/signing-keys.json and DIR/keyring.json unless configured)."""
+    configure_one_shot(log_level, log_format)
     if not KEY_ID.match(key_id):
         raise typer.BadParameter(
             f"{key_id!r}: use letters, digits, '.', '_' and '-' (at most 64, starting with "
@@ -138,9 +142,12 @@ def list_keys(
     keyring: KeyringOption = None,
     config: ConfigOption = None,
     json: JsonFlag = False,
+    log_level: OneShotLogLevelOption = None,
+    log_format: OneShotLogFormatOption = None,
 ) -> None:
     """The keys of the signing-keys file and of the keyring: each one's window, whether it
     signs now, and whether the keyring publishes it as the writers hold it."""
+    configure_one_shot(log_level, log_format)
     keys_file, keyring_file = _files(keys, keyring, config)
     if keys_file is None and keyring_file is None:
         raise ConfigError(
@@ -206,10 +213,13 @@ def retire(
     keys: KeysOption = None,
     keyring: KeyringOption = None,
     config: ConfigOption = None,
+    log_level: OneShotLogLevelOption = None,
+    log_format: OneShotLogFormatOption = None,
 ) -> None:
     """Set the key's not_after to --at in the signing-keys file and in the keyring
     (rotation: the next key's not_before is the same time). Events dated from --at on no
     longer verify by this key."""
+    configure_one_shot(log_level, log_format)
     keys_file, keyring_file = _files(keys, keyring, config)
     entries = _signing_entries(keys_file) if keys_file is not None else []
     published = _keyring(keyring_file) if keyring_file is not None else {"keys": []}

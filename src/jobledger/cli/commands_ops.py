@@ -28,7 +28,15 @@ from jobledger.api import require_http
 from jobledger.audit.schedule import load_anchor_settings
 from jobledger.cli import output
 from jobledger.cli.config_file import Settings, load_settings
-from jobledger.cli.logs import LogFormat, LogFormatOption, LogLevel, LogLevelOption
+from jobledger.cli.logs import (
+    LogFormat,
+    LogFormatOption,
+    LogLevel,
+    LogLevelOption,
+    OneShotLogFormatOption,
+    OneShotLogLevelOption,
+    configure_one_shot,
+)
 from jobledger.cli.logs import configure as configure_logs
 from jobledger.cli.params import LARGEST, parse_bind, parse_moment
 from jobledger.cli.session import ConfigOption, JsonFlag, StoreOption, open_engine
@@ -144,9 +152,12 @@ def list_jobs(
     store: StoreOption = None,
     config: ConfigOption = None,
     json: JsonFlag = False,
+    log_level: OneShotLogLevelOption = None,
+    log_format: OneShotLogFormatOption = None,
 ) -> None:
     """List jobs from the status view (brought up to date with the log first), newest
     change first. A listing that stops at --limit says how to go on (--after CURSOR)."""
+    configure_one_shot(log_level, log_format)
     query = JobQuery(
         tenant_id=tenant,
         status_in=_statuses(status),
@@ -366,9 +377,14 @@ def projections_run(
 
 @projections_app.command("rebuild")
 def projections_rebuild(
-    store: StoreOption = None, config: ConfigOption = None, json: JsonFlag = False
+    store: StoreOption = None,
+    config: ConfigOption = None,
+    json: JsonFlag = False,
+    log_level: OneShotLogLevelOption = None,
+    log_format: OneShotLogFormatOption = None,
 ) -> None:
     """Drop the views and fold the whole log again, with a progress bar."""
+    configure_one_shot(log_level, log_format)
     with open_engine(store, config, purpose="projections rebuild") as engine:
         views = _views(engine)
         total = sum(entry.last_event for entry in views.lag())
@@ -383,10 +399,15 @@ def projections_rebuild(
 
 @projections_app.command("status")
 def projections_status(
-    store: StoreOption = None, config: ConfigOption = None, json: JsonFlag = False
+    store: StoreOption = None,
+    config: ConfigOption = None,
+    json: JsonFlag = False,
+    log_level: OneShotLogLevelOption = None,
+    log_format: OneShotLogFormatOption = None,
 ) -> None:
     """How far each partition's views (and, with the kafka transport, the outbox) are
     behind the log."""
+    configure_one_shot(log_level, log_format)
     with open_engine(store, config, purpose="projections status", mode="read") as engine:
         views = _views(engine)
         lag = views.lag()

@@ -42,6 +42,27 @@ LogFormatOption = Annotated[
     typer.Option("--log-format", help="text for people, json (a line each) for collectors."),
 ]
 
+# The one-shot commands (submit, tick, signal, ...) take the same two options. Unset, they
+# leave logging as it was (warnings and errors as bare lines on stderr), so what those
+# commands printed before stays as it was; either one set configures it as the running
+# commands do, at warning unless --log-level says otherwise.
+OneShotLogLevelOption = Annotated[
+    LogLevel | None,
+    typer.Option(
+        "--log-level",
+        help="The least severe log lines shown (default: warning).",
+        show_default=False,
+    ),
+]
+OneShotLogFormatOption = Annotated[
+    LogFormat | None,
+    typer.Option(
+        "--log-format",
+        help="text for people, json (a line each) for collectors (default: text).",
+        show_default=False,
+    ),
+]
+
 
 JOB_FIELDS = ("tenant", "job", "step", "trace_id", "span_id")
 
@@ -92,3 +113,10 @@ def configure(level: LogLevel, fmt: LogFormat) -> None:
     logging.getLogger("kafka").setLevel(max(logging.WARNING, root.level))
     ops = logging.getLogger("jobledger.ops")
     ops.setLevel(logging.INFO if level is LogLevel.DEBUG else logging.WARNING)
+
+
+def configure_one_shot(level: LogLevel | None, fmt: LogFormat | None) -> None:
+    """A one-shot command's logs: left alone unless ``--log-level`` or ``--log-format``
+    was given (see :data:`OneShotLogLevelOption`)."""
+    if level is not None or fmt is not None:
+        configure(level or LogLevel.WARNING, fmt or LogFormat.TEXT)

@@ -26,7 +26,8 @@ from __future__ import annotations
 import logging
 import threading
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Protocol
@@ -34,7 +35,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from kafka import ConsumerRebalanceListener, OffsetAndMetadata, TopicPartition
 from kafka.errors import KafkaError
 
-from jobledger import retry
+from jobledger import retry, tracing
 from jobledger.adapters.kafka import clients
 from jobledger.adapters.kafka.clients import KafkaUnavailableError
 from jobledger.adapters.kafka.messages import (
@@ -57,6 +58,7 @@ from jobledger.errors import (
 from jobledger.lanes import Lanes
 from jobledger.ports import Ops, OpsEvent, Queue, Tick
 from jobledger.status import JobStatus
+from jobledger.tracing import Span, Tracer, trace_context
 from jobledger.views import JobView
 
 if TYPE_CHECKING:
@@ -101,6 +103,7 @@ class TickEngine(Protocol):
 
     queue: Queue
     ops: Ops
+    tracer: Tracer
 
     def run_tick(self, tick: Tick) -> TickReport: ...
 
@@ -340,23 +343,42 @@ class KafkaWorker:
 
     def handle_signal(self, record: Any) -> None:
         signal = decode_signal(record.value)
-        try:
-            outcome = self.engine.signal(
-                signal.tenant_id,
-                signal.job_id,
-                signal.event,
-                signal.payload,
-                signal_id=signal.signal_id,
-            )
-        except UnknownJobError as error:
-            raise MalformedMessage("unknown_job", str(error)) from None
-        except InvalidPayloadError as error:
-            raise MalformedMessage("invalid", str(error)) from None
-        except JobFinishedError as error:
-            raise MalformedMessage("job_finished", str(error)) from None
+        with self.signal_span(signal, record) as span:
+            try:
+                outcome = self.engine.signal(
+                    signal.tenant_id,
+                    signal.job_id,
+                    signal.event,
+                    signal.payload,
+                    signal_id=signal.signal_id,
+                )
+            except UnknownJobError as error:
+                raise MalformedMessage("unknown_job", str(error)) from None
+            except InvalidPayloadError as error:
+                raise MalformedMessage("invalid", str(error)) from None
+            except JobFinishedError as error:
+                raise MalformedMessage("job_finished", str(error)) from None
+            span.set({"jobledger.signal.outcome": str(outcome)})
         self.stats.count("signals", f"signal_{outcome}")
         if outcome == "duplicate":
             self.wake_if_queued(signal)
+
+    @contextmanager
+    def signal_span(self, signal: SignalMessage, record: Any) -> Iterator[Span]:
+        """A signal sent with a trace context (``traceparent``) is delivered in a span of
+        the sender's trace, as an HTTP request's would be: the job's wake span, in the
+        job's own trace, links it. Without one, the wake continues the job's trace alone."""
+        sender = trace_context(record.headers)
+        tracer = self.engine.tracer if sender is not None else tracing.NOOP
+        attributes = {
+            "jobledger.tenant_id": signal.tenant_id,
+            "jobledger.job_id": signal.job_id,
+            "jobledger.signal.event": signal.event,
+            "jobledger.signal.id": signal.signal_id,
+        }
+        opened = tracer.span("jobledger.signal", parent=sender, attributes=attributes)
+        with opened as span, tracing.logged(span, tenant=signal.tenant_id, job=signal.job_id):
+            yield span
 
     def wake_if_queued(self, signal: SignalMessage) -> None:
         """A re-delivered signal finds its id used. If the first delivery resumed the
