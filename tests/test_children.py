@@ -2,32 +2,44 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
 from decimal import Decimal
 from typing import Any
 
+import pytest
+from projections import JobViews
+
 from jobledger import Engine, JobStatus
+from jobledger.adapters.clock import FakeClock
+from jobledger.adapters.event_store import EventSourcedJobStore
+from jobledger.adapters.local_queue import LocalQueue
+from jobledger.adapters.locks import lock_for
+from jobledger.adapters.ops import MemoryOps
+from jobledger.adapters.store_url import parse_store_url
+from jobledger.family import Family
 from jobledger.job import Job
+from jobledger.reconciler import Reconciler
 from jobledger.workflows.loader import parse_definition
 from jobledger.workflows.resolver import DefinitionRegistry
-from tests.support.engines import EngineFactory
+from tests.support.engines import CountingExecutor, EngineFactory
 
 TENANT = "acme"
 
 CHILD = """
 type: research_task
 version: 1
-start: work
+start: check
 steps:
+  check:
+    kind: branch
+    cases:
+      - {when: {path: topic, op: "==", value: bad}, next: broken}
+      - {when: {path: topic, op: "==", value: slow}, next: stall}
+    default: work
   work: {kind: run_interaction_task, params: {task: research}, next: done}
+  stall: {kind: wait_event, event: never, next: done}
+  broken: {kind: fail, reason: "no sources found"}
   done: {kind: complete}
-"""
-
-FAILING_CHILD = """
-type: doomed_task
-version: 1
-start: work
-steps:
-  work: {kind: fail, reason: "no sources found"}
 """
 
 
@@ -71,7 +83,7 @@ def registry(*documents: str) -> DefinitionRegistry:
 
 
 def engine_for(make_engine: EngineFactory, *documents: str, **options: Any) -> Engine:
-    return make_engine(registry=registry(CHILD, FAILING_CHILD, *documents), **options)
+    return make_engine(registry=registry(CHILD, *documents), **options)
 
 
 def children_of(engine: Engine, job_id: str) -> list[Job]:
@@ -98,3 +110,189 @@ def test_a_map_step_fans_out_and_joins_all_children(make_engine: EngineFactory) 
     assert all(f["result"]["brief"] == "x" and f["status"] == "completed" for f in findings)
     # Each child ran one costly step (0.10): the parent counts what they spent.
     assert job.children_cost_usd == Decimal("0.30")
+
+
+def statuses(engine: Engine, job_id: str) -> dict[str, JobStatus]:
+    return {child.job_id: child.status for child in children_of(engine, job_id)}
+
+
+def results_by_status(engine: Engine, job_id: str) -> list[str]:
+    return [entry["status"] for entry in engine._load(TENANT, job_id).state["findings"]]
+
+
+def test_fail_fast_fails_the_parent_and_cancels_the_children_still_running(
+    make_engine: EngineFactory,
+) -> None:
+    engine = engine_for(make_engine, parent())
+    engine.submit(TENANT, "m", "mission", input={"topics": ["bad", "slow", "slow"], "brief": "x"})
+    engine.run_until_idle()
+
+    job = engine._load(TENANT, "m")
+    assert job.status is JobStatus.FAILED
+    assert job.last_error == "child m.1.0 failed: no sources found"
+    assert statuses(engine, "m") == {
+        "m.1.0": JobStatus.FAILED,
+        "m.1.1": JobStatus.CANCELLED,
+        "m.1.2": JobStatus.CANCELLED,
+    }
+
+
+def test_collect_keeps_failures_as_results_and_goes_on(make_engine: EngineFactory) -> None:
+    engine = engine_for(make_engine, parent(on_failure="collect"))
+    engine.submit(TENANT, "m", "mission", input={"topics": ["bad", "a"], "brief": "x"})
+    engine.run_until_idle()
+
+    job = engine._load(TENANT, "m")
+    assert job.status is JobStatus.COMPLETED
+    bad, good = job.state["findings"]
+    assert bad == {
+        "job_id": "m.1.0",
+        "item": "bad",
+        "status": "failed",
+        "error": "no sources found",
+    }
+    assert good["status"] == "completed" and good["result"]["topic"] == "a"
+
+
+def test_join_any_goes_on_with_the_first_child_and_cancels_the_rest(
+    make_engine: EngineFactory,
+) -> None:
+    engine = engine_for(make_engine, parent(join="any"))
+    engine.submit(TENANT, "m", "mission", input={"topics": ["slow", "a", "slow"], "brief": "x"})
+    engine.run_until_idle()
+
+    assert engine._load(TENANT, "m").status is JobStatus.COMPLETED
+    assert results_by_status(engine, "m") == ["unfinished", "completed", "unfinished"]
+    assert statuses(engine, "m") == {
+        "m.1.0": JobStatus.CANCELLED,
+        "m.1.1": JobStatus.COMPLETED,
+        "m.1.2": JobStatus.CANCELLED,
+    }
+
+
+def test_join_n_fails_once_too_few_children_can_complete(make_engine: EngineFactory) -> None:
+    engine = engine_for(make_engine, parent(join=2, on_failure="collect"))
+    engine.submit(TENANT, "m", "mission", input={"topics": ["bad", "slow", "bad"], "brief": "x"})
+    engine.run_until_idle()
+
+    job = engine._load(TENANT, "m")
+    assert job.status is JobStatus.FAILED
+    assert job.last_error == "only 1 children can still complete; join 2"
+    assert statuses(engine, "m")["m.1.1"] is JobStatus.CANCELLED
+
+
+def test_a_join_that_times_out_takes_on_timeout_with_the_results_so_far(
+    make_engine: EngineFactory, clock: FakeClock
+) -> None:
+    engine = engine_for(make_engine, parent(timeout=60, on_timeout="gave_up", on_failure="collect"))
+    engine.submit(TENANT, "m", "mission", input={"topics": ["a", "slow"], "brief": "x"})
+    engine.run_until_idle()
+    assert engine._load(TENANT, "m").status is JobStatus.WAITING_CHILDREN
+
+    clock.advance(timedelta(seconds=61))
+    engine.run_until_idle(wait_for_timers=True)
+
+    job = engine._load(TENANT, "m")
+    assert job.status is JobStatus.FAILED and job.last_error == "the join timed out"
+    assert results_by_status(engine, "m") == ["completed", "unfinished"]
+    assert statuses(engine, "m")["m.1.1"] is JobStatus.CANCELLED
+
+
+def test_cancelling_a_parent_cancels_its_unfinished_children(make_engine: EngineFactory) -> None:
+    engine = engine_for(make_engine, parent())
+    engine.submit(TENANT, "m", "mission", input={"topics": ["a", "slow"], "brief": "x"})
+    engine.run_until_idle()
+    assert statuses(engine, "m") == {"m.1.0": JobStatus.COMPLETED, "m.1.1": JobStatus.WAITING_EVENT}
+
+    engine.cancel(TENANT, "m", reason="not needed", by="ops")
+
+    assert statuses(engine, "m") == {"m.1.0": JobStatus.COMPLETED, "m.1.1": JobStatus.CANCELLED}
+    cancelled = engine.history(TENANT, "m.1.1")[-1]
+    assert cancelled.event_type == "Cancelled"
+    assert cancelled.data["reason"] == "parent m is cancelled"
+
+
+def test_childrens_cost_counts_toward_the_parents_budget(make_engine: EngineFactory) -> None:
+    engine = engine_for(make_engine, parent())
+    budget = {"max_cost_usd": "0.25"}
+    engine.submit(
+        TENANT, "m", "mission", input={"topics": ["a", "b", "c"], "brief": "x"}, budget=budget
+    )
+    engine.run_until_idle()
+
+    job = engine._load(TENANT, "m")
+    # Three children at 0.10 each: the join is met, then the parent is parked, not completed.
+    assert job.status is JobStatus.BUDGET_EXCEEDED
+    assert job.last_error == "budget max_cost_usd reached: 0.30 of 0.25"
+    # Each child may spend what the parent had left when it was spawned.
+    assert engine._load(TENANT, "m.1.0").budget.max_cost_usd == Decimal("0.25")
+
+
+def test_a_redelivered_tick_spawns_no_second_child(make_engine: EngineFactory) -> None:
+    engine = engine_for(make_engine, parent())
+    engine.submit(TENANT, "m", "mission", input={"topics": ["slow", "slow"], "brief": "x"})
+    engine.run_until_idle()
+    before = [len(engine.history(TENANT, c)) for c in ("m.1.0", "m.1.1")]
+
+    for _ in range(3):
+        engine.tick(TENANT, "m", "redelivered")
+        engine.run_until_idle()
+
+    assert [len(engine.history(TENANT, c)) for c in ("m.1.0", "m.1.1")] == before
+    parent_history = [e.event_type for e in engine.history(TENANT, "m")]
+    assert parent_history.count("ChildrenSpawned") == 1
+
+
+class Crash(Exception):
+    """The process died here."""
+
+
+def test_a_crash_between_a_childs_end_and_its_report_is_repaired_by_the_reconciler(
+    make_engine: EngineFactory,
+    store_url: str,
+    clock: FakeClock,
+    ops: MemoryOps,
+    executor: CountingExecutor,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    crashing = engine_for(make_engine, parent())
+    crashing.submit(TENANT, "m", "mission", input={"topics": ["a", "b"], "brief": "x"})
+    crashing.tick(TENANT, "m")  # the map step: children spawned, their ticks queued
+
+    def crash(self: Family, child: Job) -> None:
+        raise Crash(child.job_id)
+
+    monkeypatch.setattr(Family, "_notify_parent", crash)
+    with pytest.raises(Crash):
+        crashing.tick(TENANT, "m.1.0")
+    monkeypatch.undo()
+    # The child's end committed; its parent never heard. The process and its queue are gone.
+    assert crashing._load(TENANT, "m.1.0").status is JobStatus.COMPLETED
+    assert crashing._load(TENANT, "m").children["m.1.0"]["end"] is None
+
+    queue = LocalQueue(clock)
+    fresh = engine_for(make_engine, parent(), queue=queue)
+    assert isinstance(fresh.store, EventSourcedJobStore)
+    views = JobViews(fresh.store)
+    reconciler = Reconciler(
+        views=views,
+        queue=queue,
+        clock=clock,
+        lock=lock_for(parse_store_url(store_url), "reconciler"),
+        ops=ops,
+    )
+    clock.advance(timedelta(seconds=31))
+    views.catch_up()
+    assert reconciler.reconcile().enqueued == 2  # the waiting parent and the lost child tick
+    fresh.run_until_idle()
+    reconciler.stop()
+
+    job = fresh._load(TENANT, "m")
+    assert job.status is JobStatus.COMPLETED
+    assert results_by_status(fresh, "m") == ["completed", "completed"]
+    tenant_jobs = sorted(row.job_id for row in views.jobs(limit=100) if row.tenant_id == TENANT)
+    assert tenant_jobs == ["m", "m.1.0", "m.1.1"]
+    # Each child's one side effect ran once: nothing was spawned or run twice.
+    child_calls = {k: n for k, n in executor.calls.items() if "m.1." in k}
+    assert sorted(child_calls.values()) == [1, 1]
+    assert [e.event_type for e in fresh.history(TENANT, "m")].count("ChildFinished") == 2
