@@ -4,19 +4,22 @@ from __future__ import annotations
 
 from datetime import timedelta
 from decimal import Decimal
+from pathlib import Path
 from typing import Any
 
 import pytest
 from projections import JobViews
 
-from jobledger import Engine, JobStatus
+from jobledger import Engine, JobStatus, verifier
 from jobledger.adapters.clock import FakeClock
 from jobledger.adapters.event_store import EventSourcedJobStore
 from jobledger.adapters.local_queue import LocalQueue
 from jobledger.adapters.locks import lock_for
 from jobledger.adapters.ops import MemoryOps
 from jobledger.adapters.store_url import parse_store_url
+from jobledger.audit import export as exporting
 from jobledger.family import Family
+from jobledger.identity import job_uuid
 from jobledger.job import Job
 from jobledger.reconciler import Reconciler
 from jobledger.workflows.loader import parse_definition
@@ -296,3 +299,62 @@ def test_a_crash_between_a_childs_end_and_its_report_is_repaired_by_the_reconcil
     child_calls = {k: n for k, n in executor.calls.items() if "m.1." in k}
     assert sorted(child_calls.values()) == [1, 1]
     assert [e.event_type for e in fresh.history(TENANT, "m")].count("ChildFinished") == 2
+
+
+def test_replay_verify_and_export_import_keep_the_family(
+    make_engine: EngineFactory, fresh_store_url: str, tmp_path: Path
+) -> None:
+    engine = engine_for(make_engine, parent())
+    engine.submit(TENANT, "m", "mission", input={"topics": ["a", "b"], "brief": "x"})
+    engine.run_until_idle()
+
+    report = engine.replay(TENANT, "m")
+    assert report.safe, report.verdict
+    spawn = report.steps[0]
+    assert spawn.recorded.wait is not None
+    assert [c["job_id"] for c in spawn.recorded.wait["children"]] == ["m.1.0", "m.1.1"]
+    # Another item list would spawn other children: replay says so.
+    changed = parse_definition(parent(items_from="brief"), "changed.yaml")
+    assert not engine.replay(TENANT, "m", changed).safe
+    assert all(engine.verify(TENANT, job) is None for job in ("m", "m.1.0", "m.1.1"))
+
+    path = tmp_path / "family.jsonl"
+    store = engine.store
+    assert isinstance(store, EventSourcedJobStore)
+    with path.open("w") as out:
+        exporting.export_jobs(store, out, exporting.Selection(TENANT), engine.clock.now())
+    assert verifier.verify(path).verified
+
+    target = engine_for(make_engine, parent(), store_url=fresh_store_url)
+    assert isinstance(target.store, EventSourcedJobStore)
+    exporting.import_file(target.store, path)
+    imported = target._load(TENANT, "m")
+    assert sorted(imported.children) == ["m.1.0", "m.1.1"]
+    assert target._load(TENANT, "m.1.1").parent == {"job_id": "m", "step_number": 1, "index": 1}
+    assert imported.state["findings"] == engine._load(TENANT, "m").state["findings"]
+
+
+def test_the_verifier_finds_a_child_its_parent_never_spawned(
+    make_engine: EngineFactory, tmp_path: Path
+) -> None:
+    engine = engine_for(make_engine, parent())
+    engine.submit(TENANT, "m", "mission", input={"topics": ["a"], "brief": "x"})
+    engine.run_until_idle()
+    # A job that claims the parent, without being among its children.
+    engine.submission(
+        TENANT, "stray", "research_task", input={"topic": "a"}, parent={"job_id": "m"}
+    )
+    store = engine.store
+    assert isinstance(store, EventSourcedJobStore)
+    path = tmp_path / "family.jsonl"
+    with path.open("w") as out:
+        exporting.export_jobs(store, out, exporting.Selection(TENANT), engine.clock.now())
+
+    report = verifier.verify(path)
+    assert [(p.where, p.reason) for p in report.problems] == [
+        (
+            "family",
+            f"{TENANT}/stray ({job_uuid(TENANT, 'stray')}): names 'm' as its parent, "
+            "which never spawned it",
+        )
+    ]
