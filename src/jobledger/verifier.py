@@ -575,7 +575,7 @@ def check_family(report: Report) -> None:
     for job in report.jobs.values():
         ids = spawned.setdefault(job.job_uuid, set())
         for line in job.lines:
-            data = line.get("data") if isinstance(line.get("data"), dict) else {}
+            data = _data(line)
             if line.get("type") == "ChildrenSpawned" and isinstance(data.get("children"), list):
                 ids.update(str(c.get("job_id")) for c in data["children"] if isinstance(c, dict))
             elif line.get("type") == "ChildFinished" and data.get("child_job_id") not in ids:
@@ -583,14 +583,18 @@ def check_family(report: Report) -> None:
                 report.problems.append(Problem("family", f"{job.label()}: {why}"))
     for job in report.jobs.values():
         first = job.lines[0] if job.lines else {}
-        data = first.get("data") if isinstance(first.get("data"), dict) else {}
-        link = data.get("parent") if first.get("type") == "Submitted" else None
+        link = _data(first).get("parent") if first.get("type") == "Submitted" else None
         if not isinstance(link, dict):
             continue
         parent = job_uuid_of(str(job.tenant), str(link.get("job_id")))
         if parent in spawned and str(job.job) not in spawned[parent]:
             why = f"names {link.get('job_id')!r} as its parent, which never spawned it"
             report.problems.append(Problem("family", f"{job.label()}: {why}"))
+
+
+def _data(line: dict[str, Any]) -> dict[str, Any]:
+    data = line.get("data")
+    return data if isinstance(data, dict) else {}
 
 
 def report_document(report: Report) -> dict[str, Any]:
