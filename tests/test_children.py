@@ -24,6 +24,7 @@ from jobledger.job import Job
 from jobledger.reconciler import Reconciler
 from jobledger.workflows.loader import parse_definition
 from jobledger.workflows.resolver import DefinitionRegistry
+from tests.support.cli import make_cli
 from tests.support.engines import CountingExecutor, EngineFactory
 
 TENANT = "acme"
@@ -358,3 +359,39 @@ def test_the_verifier_finds_a_child_its_parent_never_spawned(
             "which never spawned it",
         )
     ]
+
+
+def words(text: str) -> str:
+    """A table's text with its column padding collapsed."""
+    return " ".join(text.split())
+
+
+def test_show_and_history_list_the_children_with_their_status(
+    tmp_path: Path, store_url: str
+) -> None:
+    cli = make_cli(tmp_path, store_url, definitions={"child.yaml": CHILD, "mission.yaml": parent()})
+    topics = '{"topics": ["a", "slow"], "brief": "x"}'
+    cli.ok("submit", TENANT, "m", "mission", "--input", topics)
+    assert cli.json("tick", TENANT, "m")["job"]["status"] == "waiting_children"
+    cli.ok("tick", TENANT, "m.1.0")
+    cli.ok("tick", TENANT, "m.1.1")
+
+    shown = cli.json("show", TENANT, "m")
+    assert shown["status"] == "waiting_children" and shown["parent"] is None
+    assert [(c["job_id"], c["status"]) for c in shown["children"]] == [
+        ("m.1.0", "completed"),
+        ("m.1.1", "waiting_event"),
+    ]
+    table = words(cli.ok("show", TENANT, "m"))
+    assert "children 2: 1 completed, 1 waiting_event" in table
+    assert "m.1.1 research_task v1 waiting_event" in table
+    assert "parent m (step 1, item 0)" in words(cli.ok("show", TENANT, "m.1.0"))
+    assert cli.json("show", TENANT, "m.1.0")["parent"] == {
+        "job_id": "m",
+        "step_number": 1,
+        "index": 0,
+    }
+
+    audit = words(cli.ok("history", TENANT, "m"))
+    assert "spawned m.1.0, m.1.1; join all" in audit
+    assert "child m.1.0 completed, cost $0.10" in audit
