@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from datetime import timedelta
 from decimal import Decimal
 from pathlib import Path
@@ -26,6 +27,8 @@ from jobledger.workflows.loader import parse_definition
 from jobledger.workflows.resolver import DefinitionRegistry
 from tests.support.cli import make_cli
 from tests.support.engines import CountingExecutor, EngineFactory
+from tests.support.http import start_api, token
+from tests.test_console_http import signed_in
 
 TENANT = "acme"
 
@@ -395,3 +398,22 @@ def test_show_and_history_list_the_children_with_their_status(
     audit = words(cli.ok("history", TENANT, "m"))
     assert "spawned m.1.0, m.1.1; join all" in audit
     assert "child m.1.0 completed, cost $0.10" in audit
+
+
+def test_the_console_job_page_lists_the_children_and_links_the_parent(
+    make_engine: EngineFactory, tmp_path: Path
+) -> None:
+    engine = engine_for(make_engine, parent())
+    engine.submit(TENANT, "m", "mission", input={"topics": ["a", "slow"], "brief": "x"})
+    engine.run_until_idle()
+
+    with start_api(engine, tmp_path) as server:
+        client = signed_in(server, token(sub="ann", roles="auditor", tenants=TENANT))
+        page = client.get("/console/job", params={"tenant": TENANT, "job": "m"}).text
+        child_page = client.get("/console/job", params={"tenant": TENANT, "job": "m.1.1"}).text
+
+    children = re.search(r'<ul class="children" id="children">(.*?)</ul>', page, re.S)
+    assert children is not None
+    listed = re.findall(r">(m\.1\.\d)</a> research_task v1 <span[^>]*>(\w+)</span>", children[1])
+    assert listed == [("m.1.0", "completed"), ("m.1.1", "waiting_event")]
+    assert '<dd id="parent">' in child_page and ">m</a> (step 1, item 1)" in child_page
