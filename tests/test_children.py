@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import os
 import re
+import signal
+import subprocess
+import sys
+import time
 from datetime import timedelta
 from decimal import Decimal
 from pathlib import Path
@@ -20,12 +25,14 @@ from jobledger.adapters.ops import MemoryOps
 from jobledger.adapters.store_url import parse_store_url
 from jobledger.audit import export as exporting
 from jobledger.family import Family
-from jobledger.identity import job_uuid
+from jobledger.identity import job_uuid, step_key
 from jobledger.job import Job
 from jobledger.reconciler import Reconciler
 from jobledger.workflows.loader import parse_definition
 from jobledger.workflows.resolver import DefinitionRegistry
+from tests.support import pythonpath, spawn_worker
 from tests.support.cli import make_cli
+from tests.support.crash_worker import read_counts
 from tests.support.engines import CountingExecutor, EngineFactory
 from tests.support.http import start_api, token
 from tests.test_console_http import signed_in
@@ -417,3 +424,55 @@ def test_the_console_job_page_lists_the_children_and_links_the_parent(
     listed = re.findall(r">(m\.1\.\d)</a> research_task v1 <span[^>]*>(\w+)</span>", children[1])
     assert listed == [("m.1.0", "completed"), ("m.1.1", "waiting_event")]
     assert '<dd id="parent">' in child_page and ">m</a> (step 1, item 1)" in child_page
+
+
+def test_sigkill_mid_spawn_then_a_restarted_worker_finishes_with_nothing_twice(
+    store_url: str, tmp_path: Path, make_engine: EngineFactory
+) -> None:
+    counter, marker = tmp_path / "calls", tmp_path / "hung"
+    command = [sys.executable, "-m", "tests.support.spawn_worker", "--store", store_url]
+    command += ["--counter", str(counter)]
+    env = {**os.environ, "PYTHONPATH": pythonpath()}
+    crashing = subprocess.Popen(
+        [*command, "--hang-after-spawns", "1", "--marker", str(marker)],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while not marker.exists():
+            assert crashing.poll() is None, crashing.communicate()[1]
+            assert time.monotonic() < deadline, "the worker never reached the spawn"
+            time.sleep(0.01)
+        crashing.send_signal(signal.SIGKILL)
+    finally:
+        crashing.kill()
+        crashing.communicate()
+
+    # From the store: the spawn is recorded, one child of three was submitted.
+    store = make_engine(registry=spawn_worker.registry())
+    mission = store._load(spawn_worker.TENANT, spawn_worker.MISSION)
+    assert mission.status is JobStatus.WAITING_CHILDREN and len(mission.children) == 3
+    existing = [c for c in sorted(mission.children) if store._fetch(spawn_worker.TENANT, c)]
+    assert existing == ["mission-1.1.0"]
+
+    restarted = subprocess.run(command, env=env, capture_output=True, text=True, timeout=120)
+    assert restarted.returncode == 0, restarted.stderr
+
+    mission = store._load(spawn_worker.TENANT, spawn_worker.MISSION)
+    assert mission.status is JobStatus.COMPLETED
+    assert [r["status"] for r in mission.state["done_items"]] == ["completed"] * 3
+    ids = ["mission-1.1.0", "mission-1.1.1", "mission-1.1.2"]
+    for child in ids:
+        history = [e.event_type for e in store.history(spawn_worker.TENANT, child)]
+        assert history.count("Submitted") == 1 and history[-1] == "StepRecorded"
+    # Each child's one side effect ran exactly once, and nothing else ran.
+    assert read_counts(counter) == {step_key(spawn_worker.TENANT, child, 1): 1 for child in ids}
+    finished = [
+        e
+        for e in store.history(spawn_worker.TENANT, "mission-1")
+        if e.event_type == "ChildFinished"
+    ]
+    assert sorted(e.data["child_job_id"] for e in finished) == ids
