@@ -7,6 +7,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 from datetime import timedelta
 from decimal import Decimal
@@ -16,9 +17,11 @@ from typing import Any
 import pytest
 from projections import JobViews
 
-from jobledger import Engine, JobStatus, verifier
+from jobledger import Engine, EngineConfig, JobStatus, verifier
 from jobledger.adapters.clock import FakeClock
 from jobledger.adapters.event_store import EventSourcedJobStore
+from jobledger.adapters.kafka.messages import TickMessage
+from jobledger.adapters.kafka.worker import KafkaWorker
 from jobledger.adapters.local_queue import LocalQueue
 from jobledger.adapters.locks import lock_for
 from jobledger.adapters.ops import MemoryOps
@@ -27,14 +30,16 @@ from jobledger.audit import export as exporting
 from jobledger.family import Family
 from jobledger.identity import job_uuid, step_key
 from jobledger.job import Job
+from jobledger.orchestrator import TickReport
 from jobledger.reconciler import Reconciler
 from jobledger.workflows.loader import parse_definition
 from jobledger.workflows.resolver import DefinitionRegistry
 from tests.support import pythonpath, spawn_worker
 from tests.support.cli import make_cli
 from tests.support.crash_worker import read_counts
-from tests.support.engines import CountingExecutor, EngineFactory
+from tests.support.engines import TOKEN_SECRET, CountingExecutor, EngineFactory, open_engine
 from tests.support.http import start_api, token
+from tests.support.kafka_broker import KafkaTopics, wait_for
 from tests.test_console_http import signed_in
 
 TENANT = "acme"
@@ -476,3 +481,36 @@ def test_sigkill_mid_spawn_then_a_restarted_worker_finishes_with_nothing_twice(
         if e.event_type == "ChildFinished"
     ]
     assert sorted(e.data["child_job_id"] for e in finished) == ids
+
+
+def test_a_fan_out_over_the_real_kafka_broker(store_url: str, kafka_topics: KafkaTopics) -> None:
+    executor = CountingExecutor()
+    config = EngineConfig(
+        store_url=store_url, worker_id="kafka-w", token_secret=TOKEN_SECRET, **kafka_topics.config()
+    )
+    engine = open_engine(registry=registry(CHILD, parent()), executor=executor, config=config)
+    seen: list[tuple[str, str]] = []
+
+    def observe(message: TickMessage, report: TickReport | None) -> None:
+        seen.append((message.tick.job_id, message.tick.reason))
+
+    topics = {"topics": ["a", "b", "c"], "brief": "x"}
+    engine.submit(TENANT, "k", "mission", input=topics)
+    worker = KafkaWorker(engine, kafka_topics.settings(), on_tick=observe, concurrency=2)
+    thread = threading.Thread(target=worker.run, daemon=True)
+    thread.start()
+    try:
+        wait_for(lambda: engine.job(TENANT, "k").status.is_terminal, 60, "the mission finished")
+    finally:
+        worker.stop()
+        thread.join(timeout=30)
+
+    job = engine._load(TENANT, "k")
+    assert job.status is JobStatus.COMPLETED
+    assert [r["result"]["topic"] for r in job.state["findings"]] == ["a", "b", "c"]
+    # The children's first ticks and the parent's wake-up travelled on the ticks topic.
+    children = ["k.1.0", "k.1.1", "k.1.2"]
+    assert {(child, "create") for child in children} <= set(seen)
+    assert ("k", "children_joined") in seen
+    assert executor.calls == {step_key(TENANT, child, 2): 1 for child in children}
+    engine.close()
