@@ -32,6 +32,7 @@ from jobledger.identity import job_uuid, step_key
 from jobledger.job import Job
 from jobledger.orchestrator import TickReport
 from jobledger.reconciler import Reconciler
+from jobledger.workflows.definition import DefinitionError
 from jobledger.workflows.loader import parse_definition
 from jobledger.workflows.resolver import DefinitionRegistry
 from tests.support import pythonpath, spawn_worker
@@ -500,7 +501,7 @@ def test_a_fan_out_over_the_real_kafka_broker(store_url: str, kafka_topics: Kafk
     thread = threading.Thread(target=worker.run, daemon=True)
     thread.start()
     try:
-        wait_for(lambda: engine.job(TENANT, "k").status.is_terminal, 60, "the mission finished")
+        wait_for(lambda: engine.job(TENANT, "k").status.is_terminal, 90, "the mission finished")
     finally:
         worker.stop()
         thread.join(timeout=30)
@@ -514,3 +515,50 @@ def test_a_fan_out_over_the_real_kafka_broker(store_url: str, kafka_topics: Kafk
     assert ("k", "children_joined") in seen
     assert executor.calls == {step_key(TENANT, child, 2): 1 for child in children}
     engine.close()
+
+
+@pytest.mark.parametrize(
+    ("fields", "expected"),
+    [
+        (
+            {"items": ["a"]},
+            "field 'items': give either items (a list) or items_from (a state path)",
+        ),
+        ({"items_from": None}, "field 'items': give either items (a list) or items_from"),
+        ({"items": ["a", "b"], "items_from": None, "join": 3}, "field 'join': join 3 is more than"),
+        ({"on_timeout": "done"}, "field 'on_timeout': on_timeout needs a timeout"),
+        ({"results": "a.b"}, "field 'results': must be one top-level state key, not a dotted"),
+        ({"input": {"x": "$itme"}}, "field 'input': input 'x': '$itme' is not $item, $item.<path>"),
+        (
+            {"join": "most"},
+            "field 'join': must be all, any or a number of children (1 or more), got 'most'",
+        ),
+        ({"on_failure": "retry"}, "field 'on_failure'"),
+        ({"version": 0}, "field 'version'"),
+        ({"next": "nowhere"}, "field 'next': unknown step 'nowhere'"),
+    ],
+)
+def test_a_bad_map_step_is_refused_at_load_naming_the_field(
+    fields: dict[str, Any], expected: str
+) -> None:
+    document = parent(**{k: v for k, v in fields.items() if v is not None})
+    if fields.get("items_from", "") is None:
+        document = document.replace("items_from: topics, ", "")
+    with pytest.raises(DefinitionError) as refused:
+        parse_definition(document, "mission.yaml")
+    first = refused.value.problems[0]
+    assert first.startswith("mission.yaml: step 'fan_out': ") and expected in first, first
+
+
+def test_a_state_value_that_is_not_a_list_fails_the_job_saying_so(
+    make_engine: EngineFactory,
+) -> None:
+    engine = engine_for(make_engine, parent())
+    engine.submit(TENANT, "m", "mission", input={"topics": "a", "brief": "x"})
+    engine.run_until_idle()
+
+    job = engine._load(TENANT, "m")
+    assert job.status is JobStatus.FAILED and not job.children
+    assert job.last_error == (
+        "workflow resolution failed: map step 'fan_out': 'topics' is str, not a list"
+    )

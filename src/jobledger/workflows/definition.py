@@ -324,6 +324,18 @@ MAX_CHILDREN: Final = 1_000
 """How many children one map step may spawn (a fixed list, or a state list at run time)."""
 
 
+def _join(value: object) -> str | int:
+    if value in ("all", "any"):
+        assert isinstance(value, str)
+        return value
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 1:
+        return value
+    raise ValueError(f"must be all, any or a number of children (1 or more), got {value!r}")
+
+
+JoinField: TypeAlias = Annotated[str | int, PlainValidator(_join)]
+
+
 class MapStep(_Step):
     """Fan-out and join: one child job per item (a fixed ``items`` list, or the list at
     the state path ``items_from``), of workflow ``workflow`` v``version``, each given
@@ -337,7 +349,7 @@ class MapStep(_Step):
     workflow: Annotated[str, Field(min_length=1)]
     version: PositiveInt
     input: dict[Annotated[str, Field(min_length=1)], Any] = {ITEM.removeprefix("$"): ITEM}
-    join: Literal["all", "any"] | PositiveInt = "all"
+    join: JoinField = "all"
     on_failure: Literal["fail_fast", "collect"] = "fail_fast"
     results: Annotated[str, Field(min_length=1)]
     """The state key each child's result lands under, as a list in item order."""
@@ -386,6 +398,13 @@ class MapStep(_Step):
 
     def targets(self) -> tuple[tuple[str, str], ...]:
         return _named(("next", self.next), ("on_timeout", self.on_timeout))
+
+    @property
+    def need(self) -> int | None:
+        """How many children must complete; None: every child must finish."""
+        if isinstance(self.join, int):
+            return self.join
+        return 1 if self.join == "any" else None
 
 
 def _reference(value: str) -> tuple[str, str | None] | None:

@@ -175,7 +175,7 @@ def _branch(name: str, step: Branch, state: Mapping[str, Any]) -> Resolution:
 
 def _map(name: str, step: MapStep, state: Mapping[str, Any]) -> Resolution:
     items = _items(name, step, state)
-    need = None if step.join == "all" else 1 if step.join == "any" else step.join
+    need = step.need
     if need is not None and need > len(items):
         raise ValueError(f"map step {name!r}: join {need} is more than the {len(items)} items")
     request = MapRequest(
