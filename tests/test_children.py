@@ -562,3 +562,36 @@ def test_a_state_value_that_is_not_a_list_fails_the_job_saying_so(
     assert job.last_error == (
         "workflow resolution failed: map step 'fan_out': 'topics' is str, not a list"
     )
+
+
+def test_children_never_carry_personal_data(make_engine: EngineFactory) -> None:
+    personal_child = CHILD.replace("type: research_task", "type: private_task").replace(
+        "start: check", "personal_data: [topic]\nstart: check"
+    )
+    mission = parent(workflow="private_task").replace("type: mission", "type: private_mission")
+    engine = engine_for(make_engine, personal_child, mission)
+    engine.submit(TENANT, "p", "private_mission", input={"topics": ["a"], "brief": "x"})
+    engine.run_until_idle()
+
+    job = engine._load(TENANT, "p")
+    assert job.status is JobStatus.FAILED and not job.children
+    assert job.last_error == (
+        "a map step cannot spawn children when 'private_task' declares personal_data "
+        "(their inputs and results would be copied unsealed)"
+    )
+
+
+def test_a_snapshot_keeps_the_family(make_engine: EngineFactory) -> None:
+    engine = engine_for(make_engine, parent())
+    engine.submit(TENANT, "m", "mission", input={"topics": ["a", "slow"], "brief": "x"})
+    engine.run_until_idle()
+    job, child = engine._load(TENANT, "m"), engine._load(TENANT, "m.1.1")
+
+    restored = Job.Snapshot.take(job).mutate(None)
+    assert (restored.children, restored.join) == (job.children, job.join)
+    assert restored.children_cost_usd == job.children_cost_usd == Decimal("0.10")
+    assert Job.Snapshot.take(child).mutate(None).parent == child.parent
+    # A job with no family keeps the snapshot bytes it had before families existed.
+    plain = engine.submit(TENANT, "solo", "research_task", input={"topic": "a"})
+    state = Job.Snapshot.take(engine._load(TENANT, plain.job_id)).state
+    assert not {"parent", "children", "join", "children_cost_usd"} & set(state)

@@ -24,6 +24,7 @@ from uuid import uuid4
 
 from jobledger import children, tracing, transition
 from jobledger.budget import exceeded_limit
+from jobledger.children import MapRequest
 from jobledger.config import EngineConfig
 from jobledger.errors import (
     DeploymentError,
@@ -291,6 +292,8 @@ class Orchestrator:
         if resolution.is_costly and self.defer_for_ceiling(job, now):
             return Outcome.DEFERRED
         self.check_deployment(job, resolution)
+        if resolution.children is not None and self.spawns_personal_data(job, resolution.children):
+            return Outcome.FAILED
         if resolution.has_side_effect and not job.holds_claim(run.claim_id, now):
             self.claim(job, run, now)
         executed = self.execute(job, run, resolution)
@@ -455,6 +458,22 @@ class Orchestrator:
             raise self.blocked(
                 job, DeploymentError("a step waits for an event but no token secret is configured")
             )
+
+    def spawns_personal_data(self, job: Job, request: MapRequest) -> bool:
+        """Child jobs do not carry personal data: a child's input and its final state are
+        copied into the parent's events, where no personal path of either would seal or
+        erase them. Such a map step fails its job, saying why, before anything is spawned."""
+        child = self.registry.personal_data(request.workflow_type, request.workflow_version)
+        if not job.personal_data and not child:
+            return False
+        whose = "this job's workflow" if job.personal_data else f"{request.workflow_type!r}"
+        self.fail(
+            job,
+            f"a map step cannot spawn children when {whose} declares personal_data "
+            "(their inputs and results would be copied unsealed)",
+            "definition",
+        )
+        return True
 
     def blocked(self, job: Job, error: DeploymentError) -> DeploymentError:
         """Name the job (and the version it was left at) on the error, and say so in an
