@@ -83,7 +83,8 @@ def submit(
             correlation_id=correlation,
             data_subject=subject,
         )
-        _print_job(engine.history(tenant, view.job_id), view, json)
+        family = engine.family(tenant, view.job_id)
+        _print_job(engine.history(tenant, view.job_id), view, json, family=family)
 
 
 def show(
