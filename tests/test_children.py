@@ -595,3 +595,18 @@ def test_a_snapshot_keeps_the_family(make_engine: EngineFactory) -> None:
     plain = engine.submit(TENANT, "solo", "research_task", input={"topic": "a"})
     state = Job.Snapshot.take(engine._load(TENANT, plain.job_id)).state
     assert not {"parent", "children", "join", "children_cost_usd"} & set(state)
+
+
+def test_cancelling_a_child_reaches_its_parent_through_the_command(
+    make_engine: EngineFactory,
+) -> None:
+    engine = engine_for(make_engine, parent())
+    engine.submit(TENANT, "m", "mission", input={"topics": ["slow", "slow"], "brief": "x"})
+    engine.run_until_idle()
+
+    engine.cancel(TENANT, "m.1.0", reason="wrong topic", by="ops")
+
+    job = engine._load(TENANT, "m")
+    assert job.status is JobStatus.FAILED
+    assert job.last_error == "child m.1.0 cancelled"
+    assert statuses(engine, "m") == {"m.1.0": JobStatus.CANCELLED, "m.1.1": JobStatus.CANCELLED}

@@ -114,8 +114,9 @@ def verdict(join: Mapping[str, Any], children: Mapping[str, JSON]) -> Verdict | 
     unsuccessful = [c for c in ours if c["end"] is not None and c["end"]["status"] != "completed"]
     if unsuccessful and join["on_failure"] == "fail_fast":
         first = unsuccessful[0]
-        why = first["end"]["error"] or first["end"]["status"]
-        return Verdict(False, f"child {first['job_id']} {first['end']['status']}: {why}")
+        error = first["end"]["error"]
+        why = f": {error}" if error else ""
+        return Verdict(False, f"child {first['job_id']} {first['end']['status']}{why}")
     need = join["need"]
     if need is None:
         if len(ends) == len(ours):
@@ -160,7 +161,8 @@ def ended(
     status: JobStatus, state: Mapping[str, Any], error: str | None
 ) -> tuple[JSON, str | None]:
     """A finished child's (result, error) as its parent records them: a completed
-    child's final state, or why it did not complete."""
+    child's final state, or why it failed (None for a cancelled child: its
+    ``Cancelled`` event says why)."""
     if status is JobStatus.COMPLETED:
         return deepcopy(dict(state)), None
-    return {}, error or str(status)
+    return {}, error if status is JobStatus.FAILED else None
