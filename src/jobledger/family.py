@@ -92,12 +92,15 @@ class Family:
     def _decide(self, parent: Job) -> Job:
         """Join (or fail) the parent if its children's ends decide its join."""
 
+        decided: list[children.Verdict] = []
+
         def decide(job: Job) -> bool:
             if job.status is not JobStatus.WAITING_CHILDREN or job.join is None:
                 return False
             verdict = children.verdict(job.join, job.children)
             if verdict is None:
                 return False
+            decided.append(verdict)
             now = self.clock.now()
             if verdict.joined:
                 results = children.results(job.join, job.children)
@@ -108,8 +111,11 @@ class Family:
 
         job, changed = self._apply(parent, decide)
         if changed:
-            kind = "job.children.joined" if job.status is JobStatus.QUEUED else "job.failed"
-            self.report(job, kind, stepNumber=job.current_step, reason=str(job.last_error or ""))
+            reason = decided[-1].reason
+            if job.status is JobStatus.QUEUED:
+                self.report(job, "job.children.joined", stepNumber=job.current_step, reason=reason)
+            else:
+                self.report(job, "job.failed", error=reason, cause="children")
             self.wake(job, "children_joined")
             self.settle(job)
         return job
