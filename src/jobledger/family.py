@@ -41,6 +41,8 @@ class Reporter(Protocol):
 
 
 class Family:
+    """The orchestrator's part that acts on parents and children (one per engine)."""
+
     def __init__(
         self,
         store: JobStore,
