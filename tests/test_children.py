@@ -17,7 +17,15 @@ from typing import Any
 import pytest
 from projections import JobViews
 
-from jobledger import Engine, EngineConfig, JobStatus, verifier
+from jobledger import (
+    Engine,
+    EngineConfig,
+    FunctionRegistry,
+    JobStatus,
+    Resolution,
+    linear_workflow,
+    verifier,
+)
 from jobledger.adapters.clock import FakeClock
 from jobledger.adapters.event_store import EventSourcedJobStore
 from jobledger.adapters.kafka.messages import TickMessage
@@ -610,3 +618,17 @@ def test_cancelling_a_child_reaches_its_parent_through_the_command(
     assert job.status is JobStatus.FAILED
     assert job.last_error == "child m.1.0 cancelled"
     assert statuses(engine, "m") == {"m.1.0": JobStatus.CANCELLED, "m.1.1": JobStatus.CANCELLED}
+
+
+def test_a_code_workflow_that_waits_for_no_children_fails_saying_so(
+    make_engine: EngineFactory,
+) -> None:
+    code = FunctionRegistry()
+    code.register("odd", 1, linear_workflow([Resolution("map", JobStatus.WAITING_CHILDREN)]))
+    engine = make_engine(registry=code)
+    engine.submit(TENANT, "odd", "odd")
+    engine.run_until_idle()
+
+    job = engine._load(TENANT, "odd")
+    assert job.status is JobStatus.FAILED and job.current_step == 0
+    assert job.last_error == "a step waits for children but names none to spawn"

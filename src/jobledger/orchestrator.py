@@ -24,7 +24,6 @@ from uuid import uuid4
 
 from jobledger import children, tracing, transition
 from jobledger.budget import exceeded_limit
-from jobledger.children import MapRequest
 from jobledger.config import EngineConfig
 from jobledger.errors import (
     DeploymentError,
@@ -292,7 +291,7 @@ class Orchestrator:
         if resolution.is_costly and self.defer_for_ceiling(job, now):
             return Outcome.DEFERRED
         self.check_deployment(job, resolution)
-        if resolution.children is not None and self.spawns_personal_data(job, resolution.children):
+        if self.refuses_to_spawn(job, resolution):
             return Outcome.FAILED
         if resolution.has_side_effect and not job.holds_claim(run.claim_id, now):
             self.claim(job, run, now)
@@ -459,10 +458,17 @@ class Orchestrator:
                 job, DeploymentError("a step waits for an event but no token secret is configured")
             )
 
-    def spawns_personal_data(self, job: Job, request: MapRequest) -> bool:
-        """Child jobs do not carry personal data: a child's input and its final state are
-        copied into the parent's events, where no personal path of either would seal or
-        erase them. Such a map step fails its job, saying why, before anything is spawned."""
+    def refuses_to_spawn(self, job: Job, resolution: Resolution) -> bool:
+        """Fail the job, saying why, for a wait for children that cannot be: one that
+        names no children (a code workflow's bug), or children that would carry personal
+        data (a child's input and final state are copied into the parent's events, where
+        no personal path of either would seal or erase them). Nothing is spawned."""
+        request = resolution.children
+        if resolution.next_status is not JobStatus.WAITING_CHILDREN:
+            return False
+        if request is None:
+            self.fail(job, "a step waits for children but names none to spawn", "definition")
+            return True
         child = self.registry.personal_data(request.workflow_type, request.workflow_version)
         if not job.personal_data and not child:
             return False
