@@ -188,6 +188,7 @@ def _shell(row: StatusRow | None) -> Job:
     job.last_error = row.last_error
     job.completed_at = None
     job.state, job.visits, job.inbox, job.attempt = {}, {}, (), 0
+    job.parent, job.children, job.join, job.children_cost_usd = None, {}, None, Decimal(0)
     # The deadline is all of the budget the view keeps (a BudgetRaised replaces it).
     job.budget = JobBudget(deadline_at=row.deadline_at)
     return job

@@ -266,9 +266,10 @@ def test_demo(sqlite_cli: Cli) -> None:
         "cost ceiling",
         "completed",
         "chain verified",
+        "fan-out join",
     ):
         assert f"PASS  {capability}" in out
-    assert "FAIL" not in out and "all 9 checks passed" in out
+    assert "FAIL" not in out and "all 10 checks passed" in out
     assert "took over from worker-1 (lease expired)" in out
     assert "the resume token was already used" in out
     assert "decided_by demo-reviewer" in out and "CostCeilingDeferred" in out

@@ -25,7 +25,7 @@ from jobledger.workflows.definition import STEP_KINDS, AnyStep, Duration
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples" / "definitions"
 NOW = datetime(2030, 1, 1, 12, 0, tzinfo=UTC)
-KINDS = "run_interaction_task, wait_time, wait_event, await_approval, branch, complete, fail"
+KINDS = "run_interaction_task, wait_time, wait_event, await_approval, branch, map, complete, fail"
 CYCLE_HINT = "set max_visits on one of its steps, or gate it with await_approval/wait_event"
 
 

@@ -92,5 +92,5 @@ def test_the_readme_demo_command_works_pasted_into_a_fresh_shell(tmp_path: Path)
         timeout=600,
     )
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
-    assert "all 9 checks passed" in result.stdout
+    assert "all 10 checks passed" in result.stdout
     assert (project / ".venv" / "bin" / "jobledger").exists()

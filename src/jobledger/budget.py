@@ -51,4 +51,6 @@ def parse_budget(raw: dict[str, Any], *, now: datetime) -> dict[str, Any]:
 
 def exceeded_limit(job: Job) -> tuple[str, str, str] | None:
     """(limit, used, allowed) for the first limit the job has reached, else None."""
-    return job.budget.exceeded(job.total_steps_executed, job.total_cost_usd)
+    # What its finished children spent counts toward a parent's limit.
+    spent = job.total_cost_usd + job.children_cost_usd
+    return job.budget.exceeded(job.total_steps_executed, spent)

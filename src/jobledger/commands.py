@@ -36,6 +36,7 @@ from jobledger.errors import (
     UnknownWorkflowError,
     VersionConflict,
 )
+from jobledger.family import child_budget
 from jobledger.identity import LEGACY_KEY_SCHEME, job_uuid, key_uuid
 from jobledger.job import WAKE_REASONS, Claim, Job
 from jobledger.keys import ConsumedKey, KeyKind, key_id
@@ -125,6 +126,7 @@ class JobCommands(EngineParts):
         employee_id: str | None = None,
         correlation_id: str | None = None,
         data_subject: str | None = None,
+        parent: Mapping[str, Any] | None = None,
     ) -> Submission:
         """:meth:`submit`, saying whether this call created the job or found it (the
         HTTP API answers 201 or 200): decided by the append itself, so two racing
@@ -159,6 +161,7 @@ class JobCommands(EngineParts):
                 ids=(mission_id, employee_id, correlation_id),
                 personal=(personal, key_id),
                 trace_context=span.carrier,
+                parent=parent,
             )
             span.set({"jobledger.created": submission.created})
         return submission
@@ -176,6 +179,7 @@ class JobCommands(EngineParts):
         ids: tuple[str | None, str | None, str | None],
         personal: tuple[tuple[str, ...], str | None],
         trace_context: dict[str, str],
+        parent: Mapping[str, Any] | None = None,
     ) -> Submission:
         """Write the job (in the trace the submit span began, recorded on it) and enqueue
         its first tick; or find it written already."""
@@ -202,6 +206,7 @@ class JobCommands(EngineParts):
             personal_data=personal[0],
             personal_data_key=personal[1],
             trace_context=trace_context,
+            parent=dict(parent) if parent is not None else None,
         )
         stored = self._create(job, idempotency_key)
         if stored is job:
@@ -209,6 +214,26 @@ class JobCommands(EngineParts):
             tick = Tick(tenant_id, job_id, "create", trace_context=trace_context or None)
             self.queue.enqueue(tick, dedupe_key="create")
         return Submission(JobView.of(stored), created=stored is job)
+
+    def spawn_child(self, parent: Job, plan: Mapping[str, Any]) -> None:
+        """Submit a child a map step planned (``jobledger.family.Spawner``): its submit key
+        derives from the parent's step, so a second call finds the child it made."""
+        self.submission(
+            parent.tenant_id,
+            plan["job_id"],
+            plan["workflow_type"],
+            workflow_version=plan["workflow_version"],
+            input=plan["input"],
+            budget=child_budget(parent, self.clock.now()),
+            idempotency_key=plan["submit_key"],
+            mission_id=parent.mission_id,
+            correlation_id=parent.correlation_id,
+            parent={
+                "job_id": parent.job_id,
+                "step_number": plan["step_number"],
+                "index": plan["index"],
+            },
+        )
 
     def _workflow_version(self, workflow_type: str, version: int | None) -> int:
         if version is None:
@@ -571,6 +596,8 @@ class JobCommands(EngineParts):
                 if missing is not None:
                     raise missing(f"no job {job_id!r} for tenant {tenant_id!r}")
                 raise UnknownJobError(tenant_id, job_id)
+            # A command that finished the job (cancel, a rejection) tells its family.
+            self.orchestrator.family.settle(job)
             return job
         raise ConcurrencyError(f"job {job_id!r} kept changing; try again")
 

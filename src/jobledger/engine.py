@@ -78,6 +78,7 @@ class Engine(ErasureCommands, TickRunner, JobReader):
         )
         """Commits the step appends of the ticks this engine runs at once together."""
         self.orchestrator.tick_appends = self.group
+        self.orchestrator.family.spawner = self.spawn_child
         self.schedules = ScheduleCommands(self)
         """Create, pause, resume, delete and trigger schedules (``jobledger.schedules``)."""
 

@@ -100,6 +100,16 @@ class Job(Aggregate):
     trace_context: dict[str, str] | None
     """The W3C trace context the job was submitted in (``jobledger.tracing``): every later
     span about the job continues that trace. Kept in a snapshot only when set."""
+    parent: JSON | None
+    """For a child job: ``{job_id, step_number, index}`` of the parent's map step that
+    spawned it (``jobledger.children``). None for a job submitted from outside."""
+    children: dict[str, JSON]
+    """The children this job spawned, by child job id: each one's plan and, once it
+    finished, its end (``jobledger.children.ChildEnd``)."""
+    join: JSON | None
+    """The join the job waits on (or will, for children that finished early)."""
+    children_cost_usd: Decimal
+    """What finished children spent: it counts toward this job's max_cost_usd."""
 
     # Version 2 holds ``key_scheme``, 3 ``personal_data``; older snapshots are upcast.
     class_version = 3
@@ -136,6 +146,10 @@ class Job(Aggregate):
             if state.get("trace_context") is None:
                 # An untraced job's snapshot keeps the bytes it had before tracing.
                 state.pop("trace_context", None)
+            # Likewise a job with no parent and no children keeps its bytes.
+            for name, empty in _FAMILY_DEFAULTS.items():
+                if state.get(name, empty) == empty:
+                    state.pop(name, None)
             return snapshot
 
         def mutate(self, _: None) -> Job:
@@ -150,6 +164,9 @@ class Job(Aggregate):
             job.inbox = tuple(BufferedSignal.from_dict(m) for m in vars(job)["inbox"])
             job.personal_data = tuple(vars(job)["personal_data"])
             job.trace_context = vars(job).get("trace_context")
+            for name, empty in _FAMILY_DEFAULTS.items():
+                setattr(job, name, deepcopy(vars(job).get(name, empty)))
+            job.children_cost_usd = Decimal(job.children_cost_usd)
             return job
 
     class Event(Aggregate.Event):
@@ -193,7 +210,11 @@ class Job(Aggregate):
         it may itself be personal). None: the job holds no personal data."""
         trace_context: dict[str, str] | None = None
         """The W3C trace context of the span that submitted the job; None: untraced."""
-        stored_when_set = frozenset({"personal_data", "personal_data_key", "trace_context"})
+        parent: JSON | None = None
+        """The parent's map step that spawned this job (``Job.parent``); None: none."""
+        stored_when_set = frozenset(
+            {"personal_data", "personal_data_key", "trace_context", "parent"}
+        )
 
         def evolve(self, job: Job) -> None:
             job.tenant_id = self.tenant_id
@@ -211,6 +232,10 @@ class Job(Aggregate):
             job.personal_data_key = self.personal_data_key
             job.personal_data_erased = False
             job.trace_context = self.trace_context
+            job.parent = deepcopy(self.parent)
+            job.children = {}
+            job.join = None
+            job.children_cost_usd = Decimal(0)
             job.chain_head = chain.GENESIS
             job.status = JobStatus.QUEUED
             job.current_step = 0
@@ -491,6 +516,68 @@ class Job(Aggregate):
             job.resume_at = None
             job.release_lease()
 
+    class ChildrenSpawned(Event):
+        """A map step spawned these children (one per item, ids derived from the step's
+        key) and the join it waits on. Recorded in the step's own append, before any child
+        is submitted: the children are submitted after it, idempotently, by the tick and
+        by every later tick while the join is open."""
+
+        step_number: int
+        children: list[JSON]
+        join: JSON
+
+        def evolve(self, job: Job) -> None:
+            spawned = {plan["job_id"]: {**deepcopy(plan), "end": None} for plan in self.children}
+            job.children = {**job.children, **spawned}
+            job.join = deepcopy(self.join)
+
+    class ChildFinished(Event):
+        """A child reached a terminal status; kept whether or not the join is open yet."""
+
+        child_job_id: str
+        status: str
+        result: JSON
+        error: str | None
+        cost_usd: Decimal
+
+        def evolve(self, job: Job) -> None:
+            end = {
+                "status": self.status,
+                "result": deepcopy(self.result),
+                "error": self.error,
+                "cost_usd": str(self.cost_usd),
+            }
+            child = job.children.get(self.child_job_id, {})
+            job.children = {**job.children, self.child_job_id: {**child, "end": end}}
+            job.children_cost_usd += self.cost_usd
+
+    class ChildrenJoined(Event):
+        """The join was met: one result per item lands in the state, and the job goes on."""
+
+        step_number: int
+        results_key: str
+        results: list[JSON]
+        next_step: str | None
+
+        def evolve(self, job: Job) -> None:
+            job.state = {**job.state, self.results_key: deepcopy(self.results)}
+            job.join = None
+            job.leave_wait(self.next_step)
+
+    class JoinTimedOut(Event):
+        """The join's timeout passed first: the results so far land in the state, and the
+        job goes to the step's ``on_timeout`` (or fails, in the ``Failed`` that follows)."""
+
+        step_number: int
+        results_key: str
+        results: list[JSON]
+        next_step: str | None
+
+        def evolve(self, job: Job) -> None:
+            job.state = {**job.state, self.results_key: deepcopy(self.results)}
+            job.join = None
+            job.leave_wait(self.next_step)
+
     class LateResultDiscarded(Event):
         """A step finished after the job was cancelled; its result was not applied."""
 
@@ -564,6 +651,7 @@ class Job(Aggregate):
         personal_data: tuple[str, ...] = (),
         personal_data_key: str | None = None,
         trace_context: Mapping[str, str] | None = None,
+        parent: JSON | None = None,
     ) -> Job:
         return cls._create(
             cls.Submitted,
@@ -584,6 +672,7 @@ class Job(Aggregate):
             personal_data=list(personal_data) if personal_data else None,
             personal_data_key=personal_data_key,
             trace_context=dict(trace_context) if trace_context else None,
+            parent=parent,
         )
 
     # ---- commands: each checks its precondition, then appends one event ---------------
@@ -763,6 +852,67 @@ class Job(Aggregate):
                 cause="rejected",
                 now=now,
             )
+
+    def spawn_children(
+        self, *, step_number: int, children: list[JSON], join: JSON, now: datetime
+    ) -> None:
+        if self.status is not JobStatus.WAITING_CHILDREN:
+            raise ValueError("children are spawned by a step that waits for them")
+        self._append(
+            Job.ChildrenSpawned, now, step_number=step_number, children=children, join=join
+        )
+
+    def record_child_end(
+        self,
+        *,
+        child_job_id: str,
+        status: str,
+        result: JSON,
+        error: str | None,
+        cost_usd: Decimal,
+        now: datetime,
+    ) -> None:
+        """Keep a child's end, once: a second report of the same child is refused."""
+        self._check_not_finished()
+        child = self.children.get(child_job_id)
+        if child is None:
+            raise ValueError(f"job {self.job_id!r} spawned no child {child_job_id!r}")
+        if child["end"] is not None:
+            raise ValueError(f"the end of child {child_job_id!r} is already recorded")
+        self._append(
+            Job.ChildFinished,
+            now,
+            child_job_id=child_job_id,
+            status=status,
+            result=result,
+            error=error,
+            cost_usd=cost_usd,
+        )
+
+    def join_children(self, *, results: list[JSON], next_step: str | None, now: datetime) -> None:
+        assert self.join is not None and self.status is JobStatus.WAITING_CHILDREN
+        self._append(
+            Job.ChildrenJoined,
+            now,
+            step_number=self.join["step_number"],
+            results_key=self.join["results"],
+            results=results,
+            next_step=next_step,
+        )
+
+    def time_out_join(self, *, results: list[JSON], now: datetime) -> None:
+        assert self.join is not None and self.status is JobStatus.WAITING_CHILDREN
+        on_timeout = self.join["on_timeout"]
+        self._append(
+            Job.JoinTimedOut,
+            now,
+            step_number=self.join["step_number"],
+            results_key=self.join["results"],
+            results=results,
+            next_step=on_timeout,
+        )
+        if on_timeout is None:
+            self.fail(error="timed out waiting for its children", cause="join_timeout", now=now)
 
     def expire_approval(self, *, now: datetime) -> None:
         assert self.pending_approval is not None
@@ -1040,11 +1190,7 @@ class Job(Aggregate):
 
     def is_overdue(self, now: datetime) -> bool:
         """Timeouts of a wait or an approval request are due like timers."""
-        return (
-            self.status in (JobStatus.WAITING_EVENT, JobStatus.AWAITING_APPROVAL)
-            and self.resume_at is not None
-            and self.resume_at <= now
-        )
+        return self.status in _TIMED_WAITS and self.resume_at is not None and self.resume_at <= now
 
     def leave_wait(self, next_step: str | None) -> None:
         """A wait or an approval gate ended (decided, expired, timed out): go on there."""
@@ -1074,6 +1220,16 @@ class Job(Aggregate):
         self.trigger_event(event_class, timestamp=timestamp, chain_hash="", **data)
 
 
+_TIMED_WAITS = (JobStatus.WAITING_EVENT, JobStatus.AWAITING_APPROVAL, JobStatus.WAITING_CHILDREN)
+_FAMILY_DEFAULTS: Mapping[str, Any] = {
+    "parent": None,
+    "children": {},
+    "join": None,
+    "children_cost_usd": Decimal(0),
+}
+"""A job's family fields as a job without parent or children holds them."""
+
+
 def due_moment(
     status: JobStatus,
     *,
@@ -1096,7 +1252,9 @@ def due_moment(
         return None
     if status is JobStatus.RUNNING:
         return lease_until
-    if status is JobStatus.QUEUED:
+    if status in (JobStatus.QUEUED, JobStatus.WAITING_CHILDREN):
+        # A join is resumed by its children's ends; were one lost, the reconciler looks
+        # at the job once it has not moved for a while (``Reconciler.lost_tick_after``).
         return since
     return _earliest(resume_at, deadline_at)
 

@@ -22,7 +22,7 @@ from enum import StrEnum
 from typing import Any, Protocol
 from uuid import uuid4
 
-from jobledger import tracing, transition
+from jobledger import children, tracing, transition
 from jobledger.budget import exceeded_limit
 from jobledger.config import EngineConfig
 from jobledger.errors import (
@@ -35,6 +35,7 @@ from jobledger.errors import (
     VersionConflict,
     WorkflowNotDeployedError,
 )
+from jobledger.family import Family
 from jobledger.grouping import SharedLoop
 from jobledger.heartbeat import Heartbeats
 from jobledger.identity import job_uuid
@@ -179,6 +180,8 @@ class Orchestrator:
         self.tokens = wiring.tokens
         self.notifier = wiring.notifier
         self.tracer = wiring.tracer
+        self.family = Family(self.store, self.clock, self.report, self.wake)
+        """Parents and children: spawns, child ends, joins (``jobledger.family``)."""
         self.tick_appends: TickAppends = self.store
         self.async_steps = SharedLoop()
         """Replaced by the engine's group commit when it runs many ticks at once."""
@@ -210,8 +213,10 @@ class Orchestrator:
         parent = tick.trace_context or job.trace_context
         with self.tracer.span("jobledger.tick", parent=parent, attributes=attributes) as span:
             with tracing.logged(span, tenant=job.tenant_id, job=job.job_id):
-                claim_id = tick.claim_id or uuid4().hex
-                report = self.drive(_Run(tick, job, claim_id=claim_id, span=span))
+                run = _Run(tick, job, claim_id=tick.claim_id or uuid4().hex, span=span)
+                report = self.drive(run)
+                # A finished child tells its parent now, in the tick that finished it.
+                self.family.settle(run.job)
             span.set(
                 {
                     "jobledger.outcome": str(report.outcome),
@@ -248,6 +253,8 @@ class Orchestrator:
         if job.is_overdue(now):
             self.time_out(job, now)
             return None
+        if job.status is JobStatus.WAITING_CHILDREN:
+            return self.await_children(run, now)
         if not job.holds_claim(run.claim_id, now) and not job.is_claimable(now):
             return self.stand_aside(job, run, now)
         if self.lease_kept_elsewhere(job, run, now):
@@ -292,6 +299,8 @@ class Orchestrator:
         if resolution.is_costly and self.defer_for_ceiling(job, now):
             return Outcome.DEFERRED
         self.check_deployment(job, resolution)
+        if self.refuses_to_spawn(job, resolution):
+            return Outcome.FAILED
         if resolution.has_side_effect and not job.holds_claim(run.claim_id, now):
             self.claim(job, run, now)
         executed = self.execute(job, run, resolution)
@@ -353,6 +362,10 @@ class Orchestrator:
         if job.status is JobStatus.WAITING_EVENT:
             job.time_out_wait(now=now)
             event_type = "job.waiting_event.timed_out"
+        elif job.status is JobStatus.WAITING_CHILDREN:
+            assert job.join is not None
+            job.time_out_join(results=children.results(job.join, job.children), now=now)
+            event_type = "job.children.timed_out"
         else:
             job.expire_approval(now=now)
             event_type = "job.approval.expired"
@@ -436,10 +449,45 @@ class Orchestrator:
                     f"step type {resolution.step_type!r} needs a step executor; none is configured"
                 ),
             )
+        if resolution.children is not None:
+            self.family.check_spawner(job)
+            request = resolution.children
+            if not self.registry.has(request.workflow_type, request.workflow_version):
+                raise self.blocked(
+                    job,
+                    WorkflowNotDeployedError(
+                        f"map step {resolution.step_name!r} spawns workflow "
+                        f"{request.workflow_type!r} v{request.workflow_version}, which this "
+                        "worker does not know"
+                    ),
+                )
         if resolution.next_status is JobStatus.WAITING_EVENT and self.tokens is None:
             raise self.blocked(
                 job, DeploymentError("a step waits for an event but no token secret is configured")
             )
+
+    def refuses_to_spawn(self, job: Job, resolution: Resolution) -> bool:
+        """Fail the job, saying why, for a wait for children that cannot be: one that
+        names no children (a code workflow's bug), or children that would carry personal
+        data (a child's input and final state are copied into the parent's events, where
+        no personal path of either would seal or erase them). Nothing is spawned."""
+        request = resolution.children
+        if resolution.next_status is not JobStatus.WAITING_CHILDREN:
+            return False
+        if request is None:
+            self.fail(job, "a step waits for children but names none to spawn", "definition")
+            return True
+        child = self.registry.personal_data(request.workflow_type, request.workflow_version)
+        if not job.personal_data and not child:
+            return False
+        whose = "this job's workflow" if job.personal_data else f"{request.workflow_type!r}"
+        self.fail(
+            job,
+            f"a map step cannot spawn children when {whose} declares personal_data "
+            "(their inputs and results would be copied unsealed)",
+            "definition",
+        )
+        return True
 
     def blocked(self, job: Job, error: DeploymentError) -> DeploymentError:
         """Name the job (and the version it was left at) on the error, and say so in an
@@ -738,6 +786,9 @@ class Orchestrator:
             self.await_event(job, resolution, token)
         elif status is JobStatus.AWAITING_APPROVAL:
             self.await_approval(job)
+        elif status is JobStatus.WAITING_CHILDREN:
+            self.report(job, "job.waiting_children", children=len(job.children))
+            return self.await_children(run, self.clock.now())
         elif status is JobStatus.WAITING_TIME:
             return self.wait(job, run, resolution)
         elif job.holds_claim(run.claim_id, self.clock.now()):
@@ -761,6 +812,18 @@ class Orchestrator:
         if self.notifier is not None:
             self.notifier.waiting_for_event(JobView.of(job), name, token)
 
+    def await_children(self, run: _Run, now: datetime) -> Outcome | None:
+        """Spawn the join's children that do not exist yet and take in the ends of those
+        that finished: the first tick after the step spawns them; a later one (the
+        reconciler's backstop) repairs a spawn or a child's report lost in a crash."""
+        run.job = job = self.family.catch_up(run.job)
+        if job.status is JobStatus.WAITING_CHILDREN:
+            self.schedule_deadline(job, at=_earliest(job.resume_at, job.deadline_at))
+            return Outcome.IDLE if run.steps == 0 else Outcome.ADVANCED
+        if job.status is JobStatus.QUEUED and run.steps < self.config.max_steps_per_tick:
+            return None
+        return Outcome.ADVANCED
+
     def await_approval(self, job: Job) -> None:
         assert job.pending_approval is not None
         request = ApprovalRequest.of(job.pending_approval)
@@ -776,10 +839,12 @@ class Orchestrator:
         if self.notifier is not None:
             self.notifier.approval_requested(JobView.of(job), request)
 
-    def schedule_deadline(self, job: Job) -> None:
-        """A wait's timeout, an approval's expiry or the job's deadline, the earliest."""
-        if job.due_at is not None:
-            self.schedule(job, job.due_at, f"timeout:{job.current_step}", self.clock.now())
+    def schedule_deadline(self, job: Job, at: datetime | None = None) -> None:
+        """A wait's timeout, an approval's expiry or the job's deadline, the earliest
+        (``at``: the job's own due moment unless given)."""
+        due = job.due_at if at is None else at
+        if due is not None:
+            self.schedule(job, due, f"timeout:{job.current_step}", self.clock.now())
 
     def wait(self, job: Job, run: _Run, resolution: Resolution) -> Outcome | None:
         """Short waits continue inline (the timer is honoured by sleeping) while the tick
@@ -828,6 +893,14 @@ class Orchestrator:
         )
 
     # ---- helpers ---------------------------------------------------------------------
+
+    def wake(self, job: Job, reason: str) -> None:
+        """Enqueue the tick of a job made runnable outside a tick (a join met)."""
+        if job.status is JobStatus.QUEUED:
+            self.queue.enqueue(
+                Tick(job.tenant_id, job.job_id, reason, trace_context=self.carrier()),
+                dedupe_key=f"{reason}:{job.version}",
+            )
 
     def schedule(self, job: Job, at: datetime, dedupe_key: str, now: datetime) -> None:
         if self.config.resume_mode == "scan_only":
@@ -880,6 +953,10 @@ def _cost(value: Decimal | float | int | str) -> Decimal:
     if not cost.is_finite() or cost < 0:
         raise InvalidPayloadError(f"step cost {value!r} must be a finite amount >= 0")
     return cost
+
+
+def _earliest(*moments: datetime | None) -> datetime | None:
+    return min((m for m in moments if m is not None), default=None)
 
 
 def _millis(delta: timedelta) -> int:

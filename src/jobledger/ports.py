@@ -13,6 +13,7 @@ from decimal import Decimal
 from typing import Any, Protocol
 from uuid import UUID
 
+from jobledger.children import MapRequest
 from jobledger.errors import DuplicateKeyError, VersionConflict
 from jobledger.job import Job
 from jobledger.keys import ConsumedKey
@@ -127,6 +128,8 @@ class Resolution:
     on_timeout: str | None = None
     """The step after a wait timeout; None fails the job."""
     approval: ApprovalSpec | None = None
+    children: MapRequest | None = None
+    """The children a map step spawns and the join it waits on."""
 
     @property
     def has_side_effect(self) -> bool:

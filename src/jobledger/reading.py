@@ -14,7 +14,7 @@ from jobledger.errors import (
     UnknownWorkflowError,
 )
 from jobledger.identity import job_uuid
-from jobledger.views import HistoryEntry, JobView
+from jobledger.views import ChildRow, FamilyView, HistoryEntry, JobView
 
 if TYPE_CHECKING:
     from jobledger.audit.replay import ReplayReport
@@ -31,6 +31,25 @@ class JobReader(EngineParts):
         if kept is not None and (view.lease_until is None or kept > view.lease_until):
             view = replace(view, lease_until=kept)
         return view
+
+    def family(self, tenant_id: str, job_id: str) -> FamilyView:
+        """The job's parent, and every child it spawned with that child's status now."""
+        job = self._load(tenant_id, job_id)
+        rows = []
+        for child_id, plan in sorted(
+            job.children.items(), key=lambda c: (c[1]["step_number"], c[1]["index"])
+        ):
+            child = self._fetch(tenant_id, child_id)
+            rows.append(
+                ChildRow(
+                    job_id=child_id,
+                    step_number=plan["step_number"],
+                    index=plan["index"],
+                    workflow=f"{plan['workflow_type']} v{plan['workflow_version']}",
+                    status=str(child.status) if child is not None else "not spawned yet",
+                )
+            )
+        return FamilyView(parent=job.parent, children=tuple(rows))
 
     def history(
         self, tenant_id: str, job_id: str, *, after: int = 0, limit: int | None = None

@@ -115,7 +115,11 @@ class Reconciler:
 
     def due_jobs(self, now: datetime, lost_after: timedelta) -> list[DueJob]:
         due = [job for status in TIMED_STATUSES for job in self.views.due(status, now, self.batch)]
-        return due + list(self.views.due(JobStatus.QUEUED, now - lost_after, self.batch))
+        # A queued job, or a join, that has not moved for a while may have lost its tick
+        # (or, for a join, a child's report): its own tick repairs that.
+        for status in (JobStatus.QUEUED, JobStatus.WAITING_CHILDREN):
+            due += self.views.due(status, now - lost_after, self.batch)
+        return due
 
     def enqueue(self, job: DueJob, now: datetime) -> bool:
         moment = (job.job_uuid, job.version)

@@ -16,6 +16,8 @@ class JobStatus(StrEnum):
     """A durable timer: runnable again once ``resume_at`` has passed."""
     WAITING_EVENT = "waiting_event"
     """Parked until an outside event (a resume token or a signal) arrives."""
+    WAITING_CHILDREN = "waiting_children"
+    """Parked until the children a map step spawned meet its join (or it times out)."""
     AWAITING_APPROVAL = "awaiting_approval"
     """Parked until a person approves or rejects the pending request."""
     BUDGET_EXCEEDED = "budget_exceeded"

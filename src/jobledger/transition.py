@@ -16,7 +16,7 @@ from datetime import datetime, timedelta
 from decimal import Decimal
 from typing import Any
 
-from jobledger import erasure
+from jobledger import children, erasure
 from jobledger.job import Claim, Job
 from jobledger.ports import ApprovalSpec, IssuedToken, Resolution
 from jobledger.status import JobStatus
@@ -50,13 +50,19 @@ class Transition:
     input_sha256: str
     """What the definition hands the step beyond its name and kind: the executor's
     params, the retry policy, and the step's own output and state patch."""
+    children: list[dict[str, Any]]
+    """The children a map step spawns (``jobledger.children.plans``); empty otherwise."""
+    join: dict[str, Any] | None
+    """The join a map step waits on."""
 
 
 def decide(job: Job, resolution: Resolution, *, at: datetime, default_wait_ms: int) -> Transition:
     """Pure: the same job, resolution and moment always give the same transition."""
     step_number = job.current_step + 1
+    step_key = job.step_key(step_number)
     status = resolution.next_status
     waits_for_event = status is JobStatus.WAITING_EVENT
+    spawns = resolution.children if status is JobStatus.WAITING_CHILDREN else None
     approval: ApprovalSpec | None = None
     if status is JobStatus.AWAITING_APPROVAL:
         spec = resolution.approval or ApprovalSpec()
@@ -69,7 +75,7 @@ def decide(job: Job, resolution: Resolution, *, at: datetime, default_wait_ms: i
         )
     return Transition(
         step_number=step_number,
-        idempotency_key=job.step_key(step_number),
+        idempotency_key=step_key,
         step_type=resolution.step_type,
         step_name=resolution.step_name,
         triggered_by=resolution.triggered_by,
@@ -82,6 +88,14 @@ def decide(job: Job, resolution: Resolution, *, at: datetime, default_wait_ms: i
         approval=approval,
         params=resolution.params,
         input_sha256=input_sha256(resolution),
+        children=[]
+        if spawns is None
+        else children.plans(
+            spawns, parent_job_id=job.job_id, step_number=step_number, step_key=step_key
+        ),
+        join=None
+        if spawns is None
+        else children.join_spec(spawns, step_number, resolution.next_step),
     )
 
 
@@ -133,6 +147,13 @@ def apply(
         continuation=folded,
     )
     _open_approval(job, transition, at)
+    if transition.join is not None:
+        job.spawn_children(
+            step_number=transition.step_number,
+            children=transition.children,
+            join=transition.join,
+            now=at,
+        )
     _take_early_signal(job, at)
     if continuation is not None and folded is None and job.status is JobStatus.QUEUED:
         job.claim(
@@ -183,7 +204,8 @@ def resume_at(resolution: Resolution, at: datetime, default_wait_ms: int) -> dat
             return resolution.resume_at
         delay = resolution.resume_delay_ms
         return at + timedelta(milliseconds=default_wait_ms if delay is None else delay)
-    if status is JobStatus.WAITING_EVENT and resolution.wait_timeout_ms is not None:
+    timed_waits = (JobStatus.WAITING_EVENT, JobStatus.WAITING_CHILDREN)
+    if status in timed_waits and resolution.wait_timeout_ms is not None:
         return at + timedelta(milliseconds=resolution.wait_timeout_ms)
     approval = resolution.approval
     if status is JobStatus.AWAITING_APPROVAL and approval and approval.expires_ms is not None:

@@ -9,6 +9,9 @@ and read it whole. It checks what docs/evidence-format.md specifies:
   each chain hash is sha256(previous hash + the event's canonical bytes);
 - with a keyring, each event is signed (Ed25519) by a key known and valid at its time;
 - the manifest is there, last, and its counts and heads are the file's;
+- parents and children agree: a child whose parent is in the export is among the
+  children that parent's map step spawned, and a parent records the end only of a child
+  it spawned;
 - with anchor files, each anchor line's Merkle root is its heads', it links to the line
   before it, an RFC 3161 token in it stamps that root, and every anchored head is in the
   export with the same hash (a history rolled back or rewritten since it was anchored).
@@ -217,7 +220,7 @@ class Job:
 class Problem:
     """Something wrong with the file itself, the manifest or an anchor line."""
 
-    where: str  # "export", "manifest" or "anchors"
+    where: str  # "export", "manifest", "anchors" or "family"
     reason: str
 
 
@@ -559,10 +562,39 @@ def verify(
     manifest = read_export(export, report)
     for job in report.jobs.values():
         check_job(job, keyring, unsigned_before)
+    check_family(report)
     check_manifest(manifest, report)
     for path in anchors:
         check_anchor_file(path, report, Selection.of(manifest))
     return report
+
+
+def check_family(report: Report) -> None:
+    """Every parent-child link the export holds is named at both ends."""
+    spawned: dict[str, set[str]] = {}
+    for job in report.jobs.values():
+        ids = spawned.setdefault(job.job_uuid, set())
+        for line in job.lines:
+            data = _data(line)
+            if line.get("type") == "ChildrenSpawned" and isinstance(data.get("children"), list):
+                ids.update(str(c.get("job_id")) for c in data["children"] if isinstance(c, dict))
+            elif line.get("type") == "ChildFinished" and data.get("child_job_id") not in ids:
+                why = f"records the end of {data.get('child_job_id')!r}, a child it never spawned"
+                report.problems.append(Problem("family", f"{job.label()}: {why}"))
+    for job in report.jobs.values():
+        first = job.lines[0] if job.lines else {}
+        link = _data(first).get("parent") if first.get("type") == "Submitted" else None
+        if not isinstance(link, dict):
+            continue
+        parent = job_uuid_of(str(job.tenant), str(link.get("job_id")))
+        if parent in spawned and str(job.job) not in spawned[parent]:
+            why = f"names {link.get('job_id')!r} as its parent, which never spawned it"
+            report.problems.append(Problem("family", f"{job.label()}: {why}"))
+
+
+def _data(line: dict[str, Any]) -> dict[str, Any]:
+    data = line.get("data")
+    return data if isinstance(data, dict) else {}
 
 
 def report_document(report: Report) -> dict[str, Any]:

@@ -115,3 +115,23 @@ class HistoryEntry:
             data=fields,
             chain_hash=fields.pop(chain.CHAIN_FIELD),
         )
+
+
+@dataclass(frozen=True)
+class ChildRow:
+    """One child a job's map step spawned, with its status now."""
+
+    job_id: str
+    step_number: int
+    index: int
+    workflow: str
+    status: str
+    """The child's status, or ``not spawned yet`` (a spawn the next tick finishes)."""
+
+
+@dataclass(frozen=True)
+class FamilyView:
+    """A job's parent (the map step that spawned it) and the children it spawned."""
+
+    parent: Mapping[str, Any] | None
+    children: tuple[ChildRow, ...]

@@ -213,7 +213,11 @@ def replay_job(
             _check_type(event.workflow_type, definition)
         if job is not None and isinstance(event, Job.StepRecorded):
             request = _request(job, claim, tick_reasons, target, event.started_at)
-            recorded = _recorded(event, _approval_after(events, index, event.step_number))
+            recorded = _recorded(
+                event,
+                _approval_after(events, index, event.step_number),
+                _spawned_after(events, index, event.step_number),
+            )
             replayed = _replayed(resolver, request, job, event.ended_at, default_wait_ms)
             replays.append(
                 StepReplay(
@@ -371,10 +375,38 @@ def _approval_after(
     return None
 
 
-def _recorded(step: Job.StepRecorded, approval: Job.ApprovalRequested | None) -> Decision:
+def _spawned_after(
+    events: Sequence[Job.Event], index: int, step_number: int
+) -> Job.ChildrenSpawned | None:
+    """The children a map step spawned are recorded in its append, after the step."""
+    following = events[index + 1] if index + 1 < len(events) else None
+    if isinstance(following, Job.ChildrenSpawned) and following.step_number == step_number:
+        return following
+    return None
+
+
+def _children_wait(
+    children: Sequence[Mapping[str, Any]], join: Mapping[str, Any] | None, timeout_at: str | None
+) -> dict[str, Any]:
+    """A join as replay compares it: the children (ids, workflows, items) and the join."""
+    spawned = [
+        {k: child[k] for k in ("job_id", "workflow_type", "workflow_version", "item")}
+        for child in children
+    ]
+    return {"children": spawned, "join": dict(join or {}), "timeout_at": timeout_at}
+
+
+def _recorded(
+    step: Job.StepRecorded,
+    approval: Job.ApprovalRequested | None,
+    spawned: Job.ChildrenSpawned | None = None,
+) -> Decision:
     wait: dict[str, Any] | None = None
     status = step.next_status
-    if status is JobStatus.WAITING_TIME:
+    if status is JobStatus.WAITING_CHILDREN:
+        children = spawned.children if spawned else []
+        wait = _children_wait(children, spawned.join if spawned else None, _iso(step.resume_at))
+    elif status is JobStatus.WAITING_TIME:
         wait = {"resume_at": _iso(step.resume_at)}
     elif status is JobStatus.WAITING_EVENT:
         opened = EventWait.from_dict(step.wait_event) if step.wait_event else None
@@ -411,7 +443,9 @@ def _replayed(
         return Decision("(resolution)", request.cursor, JobStatus.FAILED, None, error=str(error))
     step = transition.decide(job, resolution, at=at, default_wait_ms=default_wait_ms)
     wait: dict[str, Any] | None = None
-    if step.next_status is JobStatus.WAITING_TIME:
+    if step.next_status is JobStatus.WAITING_CHILDREN:
+        wait = _children_wait(step.children, step.join, _iso(step.resume_at))
+    elif step.next_status is JobStatus.WAITING_TIME:
         wait = {"resume_at": _iso(step.resume_at)}
     elif step.next_status is JobStatus.WAITING_EVENT:
         wait = {

@@ -22,7 +22,7 @@ from jobledger.cli.session import ConfigOption, Exit, JsonFlag, Outside, StoreOp
 from jobledger.engine import Engine
 from jobledger.identity import job_uuid
 from jobledger.ports import BlockedNote
-from jobledger.views import HistoryEntry, JobView
+from jobledger.views import FamilyView, HistoryEntry, JobView
 
 
 def submit(
@@ -87,7 +87,8 @@ def submit(
             correlation_id=correlation,
             data_subject=subject,
         )
-        _print_job(engine.history(tenant, view.job_id), view, json)
+        family = engine.family(tenant, view.job_id)
+        _print_job(engine.history(tenant, view.job_id), view, json, family=family)
 
 
 def show(
@@ -133,8 +134,11 @@ def show(
         if not json and (at_version is not None or at is not None):
             moment = output.when(view.updated_at)
             output.console().print(f"as it was at version {view.version} ({moment})")
-        blocked = _blocked(engine, view) if at_version is None and at is None else None
-        _print_job(entries, view, json, blocked)
+        now = at_version is None and at is None
+        blocked = _blocked(engine, view) if now else None
+        # The children as they are now: a view of the past leaves them out.
+        family = engine.family(tenant, job) if now else None
+        _print_job(entries, view, json, blocked, family)
 
 
 def history(
@@ -218,12 +222,16 @@ def tick(
 
 
 def _print_job(
-    entries: list[HistoryEntry], view: JobView, as_json: bool, blocked: BlockedNote | None = None
+    entries: list[HistoryEntry],
+    view: JobView,
+    as_json: bool,
+    blocked: BlockedNote | None = None,
+    family: FamilyView | None = None,
 ) -> None:
     if as_json:
-        output.print_json(output.job_document(view, entries, blocked))
+        output.print_json(output.job_document(view, entries, blocked, family))
     else:
-        output.console().print(output.job_table(view, entries, blocked))
+        output.console().print(output.job_table(view, entries, blocked, family))
 
 
 def _blocked(engine: Engine, view: JobView) -> BlockedNote | None:

@@ -6,6 +6,7 @@ import dataclasses
 import json
 import os
 import sys
+from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -23,7 +24,7 @@ from rich.text import Text
 from jobledger import erasure
 from jobledger.erasure import ERASED
 from jobledger.ports import BlockedNote
-from jobledger.views import HistoryEntry, JobView
+from jobledger.views import FamilyView, HistoryEntry, JobView
 
 _PIPE_WIDTH = 160
 """Rich wraps at 80 columns when stdout is not a terminal; logs and pipes want wider."""
@@ -131,14 +132,37 @@ def open_wait(view: JobView, history: Iterable[HistoryEntry]) -> dict[str, Any] 
 
 
 def job_document(
-    view: JobView, history: list[HistoryEntry], blocked: BlockedNote | None = None
+    view: JobView,
+    history: list[HistoryEntry],
+    blocked: BlockedNote | None = None,
+    family: FamilyView | None = None,
 ) -> dict[str, Any]:
+    """``family``: the job's parent and children (``parent`` and ``children`` keys)."""
     document: dict[str, Any] = jsonable(view)
     document["pending_approval"] = jsonable(pending_approval(view, history))
     document["wait"] = jsonable(open_wait(view, history))
     document["blocked"] = jsonable(blocked)
     document["parked"] = parked(view, history)
+    if family is not None:
+        document.update(jsonable(family))
     return document
+
+
+def family_rows(family: FamilyView) -> list[tuple[str, str]]:
+    """(label, text) rows for a job's parent and children, as ``show`` prints them."""
+    rows = []
+    if family.parent is not None:
+        link = family.parent
+        rows.append(
+            ("parent", f"{link['job_id']} (step {link['step_number']}, item {link['index']})")
+        )
+    if family.children:
+        counts = Counter(child.status for child in family.children)
+        summary = ", ".join(f"{n} {status}" for status, n in sorted(counts.items()))
+        rows.append(("children", f"{len(family.children)}: {summary}"))
+        for child in family.children:
+            rows.append(("", f"{child.job_id}  {child.workflow}  {child.status}"))
+    return rows
 
 
 def _moment(value: object) -> datetime | None:
@@ -171,7 +195,10 @@ def blocked_text(note: BlockedNote) -> str:
 
 
 def job_table(
-    view: JobView, history: list[HistoryEntry] | None = None, blocked: BlockedNote | None = None
+    view: JobView,
+    history: list[HistoryEntry] | None = None,
+    blocked: BlockedNote | None = None,
+    family: FamilyView | None = None,
 ) -> Table:
     history = history or []
     table = Table(title=f"job {view.tenant_id}/{view.job_id}", show_header=False, box=None)
@@ -196,6 +223,8 @@ def job_table(
         lease = f"{view.worker_id} until {when(view.lease_until)}"
     table.add_row("lease", lease)
     table.add_row("waits", _waits(view, history))
+    for label, text in family_rows(family) if family is not None else []:
+        table.add_row(label, text)
     approval = pending_approval(view, history)
     table.add_row("pending approval", _approval(approval) if approval else "-")
     if blocked is not None:
@@ -245,6 +274,7 @@ _STATUS_STYLE = {
     "awaiting_approval": "cyan",
     "waiting_event": "cyan",
     "waiting_time": "cyan",
+    "waiting_children": "cyan",
 }
 
 
@@ -381,7 +411,11 @@ def _arrow(status: object, step: object = None) -> str:
 
 def _submitted(d: Mapping[str, Any]) -> AuditLine:
     by = f"submit (key {d['submit_key']})" if d.get("submit_key") else "submit"
-    return AuditLine(by, "", f"{d['workflow_type']} v{d['workflow_version']} {_arrow('queued')}")
+    text = f"{d['workflow_type']} v{d['workflow_version']} {_arrow('queued')}"
+    parent = d.get("parent")
+    if parent:
+        text += f"; child {parent['index']} of {parent['job_id']} (step {parent['step_number']})"
+    return AuditLine(by, "", text)
 
 
 def _claimed(d: Mapping[str, Any]) -> AuditLine:
@@ -499,6 +533,31 @@ def _rerouted(d: Mapping[str, Any]) -> AuditLine:
     )
 
 
+def _children_spawned(d: Mapping[str, Any]) -> AuditLine:
+    ids = ", ".join(child["job_id"] for child in d["children"]) or "none"
+    join = d["join"]
+    need = "all" if join["need"] is None else join["need"]
+    return AuditLine("engine", f"#{d['step_number']}", f"spawned {ids}; join {need}")
+
+
+def _child_finished(d: Mapping[str, Any]) -> AuditLine:
+    text = f"child {d['child_job_id']} {d['status']}, cost {money(d['cost_usd'])}"
+    if d.get("error"):
+        text += f": {d['error']}"
+    return AuditLine(f"child {d['child_job_id']}", "", text)
+
+
+def _joined(d: Mapping[str, Any]) -> AuditLine:
+    done = sum(1 for result in d["results"] if result["status"] == "completed")
+    text = f"{done} of {len(d['results'])} children completed -> {d['results_key']}"
+    return AuditLine("engine", f"#{d['step_number']}", f"{text} {_arrow('queued', d['next_step'])}")
+
+
+def _join_timed_out(d: Mapping[str, Any]) -> AuditLine:
+    after = d["next_step"] or "fail"
+    return AuditLine("timeout", f"#{d['step_number']}", f"join timed out -> {after}")
+
+
 def _erased(d: Mapping[str, Any]) -> AuditLine:
     paths = ", ".join(d.get("paths") or ()) or "no path"
     text = f"personal data erased ({paths}), key {d['key_id']} destroyed: {d['reason']}"
@@ -526,4 +585,8 @@ _DESCRIBERS = {
     "Migrated": _migrated,
     "ApprovalRerouted": _rerouted,
     "Erased": _erased,
+    "ChildrenSpawned": _children_spawned,
+    "ChildFinished": _child_finished,
+    "ChildrenJoined": _joined,
+    "JoinTimedOut": _join_timed_out,
 }

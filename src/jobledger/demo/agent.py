@@ -98,6 +98,16 @@ def draft_brief(state: Mapping[str, Any], text: str) -> tuple[dict[str, Any], di
     return {"chars": len(brief)}, {"brief": brief}
 
 
+def paragraphs(text: str) -> list[str]:
+    return [part for part in text.split("\n\n") if part.strip()]
+
+
+def count_paragraph(state: Mapping[str, Any], text: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    index = int(state["paragraph"])
+    counted = {"paragraph": index, "words": len(words(paragraphs(text)[index]))}
+    return counted, {"words": counted["words"]}
+
+
 def publish(state: Mapping[str, Any], text: str) -> tuple[dict[str, Any], dict[str, Any]]:
     return {"published_chars": len(state["brief"])}, {"published": True}
 
@@ -107,6 +117,7 @@ TASKS: dict[str, Task] = {
     "summarise": summarise,
     "draft_brief": draft_brief,
     "publish": publish,
+    "count_paragraph": count_paragraph,
 }
 
 

@@ -29,8 +29,8 @@ from jobledger.adapters.notifier import MemoryNotifier
 from jobledger.adapters.ops import MemoryOps
 from jobledger.cli.output import history_table, money, when
 from jobledger.config import EngineConfig
-from jobledger.demo import field_notes, mission_document
-from jobledger.demo.agent import DemoAgent, EffectsLedger, SimulatedCrash, words
+from jobledger.demo import fan_out_documents, field_notes, mission_document
+from jobledger.demo.agent import DemoAgent, EffectsLedger, SimulatedCrash, paragraphs, words
 from jobledger.demo.outside import REVIEWER, fact_check
 from jobledger.engine import Engine
 from jobledger.errors import TokenReplayedError
@@ -40,6 +40,7 @@ from jobledger.views import HistoryEntry
 from jobledger.workflows import DefinitionRegistry, parse_definition
 
 WORKFLOW = "demo_mission"
+FAN_OUT = "demo_fan_out"
 START = datetime(2026, 5, 4, 9, 0, tzinfo=UTC)
 CEILING = Decimal("0.50")
 LEASE = timedelta(seconds=30)
@@ -73,7 +74,12 @@ class Demo:
 
     def __post_init__(self) -> None:
         self.ledger = EffectsLedger(self.directory)
-        self.registry = DefinitionRegistry([parse_definition(mission_document(), "mission.yaml")])
+        documents = [("mission.yaml", mission_document()), *fan_out_documents()]
+        self.registry = DefinitionRegistry(parse_definition(text, name) for name, text in documents)
+
+    @property
+    def fan_out_job(self) -> str:
+        return f"{self.job}-fan-out"
 
     # ---- plumbing ------------------------------------------------------------------------
 
@@ -127,6 +133,7 @@ class Demo:
         self.outside_event(engine)
         self.human_approval(engine)
         self.cost_ceiling(engine)
+        self.fan_out(engine)
         return engine
 
     def intro(self) -> None:
@@ -247,6 +254,29 @@ class Demo:
         engine.run_until_idle()
         self.timeline(engine)
 
+    def fan_out(self, engine: Engine) -> None:
+        self.phase("7. a fan-out mission: one child job per paragraph, then a join")
+        self.say(
+            f"job {self.fan_out_job} runs {FAN_OUT!r}: its map step spawns one "
+            "'demo_paragraph' child per paragraph and waits for all of them"
+        )
+        engine.submit(self.tenant, self.fan_out_job, FAN_OUT)
+        engine.run_until_idle()
+        entries = engine.history(self.tenant, self.fan_out_job)
+        self.out.print(history_table(entries, seconds=True))
+        children = Table(title="children")
+        for column in ("child job", "workflow", "status", "words"):
+            children.add_column(column, overflow="fold")
+        results = engine.job(self.tenant, self.fan_out_job).state.get("paragraphs", [])
+        counts = {r["job_id"]: r.get("result", {}).get("words") for r in results}
+        for child in engine.family(self.tenant, self.fan_out_job).children:
+            children.add_row(child.job_id, child.workflow, child.status, str(counts[child.job_id]))
+        self.out.print(children)
+        self.say(
+            "each child's end was reported to the parent by the engine as it happened; the "
+            "join landed every child's result under 'paragraphs', in paragraph order"
+        )
+
     # ---- what it shows ----------------------------------------------------------------
 
     def checks(self, engine: Engine) -> list[Check]:
@@ -272,7 +302,28 @@ class Demo:
                 engine.verify(self.tenant, self.job) is None,
                 f"{len(history)} events, each hash links to the one before",
             ),
+            self.check_fan_out(engine),
         ]
+
+    def check_fan_out(self, engine: Engine) -> Check:
+        view = engine.job(self.tenant, self.fan_out_job)
+        family = engine.family(self.tenant, self.fan_out_job).children
+        results = view.state.get("paragraphs", [])
+        counted = sum(r.get("result", {}).get("words", 0) for r in results)
+        keys = [(k, task) for (k, task) in self.ledger.executions() if task == "count_paragraph"]
+        runs = [self.ledger.executions()[key] for key in keys]
+        ok = (
+            view.status is JobStatus.COMPLETED
+            and len(family) == len(paragraphs(self.text)) == len(results)
+            and all(child.status == JobStatus.COMPLETED for child in family)
+            and runs == [1] * len(family)
+            and counted == len(words(self.text))
+        )
+        detail = (
+            f"{len(family)} children spawned once each, all completed and joined: "
+            f"{counted} words in all"
+        )
+        return Check("fan-out join", ok, detail)
 
     def check_agent(self, steps: dict[str, HistoryEntry]) -> Check:
         survey = steps["survey"].data

@@ -316,13 +316,120 @@ class Fail(_Terminal):
     reason: Annotated[str, Field(min_length=1)]
 
 
+ITEM: Final = "$item"
+"""In a map step's ``input``, the item a child is spawned for (``$item.x``: a field of it)."""
+STATE: Final = "$state."
+"""In a map step's ``input``, a value of the parent's state at a dotted path."""
+MAX_CHILDREN: Final = 1_000
+"""How many children one map step may spawn (a fixed list, or a state list at run time)."""
+
+
+def _join(value: object) -> str | int:
+    if value in ("all", "any"):
+        assert isinstance(value, str)
+        return value
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 1:
+        return value
+    raise ValueError(f"must be all, any or a number of children (1 or more), got {value!r}")
+
+
+JoinField: TypeAlias = Annotated[str | int, PlainValidator(_join)]
+
+
+class MapStep(_Step):
+    """Fan-out and join: one child job per item (a fixed ``items`` list, or the list at
+    the state path ``items_from``), of workflow ``workflow`` v``version``, each given
+    ``input`` (values ``$item``, ``$item.path``, ``$state.path`` or literals). The
+    parent waits until ``join`` (all, any, or a count) of them completed, then writes
+    one result per item to ``results`` in its state and goes to ``next``."""
+
+    kind: Literal["map"]
+    items: list[Any] | None = Field(None, max_length=MAX_CHILDREN)
+    items_from: Annotated[str, Field(min_length=1)] | None = None
+    workflow: Annotated[str, Field(min_length=1)]
+    version: PositiveInt
+    input: dict[Annotated[str, Field(min_length=1)], Any] = {ITEM.removeprefix("$"): ITEM}
+    join: JoinField = "all"
+    on_failure: Literal["fail_fast", "collect"] = "fail_fast"
+    results: Annotated[str, Field(min_length=1)]
+    """The state key each child's result lands under, as a list in item order."""
+    timeout: DurationField | None = None
+    on_timeout: StepRef | None = None
+    """None fails the job when the join times out."""
+    next: StepRef
+
+    @field_validator("items", "input")
+    @classmethod
+    def _json_values(cls, value: object) -> object:
+        if not is_json(value):
+            raise ValueError("must be JSON data (quote dates and times in YAML)")
+        return value
+
+    @field_validator("items_from")
+    @classmethod
+    def _path(cls, path: str) -> str:
+        found = path_problem(path)
+        if found is not None:
+            raise ValueError(found)
+        return path
+
+    @field_validator("results")
+    @classmethod
+    def _results_key(cls, key: str) -> str:
+        if "." in key:
+            raise ValueError("must be one top-level state key, not a dotted path")
+        return key
+
+    @model_validator(mode="after")
+    def _consistent(self) -> MapStep:
+        if (self.items is None) == (self.items_from is None):
+            raise FieldError("give either items (a list) or items_from (a state path)", "items")
+        if self.on_timeout is not None and self.timeout is None:
+            raise FieldError("on_timeout needs a timeout", "on_timeout")
+        if isinstance(self.join, int) and self.items is not None and self.join > len(self.items):
+            raise FieldError(f"join {self.join} is more than the {len(self.items)} items", "join")
+        for name, value in self.input.items():
+            if isinstance(value, str) and value.startswith("$") and _reference(value) is None:
+                raise FieldError(
+                    f"input {name!r}: {value!r} is not $item, $item.<path> or $state.<path>",
+                    "input",
+                )
+        return self
+
+    def targets(self) -> tuple[tuple[str, str], ...]:
+        return _named(("next", self.next), ("on_timeout", self.on_timeout))
+
+    @property
+    def need(self) -> int | None:
+        """How many children must complete; None: every child must finish."""
+        if isinstance(self.join, int):
+            return self.join
+        return 1 if self.join == "any" else None
+
+
+def _reference(value: str) -> tuple[str, str | None] | None:
+    """("item", path or None) or ("state", path) for an input reference, else None."""
+    if value == ITEM:
+        return ("item", None)
+    for prefix, source in ((ITEM + ".", "item"), (STATE, "state")):
+        if value.startswith(prefix) and path_problem(value.removeprefix(prefix)) is None:
+            return (source, value.removeprefix(prefix))
+    return None
+
+
+def input_reference(value: object) -> tuple[str, str | None] | None:
+    """How a map step's input value is read: ("item", path), ("state", path), or None
+    for a literal."""
+    return _reference(value) if isinstance(value, str) else None
+
+
 def _named(*targets: tuple[str, str | None]) -> tuple[tuple[str, str], ...]:
     """The (field, step) pairs whose step is set."""
     return tuple((field, step) for field, step in targets if step is not None)
 
 
 AnyStep: TypeAlias = (
-    RunInteractionTask | WaitTime | WaitEvent | AwaitApproval | Branch | Complete | Fail
+    RunInteractionTask | WaitTime | WaitEvent | AwaitApproval | Branch | MapStep | Complete | Fail
 )
 Step: TypeAlias = Annotated[AnyStep, Field(discriminator="kind")]
 STEP_KINDS: Final = (
@@ -331,6 +438,7 @@ STEP_KINDS: Final = (
     "wait_event",
     "await_approval",
     "branch",
+    "map",
     "complete",
     "fail",
 )

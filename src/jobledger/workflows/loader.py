@@ -330,6 +330,7 @@ _TARGET_FIELDS: Final = {
     "wait_event": ("next", "on_timeout"),
     "await_approval": ("on_approve", "on_reject", "on_expire"),
     "branch": ("default",),
+    "map": ("next", "on_timeout"),
 }
 """The fields that name a next step, by kind (a field a kind does not take is a field
 problem already, not an edge)."""

@@ -9,20 +9,25 @@ from datetime import UTC
 from pathlib import Path
 from typing import Any, assert_never
 
+from jobledger.children import MapRequest
 from jobledger.errors import UnknownWorkflowError
 from jobledger.ports import ApprovalSpec, Resolution, ResolveRequest
 from jobledger.status import JobStatus
+from jobledger.workflows.conditions import ABSENT, lookup
 from jobledger.workflows.definition import (
+    MAX_CHILDREN,
     AnyStep,
     AwaitApproval,
     Branch,
     Complete,
     DefinitionError,
     Fail,
+    MapStep,
     RunInteractionTask,
     WaitEvent,
     WaitTime,
     WorkflowDefinition,
+    input_reference,
 )
 from jobledger.workflows.loader import check_definition, load_definitions
 
@@ -51,6 +56,8 @@ def resolve_step(name: str, step: AnyStep, state: Mapping[str, Any]) -> Resoluti
             return _await_approval(name, step)
         case Branch():
             return _branch(name, step, state)
+        case MapStep():
+            return _map(name, step, state)
         case Complete():
             return Resolution(
                 step_type=step.kind,
@@ -164,6 +171,73 @@ def _branch(name: str, step: Branch, state: Mapping[str, Any]) -> Resolution:
         next_step=chosen,
         transition_reason=reason,
     )
+
+
+def _map(name: str, step: MapStep, state: Mapping[str, Any]) -> Resolution:
+    items = _items(name, step, state)
+    need = step.need
+    if need is not None and need > len(items):
+        raise ValueError(f"map step {name!r}: join {need} is more than the {len(items)} items")
+    request = MapRequest(
+        workflow_type=step.workflow,
+        workflow_version=step.version,
+        items=tuple((item, _child_input(step, item, state)) for item in items),
+        need=need,
+        on_failure=step.on_failure,
+        results=step.results,
+        on_timeout=step.on_timeout,
+    )
+    reason = (
+        f"step {name!r}: spawn {len(items)} x {step.workflow!r} v{step.version}, join {step.join}"
+    )
+    if step.timeout is not None:
+        after = repr(step.on_timeout) if step.on_timeout is not None else "fail"
+        reason += f" (timeout {step.timeout.describe()} -> {after})"
+    return Resolution(
+        step_type=step.kind,
+        next_status=JobStatus.WAITING_CHILDREN,
+        step_name=name,
+        next_step=step.next,
+        transition_reason=f"{reason} -> {step.next!r}",
+        params=request.to_params(),
+        wait_timeout_ms=step.timeout.total_ms() if step.timeout is not None else None,
+        on_timeout=step.on_timeout,
+        children=request,
+    )
+
+
+def _items(name: str, step: MapStep, state: Mapping[str, Any]) -> list[Any]:
+    """The fixed list, or the list at ``items_from``: anything else is a clear failure."""
+    if step.items is not None:
+        return deepcopy(step.items)
+    assert step.items_from is not None  # the model requires one of the two
+    found = lookup(state, step.items_from)
+    if found is ABSENT:
+        raise ValueError(f"map step {name!r}: the state has no {step.items_from!r}")
+    if not isinstance(found, list):
+        raise ValueError(
+            f"map step {name!r}: {step.items_from!r} is {type(found).__name__}, not a list"
+        )
+    if len(found) > MAX_CHILDREN:
+        raise ValueError(
+            f"map step {name!r}: {len(found)} items is more than {MAX_CHILDREN} children"
+        )
+    return deepcopy(found)
+
+
+def _child_input(step: MapStep, item: Any, state: Mapping[str, Any]) -> dict[str, Any]:
+    data: dict[str, Any] = {}
+    for key, value in step.input.items():
+        reference = input_reference(value)
+        if reference is None:
+            data[key] = deepcopy(value)
+            continue
+        source, path = reference
+        root = item if source == "item" else state
+        found = root if path is None else lookup(root, path)
+        if found is not ABSENT:
+            data[key] = deepcopy(found)
+    return data
 
 
 class DefinitionRegistry:

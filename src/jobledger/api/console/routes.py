@@ -447,6 +447,7 @@ def _job_context(c: Console, tenant: str, job: str, version: int | None) -> dict
         "job": shown,
         "latest": now,
         "doc": job_document(shown, history[: shown.version]),
+        "family": c.engine.family(tenant, job),
         "timeline": [(entry, audit_line(entry, personal)) for entry in history],
         "broken": c.engine.verify(tenant, job),
         "at_version": at_version,
