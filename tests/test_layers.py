@@ -16,6 +16,7 @@ PROCESS = (
     "jobledger.engine",
     "jobledger.engine_parts",
     "jobledger.commands",
+    "jobledger.admitting",
     "jobledger.erasing",
     "jobledger.ticking",
     "jobledger.reading",

@@ -100,6 +100,9 @@ class Job(Aggregate):
     trace_context: dict[str, str] | None
     """The W3C trace context the job was submitted in (``jobledger.tracing``): every later
     span about the job continues that trace. Kept in a snapshot only when set."""
+    priority: int | None
+    """0-9, higher admitted first (``jobledger.admission``); None: the default. Kept in a
+    snapshot only when set."""
 
     # Version 2 holds ``key_scheme``, 3 ``personal_data``; older snapshots are upcast.
     class_version = 3
@@ -133,9 +136,10 @@ class Job(Aggregate):
             state["wait_event"] = None if wait is None else wait.to_dict()
             state["pending_approval"] = None if approval is None else approval.to_dict()
             state["inbox"] = [signal.to_dict() for signal in aggregate.inbox]
-            if state.get("trace_context") is None:
-                # An untraced job's snapshot keeps the bytes it had before tracing.
-                state.pop("trace_context", None)
+            for name in ("trace_context", "priority"):
+                if state.get(name) is None:
+                    # Such a job's snapshot keeps the bytes it had before the field existed.
+                    state.pop(name, None)
             return snapshot
 
         def mutate(self, _: None) -> Job:
@@ -150,6 +154,7 @@ class Job(Aggregate):
             job.inbox = tuple(BufferedSignal.from_dict(m) for m in vars(job)["inbox"])
             job.personal_data = tuple(vars(job)["personal_data"])
             job.trace_context = vars(job).get("trace_context")
+            job.priority = vars(job).get("priority")
             return job
 
     class Event(Aggregate.Event):
@@ -193,7 +198,11 @@ class Job(Aggregate):
         it may itself be personal). None: the job holds no personal data."""
         trace_context: dict[str, str] | None = None
         """The W3C trace context of the span that submitted the job; None: untraced."""
-        stored_when_set = frozenset({"personal_data", "personal_data_key", "trace_context"})
+        priority: int | None = None
+        """0-9, higher admitted first; None: the default priority."""
+        stored_when_set = frozenset(
+            {"personal_data", "personal_data_key", "trace_context", "priority"}
+        )
 
         def evolve(self, job: Job) -> None:
             job.tenant_id = self.tenant_id
@@ -211,6 +220,7 @@ class Job(Aggregate):
             job.personal_data_key = self.personal_data_key
             job.personal_data_erased = False
             job.trace_context = self.trace_context
+            job.priority = self.priority
             job.chain_head = chain.GENESIS
             job.status = JobStatus.QUEUED
             job.current_step = 0
@@ -564,6 +574,7 @@ class Job(Aggregate):
         personal_data: tuple[str, ...] = (),
         personal_data_key: str | None = None,
         trace_context: Mapping[str, str] | None = None,
+        priority: int | None = None,
     ) -> Job:
         return cls._create(
             cls.Submitted,
@@ -584,6 +595,7 @@ class Job(Aggregate):
             personal_data=list(personal_data) if personal_data else None,
             personal_data_key=personal_data_key,
             trace_context=dict(trace_context) if trace_context else None,
+            priority=priority,
         )
 
     # ---- commands: each checks its precondition, then appends one event ---------------

@@ -23,6 +23,7 @@ from typing import Any, Protocol
 from uuid import uuid4
 
 from jobledger import tracing, transition
+from jobledger.admission import DEFAULT_PRIORITY, Policy, Queued, rank
 from jobledger.budget import exceeded_limit
 from jobledger.config import EngineConfig
 from jobledger.errors import (
@@ -42,6 +43,7 @@ from jobledger.job import Claim, Job
 from jobledger.keys import ConsumedKey
 from jobledger.payloads import json_object
 from jobledger.ports import (
+    AdmissionGate,
     ApprovalRequest,
     Clock,
     Cost,
@@ -57,6 +59,7 @@ from jobledger.ports import (
     ResumeTokens,
     RetryPolicy,
     StepExecutor,
+    StepRates,
     StepRequest,
     StepResult,
     Tick,
@@ -86,6 +89,8 @@ class Outcome(StrEnum):
     PARKED = "parked"
     """A budget limit was reached; the job waits for a raised budget."""
     FAILED = "failed"
+    HELD = "held"
+    """Queued, not admitted yet (``jobledger.admission``): its tick comes when it is."""
 
 
 @dataclass
@@ -159,6 +164,10 @@ class Wiring(Protocol):
     def leases(self) -> Leases | None: ...
     @property
     def tracer(self) -> Tracer: ...
+    @property
+    def admission(self) -> AdmissionGate | None: ...
+    @property
+    def step_rates(self) -> StepRates | None: ...
 
 
 class Orchestrator:
@@ -174,6 +183,9 @@ class Orchestrator:
         self.tokens = wiring.tokens
         self.notifier = wiring.notifier
         self.tracer = wiring.tracer
+        self.admission = wiring.admission
+        self.step_rates = wiring.step_rates
+        self.policy = Policy(config)
         self.tick_appends: TickAppends = self.store
         self.async_steps = SharedLoop()
         """Replaced by the engine's group commit when it runs many ticks at once."""
@@ -242,6 +254,8 @@ class Orchestrator:
         if job.is_overdue(now):
             self.time_out(job, now)
             return None
+        if run.steps == 0 and self.held_for_admission(job, now):
+            return Outcome.HELD
         if not job.holds_claim(run.claim_id, now) and not job.is_claimable(now):
             return self.stand_aside(job, run, now)
         if self.lease_kept_elsewhere(job, run, now):
@@ -283,6 +297,7 @@ class Orchestrator:
         if resolution.is_costly and self.defer_for_ceiling(job, now):
             return Outcome.DEFERRED
         self.check_deployment(job, resolution)
+        self.pace(job)
         if resolution.has_side_effect and not job.holds_claim(run.claim_id, now):
             self.claim(job, run, now)
         executed = self.execute(job, run, resolution)
@@ -312,6 +327,63 @@ class Orchestrator:
             self.schedule(job, job.lease_until, f"lease:{job.version}", now)
             return Outcome.CLAIM_LOST
         return Outcome.IDLE
+
+    # ---- admission and step rates ---------------------------------------------------
+
+    def held_for_admission(self, job: Job, now: datetime) -> bool:
+        """A job that has not started starts only once admitted. One the table does not
+        hold (its submit died before entering it, or it was submitted with no gate)
+        enters it now, and waits its turn like the others."""
+        if self.admission is None or job.status is not JobStatus.QUEUED or job.current_step:
+            return False
+        if job.total_steps_executed:
+            return False
+        admitted = self.admission.admitted(str(job.id))
+        if admitted is None:
+            self.start(self.admission.enter(self.queued(job, now), now))
+            return True
+        return not admitted
+
+    def queued(self, job: Job, now: datetime) -> Queued:
+        """The job as the admission table queues it, ranked from ``now``."""
+        priority = job.priority if job.priority is not None else DEFAULT_PRIORITY
+        return Queued(
+            job_uuid=str(job.id),
+            tenant_id=job.tenant_id,
+            job_id=job.job_id,
+            workflow_type=job.workflow_type,
+            priority=priority,
+            rank=rank(now, priority, self.policy.aging_seconds),
+        )
+
+    def start(self, admitted: list[Queued], *, except_job: str | None = None) -> None:
+        """Send the first tick of each job a pass admitted (but ``except_job``'s, which
+        the caller sends itself)."""
+        for queued in admitted:
+            if queued.job_uuid == except_job:
+                continue
+            tick = Tick(queued.tenant_id, queued.job_id, "admitted", trace_context=self.carrier())
+            self.queue.enqueue(tick, dedupe_key="admitted")
+            self.ops.record(
+                OpsEvent(
+                    jobId=queued.job_id,
+                    tenantId=queued.tenant_id,
+                    eventType="job.admitted",
+                    status=str(JobStatus.QUEUED),
+                    metadata={"priority": queued.priority, "workflowType": queued.workflow_type},
+                )
+            )
+
+    def pace(self, job: Job) -> None:
+        """Wait for this step's turn under the step rates that apply (none by default)."""
+        if self.step_rates is None:
+            return
+        rates = self.policy.steps_per_second(job.tenant_id, job.workflow_type)
+        now = self.clock.now()
+        waits = [self.step_rates.reserve(scope, rate, now) for scope, rate in rates]
+        wait = max(waits, default=0.0)
+        if wait > 0:
+            self.clock.sleep(wait)
 
     def lease_kept_elsewhere(self, job: Job, run: _Run, now: datetime) -> bool:
         """A running job whose Claimed lease lapsed may still be alive on its worker's

@@ -52,6 +52,7 @@ class Reconciler:
         lost_tick_after: timedelta = timedelta(seconds=30),
         resend_after: timedelta = timedelta(minutes=1),
         batch: int = 1_000,
+        admission: Callable[[], object] | None = None,
     ) -> None:
         self.views = views
         self.queue = queue
@@ -61,6 +62,8 @@ class Reconciler:
         self.lost_tick_after = lost_tick_after
         self.resend_after = resend_after
         self.batch = batch
+        self.admission = admission
+        """A pass of the admission gate (``Engine.admission_pass``), run each round."""
         self.sent: dict[tuple[str, int], datetime] = {}
         self.stopping = threading.Event()
 
@@ -74,6 +77,8 @@ class Reconciler:
         started = time.perf_counter()
         now = as_of or self.clock.now()
         lost_after = self.lost_tick_after if lost_tick_after is None else lost_tick_after
+        if self.admission is not None:
+            self.admission()
         due = self.due_jobs(now, lost_after)
         enqueued = sum(self.enqueue(job, now) for job in due)
         self.forget_before(now - self.resend_after)

@@ -185,6 +185,7 @@ class Supervisor:
             lock=lock_for(deps.store.location, "reconciler"),
             ops=deps.ops,
             lost_tick_after=lost_tick_after,
+            admission=self.engine.admission_pass,
         )
 
     def _metrics(self) -> MetricsServer | None:

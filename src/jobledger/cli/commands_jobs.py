@@ -50,6 +50,15 @@ def submit(
         str | None,
         typer.Option("--correlation", metavar="ID", help="Ties it to a request elsewhere."),
     ] = None,
+    priority: Annotated[
+        int | None,
+        typer.Option(
+            "--priority",
+            min=0,
+            max=9,
+            help="0-9, the higher started first among the tenant's queued jobs (default 5).",
+        ),
+    ] = None,
     subject: Annotated[
         str | None,
         typer.Option(
@@ -82,8 +91,10 @@ def submit(
             employee_id=employee,
             correlation_id=correlation,
             data_subject=subject,
+            priority=priority,
         )
-        _print_job(engine.history(tenant, view.job_id), view, json)
+        queued = engine.queued_because(tenant, view.job_id)
+        _print_job(engine.history(tenant, view.job_id), view, json, queued=queued)
 
 
 def show(
@@ -126,8 +137,10 @@ def show(
         if not json and (at_version is not None or at is not None):
             moment = output.when(view.updated_at)
             output.console().print(f"as it was at version {view.version} ({moment})")
-        blocked = _blocked(engine, view) if at_version is None and at is None else None
-        _print_job(entries, view, json, blocked)
+        now = at_version is None and at is None
+        blocked = _blocked(engine, view) if now else None
+        queued = engine.queued_because(tenant, job) if now and view.status == "queued" else None
+        _print_job(entries, view, json, blocked, queued=queued)
 
 
 def history(
@@ -205,12 +218,17 @@ def tick(
 
 
 def _print_job(
-    entries: list[HistoryEntry], view: JobView, as_json: bool, blocked: BlockedNote | None = None
+    entries: list[HistoryEntry],
+    view: JobView,
+    as_json: bool,
+    blocked: BlockedNote | None = None,
+    *,
+    queued: str | None = None,
 ) -> None:
     if as_json:
-        output.print_json(output.job_document(view, entries, blocked))
+        output.print_json(output.job_document(view, entries, blocked, queued=queued))
     else:
-        output.console().print(output.job_table(view, entries, blocked))
+        output.console().print(output.job_table(view, entries, blocked, queued=queued))
 
 
 def _blocked(engine: Engine, view: JobView) -> BlockedNote | None:

@@ -131,13 +131,19 @@ def open_wait(view: JobView, history: Iterable[HistoryEntry]) -> dict[str, Any] 
 
 
 def job_document(
-    view: JobView, history: list[HistoryEntry], blocked: BlockedNote | None = None
+    view: JobView,
+    history: list[HistoryEntry],
+    blocked: BlockedNote | None = None,
+    *,
+    queued: str | None = None,
 ) -> dict[str, Any]:
+    """``queued``: why a queued job has not started (the admission gate's answer)."""
     document: dict[str, Any] = jsonable(view)
     document["pending_approval"] = jsonable(pending_approval(view, history))
     document["wait"] = jsonable(open_wait(view, history))
     document["blocked"] = jsonable(blocked)
     document["parked"] = parked(view, history)
+    document["queued_because"] = queued
     return document
 
 
@@ -171,7 +177,11 @@ def blocked_text(note: BlockedNote) -> str:
 
 
 def job_table(
-    view: JobView, history: list[HistoryEntry] | None = None, blocked: BlockedNote | None = None
+    view: JobView,
+    history: list[HistoryEntry] | None = None,
+    blocked: BlockedNote | None = None,
+    *,
+    queued: str | None = None,
 ) -> Table:
     history = history or []
     table = Table(title=f"job {view.tenant_id}/{view.job_id}", show_header=False, box=None)
@@ -179,6 +189,9 @@ def job_table(
     table.add_column()
     table.add_row("workflow", f"{view.workflow_type} v{view.workflow_version}")
     table.add_row("status", Text(str(view.status), style=_STATUS_STYLE.get(view.status, "")))
+    if queued is not None:
+        table.add_row("queued because", Text(queued, style="yellow"))
+    table.add_row("priority", str(view.priority))
     upcoming = view.next_step or ("the start step" if view.current_step == 0 else "-")
     table.add_row("step", f"{view.current_step} recorded; next: {upcoming}")
     table.add_row("state", compact(view.state))
