@@ -1,0 +1,259 @@
+"""Per-tenant concurrency limits, fair admission across tenants, priorities and aging
+(``jobledger.admission``), with real workers (the engine's own lanes) on both stores.
+
+What is asserted is order and limits, never speed: the timings go in
+scripts/bench_fairness.py. The Kafka side (several worker processes, kill -9) is in
+tests/test_fairness_kafka.py.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from itertools import pairwise
+from typing import Any
+
+import pytest
+from projections import JobViews
+
+from jobledger import Engine, EngineConfig, JobStatus
+from jobledger.adapters.clock import FakeClock
+from jobledger.adapters.local_queue import LocalQueue
+from jobledger.adapters.ops import MemoryOps
+from jobledger.adapters.store_url import parse_store_url
+from jobledger.errors import InvalidPayloadError, UnknownJobError
+from jobledger.orchestrator import Outcome
+from jobledger.reconciler import Reconciler
+from jobledger.supervisor import lock_for
+from tests.support.engines import EngineFactory
+from tests.support.fairness import RunRecorder, registry
+
+STEPS = {"noop": 1, "agent3": 3}
+
+
+def engine_with(make_engine: EngineFactory, recorder: RunRecorder, **config: Any) -> Engine:
+    return make_engine(registry=registry(), executor=recorder, config=config)
+
+
+def first_step_at(recorder: RunRecorder, tenant: str, job: str) -> int:
+    return recorder.first_steps.index((tenant, job))
+
+
+# ---- fairness ------------------------------------------------------------------------------
+
+
+def test_a_small_tenant_starts_ahead_of_a_large_tenants_backlog(
+    make_engine: EngineFactory, clock: FakeClock
+) -> None:
+    """Tenant A queues 2,000 jobs before tenant B submits 3: B's jobs start as soon as
+    a few of A's jobs end, not after A's backlog (the window is 16 starting jobs)."""
+    recorder = RunRecorder(STEPS)
+    engine = engine_with(make_engine, recorder, admission_window=16, concurrency=4)
+    backlog = [f"a{n}" for n in range(2_000)]
+    for job in backlog:
+        engine.submit("big", job, "noop")
+    small = [f"b{n}" for n in range(3)]
+    for job in small:
+        engine.submit("small", job, "noop")
+    assert "window of 16 starting jobs is full" in (engine.queued_because("small", "b0") or "")
+    engine.run_until_idle()
+    positions = [first_step_at(recorder, "small", job) for job in small]
+    # Behind at most the window's jobs already admitted, and the few that end meanwhile.
+    assert max(positions) < 16 + 8, positions
+    assert len(recorder.first_steps) == len(backlog) + len(small)
+    for job in (*small, *backlog[:50], *backlog[-50:]):
+        tenant = "small" if job.startswith("b") else "big"
+        assert engine.job(tenant, job).status is JobStatus.COMPLETED
+
+
+# ---- limits --------------------------------------------------------------------------------
+
+
+def test_limits_on_a_tenant_and_on_its_workflow_are_never_exceeded(
+    make_engine: EngineFactory,
+) -> None:
+    recorder = RunRecorder(STEPS, effect_s=0.002)
+    limits = [
+        {"tenant": "acme", "max_running": 3},
+        {"tenant": "acme", "workflow": "agent3", "max_running": 2},
+        {"tenant": "*", "max_running": 4},
+    ]
+    engine = engine_with(
+        make_engine, recorder, concurrency_limits=limits, concurrency=8, max_steps_per_tick=1
+    )
+    jobs = [("acme", f"x{n}", "agent3") for n in range(10)]
+    jobs += [("acme", f"n{n}", "noop") for n in range(10)]
+    jobs += [("other", f"o{n}", "agent3") for n in range(10)]
+    for tenant, job, workflow in jobs:
+        engine.submit(tenant, job, workflow)
+    engine.run_until_idle()
+    assert all(engine.job(t, j).status is JobStatus.COMPLETED for t, j, _ in jobs)
+    assert recorder.peak["acme"] <= 3 and recorder.peak["acme/agent3"] <= 2, recorder.peak
+    assert recorder.peak["other"] <= 4, recorder.peak  # the limit ``*`` puts on each tenant
+    assert recorder.peak["acme"] >= 2 and recorder.peak["other"] >= 2, "nothing ran at once"
+
+
+def test_show_says_why_a_queued_job_waits(make_engine: EngineFactory) -> None:
+    recorder = RunRecorder(STEPS)
+    limits = [
+        {"tenant": "acme", "max_running": 2},
+        {"tenant": "acme", "workflow": "agent3", "max_running": 1},
+    ]
+    engine = engine_with(make_engine, recorder, concurrency_limits=limits, admission_window=3)
+    engine.submit("acme", "a1", "agent3")
+    engine.submit("acme", "a2", "agent3")
+    assert engine.queued_because("acme", "a1") is None  # admitted
+    assert engine.queued_because("acme", "a2") == (
+        "queued: tenant acme's workflow agent3 at its limit of 1 running jobs"
+    )
+    engine.submit("acme", "n1", "noop")
+    engine.submit("acme", "n2", "noop")
+    assert engine.queued_because("acme", "n2") == (
+        "queued: tenant acme at its limit of 2 running jobs"
+    )
+    engine.submit("beta", "b1", "noop")
+    engine.submit("beta", "b2", "noop")
+    assert (engine.queued_because("beta", "b2") or "").startswith(
+        "queued: the fleet's window of 3 starting jobs is full"
+    )
+    # A tick that reaches a job the gate holds leaves it queued.
+    assert engine.tick("beta", "b2").outcome is Outcome.HELD
+    assert engine.job("beta", "b2").status is JobStatus.QUEUED
+    engine.run_until_idle()
+    assert engine.queued_because("acme", "a2") is None
+    assert engine.job("acme", "a2").status is JobStatus.COMPLETED
+
+
+def test_a_limit_without_the_gate_is_refused() -> None:
+    with pytest.raises(ValueError, match="admission_window must be at least 1"):
+        EngineConfig(admission_window=0, concurrency_limits=[{"max_running": 1}])
+
+
+def test_with_no_gate_every_job_starts_at_submit(make_engine: EngineFactory) -> None:
+    recorder = RunRecorder(STEPS)
+    engine = engine_with(make_engine, recorder, admission_window=0)
+    for n in range(5):
+        engine.submit("t", f"j{n}", "noop")
+    assert engine.deps.admission is None and engine.queued_because("t", "j4") is None
+    assert engine.run_until_idle() == 5
+
+
+# ---- priorities and aging ------------------------------------------------------------------
+
+
+def test_priorities_order_the_start_within_a_tenant(
+    make_engine: EngineFactory, clock: FakeClock
+) -> None:
+    recorder = RunRecorder(STEPS)
+    limits = [{"tenant": "acme", "max_running": 1}]
+    engine = engine_with(make_engine, recorder, concurrency_limits=limits)
+    engine.submit("acme", "first", "noop", priority=0)  # admitted at once: nothing runs
+    for job, priority in (("p1", 1), ("p9a", 9), ("p5", 5), ("p3", 3), ("p9b", 9), ("pd", None)):
+        clock.advance(timedelta(milliseconds=10))
+        engine.submit("acme", job, "noop", priority=priority)
+    assert engine.job("acme", "p9a").priority == 9 and engine.job("acme", "pd").priority == 5
+    engine.run_until_idle()
+    order = [job for _, job in recorder.first_steps]
+    assert order == ["first", "p9a", "p9b", "p5", "pd", "p3", "p1"]
+
+
+@pytest.mark.parametrize(("waited_s", "first"), [(100, "low"), (50, "high")])
+def test_aging_lets_a_low_priority_job_overtake_newer_high_priority_ones(
+    make_engine: EngineFactory, clock: FakeClock, waited_s: int, first: str
+) -> None:
+    """With one level per 10 s, a priority-0 job that waited 100 s outranks priority-9
+    jobs submitted now (it counts as 10); after only 50 s it does not (5 < 9)."""
+    recorder = RunRecorder(STEPS)
+    limits = [{"tenant": "acme", "max_running": 1}]
+    engine = engine_with(
+        make_engine, recorder, concurrency_limits=limits, priority_aging_seconds=10
+    )
+    engine.submit("acme", "blocker", "noop")
+    engine.submit("acme", "low", "noop", priority=0)
+    clock.advance(timedelta(seconds=waited_s))
+    engine.submit("acme", "high", "noop", priority=9)
+    engine.run_until_idle()
+    order = [job for _, job in recorder.first_steps]
+    assert order[:2] == ["blocker", first]
+
+
+@pytest.mark.parametrize("priority", [-1, 10, 2.5, "9", True])
+def test_a_priority_outside_0_to_9_is_refused(make_engine: EngineFactory, priority: Any) -> None:
+    engine = engine_with(make_engine, RunRecorder(STEPS))
+    with pytest.raises(InvalidPayloadError, match="priority must be"):
+        engine.submit("acme", "j", "noop", priority=priority)
+    with pytest.raises(UnknownJobError):
+        engine.job("acme", "j")
+
+
+# ---- step rates ----------------------------------------------------------------------------
+
+
+def test_a_step_rate_spaces_a_tenants_steps_and_not_anothers(
+    make_engine: EngineFactory, clock: FakeClock
+) -> None:
+    recorder = RunRecorder(STEPS)
+    limits = [{"tenant": "slow", "max_steps_per_second": 2}]
+    engine = engine_with(make_engine, recorder, concurrency_limits=limits, concurrency=1)
+    for tenant in ("fast", "slow"):  # the fast ones first: they run before time moves
+        for n in range(5):
+            engine.submit(tenant, f"{tenant[0]}{n}", "noop")
+    started = clock.now()
+    engine.run_until_idle()
+
+    def step_times(tenant: str) -> list[float]:
+        moments = []
+        for n in range(5):
+            history = engine.history(tenant, f"{tenant[0]}{n}")
+            recorded = next(e for e in history if e.event_type == "StepRecorded")
+            moments.append((recorded.timestamp - started).total_seconds())
+        return sorted(moments)
+
+    slow = step_times("slow")
+    gaps = [b - a for a, b in pairwise(slow)]
+    assert all(gap >= 0.5 for gap in gaps), slow
+    assert slow[-1] >= 2.0  # five steps at two a second
+    assert step_times("fast") == [0.0] * 5
+
+
+# ---- restarts ------------------------------------------------------------------------------
+
+
+def test_a_restart_loses_no_queued_job_and_keeps_the_limit(
+    make_engine: EngineFactory, store_url: str, clock: FakeClock, ops: MemoryOps
+) -> None:
+    """The first engine dies with its in-process queue (the admitted jobs' ticks with
+    it) after a few ticks; a second one, with the reconciler as its backstop, finishes
+    every job, never more than the limit at once."""
+    recorder = RunRecorder(STEPS, effect_s=0.001)
+    limits = [{"tenant": "acme", "max_running": 2}]
+    settings = {"concurrency_limits": limits, "concurrency": 4, "max_steps_per_tick": 1}
+    first = engine_with(make_engine, recorder, **settings)
+    jobs = [f"j{n}" for n in range(8)]
+    for job in jobs:
+        first.submit("acme", job, "agent3")
+    first.run_until_idle(max_ticks=3)
+    first.close()
+
+    second = engine_with(make_engine, recorder, **settings)
+    queue = second.deps.local_queue
+    assert isinstance(queue, LocalQueue) and len(queue) == 0
+    views = JobViews(second.store)
+    reconciler = Reconciler(
+        views=views,
+        queue=queue,
+        clock=clock,
+        lock=lock_for(parse_store_url(store_url), "fair-reconciler"),
+        ops=ops,
+        lost_tick_after=timedelta(seconds=30),
+        admission=second.admission_pass,
+    )
+    for _ in range(20):
+        if all(second.job("acme", job).status is JobStatus.COMPLETED for job in jobs):
+            break
+        clock.advance(timedelta(minutes=2))
+        views.catch_up()
+        reconciler.reconcile()
+        second.run_until_idle()
+    assert all(second.job("acme", job).status is JobStatus.COMPLETED for job in jobs)
+    assert recorder.peak["acme"] == 2, recorder.peak
+    assert sorted(job for _, job in recorder.first_steps) == sorted(jobs)
