@@ -15,12 +15,13 @@ from typing import Any
 import pytest
 from projections import JobViews
 
-from jobledger import Engine, EngineConfig, JobStatus
+from jobledger import Engine, JobStatus
 from jobledger.adapters.clock import FakeClock
 from jobledger.adapters.local_queue import LocalQueue
 from jobledger.adapters.ops import MemoryOps
 from jobledger.adapters.store_url import parse_store_url
 from jobledger.errors import InvalidPayloadError, UnknownJobError
+from jobledger.identity import job_uuid
 from jobledger.orchestrator import Outcome
 from jobledger.reconciler import Reconciler
 from jobledger.supervisor import lock_for
@@ -123,18 +124,32 @@ def test_show_says_why_a_queued_job_waits(make_engine: EngineFactory) -> None:
     assert engine.job("acme", "a2").status is JobStatus.COMPLETED
 
 
-def test_a_limit_without_the_gate_is_refused() -> None:
-    with pytest.raises(ValueError, match="admission_window must be at least 1"):
-        EngineConfig(admission_window=0, concurrency_limits=[{"max_running": 1}])
-
-
-def test_with_no_gate_every_job_starts_at_submit(make_engine: EngineFactory) -> None:
+def test_with_neither_window_nor_limit_no_job_waits_or_is_written_to_the_gate(
+    make_engine: EngineFactory,
+) -> None:
     recorder = RunRecorder(STEPS)
-    engine = engine_with(make_engine, recorder, admission_window=0)
+    engine = engine_with(make_engine, recorder)
     for n in range(5):
         engine.submit("t", f"j{n}", "noop")
     assert engine.deps.admission is None and engine.queued_because("t", "j4") is None
     assert engine.run_until_idle() == 5
+
+
+def test_a_limit_alone_gates_only_the_jobs_it_applies_to(make_engine: EngineFactory) -> None:
+    recorder = RunRecorder(STEPS)
+    limits = [{"tenant": "acme", "max_running": 1}]
+    engine = engine_with(make_engine, recorder, concurrency_limits=limits)
+    for n in range(3):
+        engine.submit("acme", f"a{n}", "noop")
+        engine.submit("free", f"f{n}", "noop")
+    gate = engine.deps.admission
+    assert gate is not None
+    assert gate.admitted(str(job_uuid("free", "f0"))) is None  # never entered
+    assert gate.admitted(str(job_uuid("acme", "a0"))) is True
+    assert gate.admitted(str(job_uuid("acme", "a1"))) is False
+    engine.run_until_idle()
+    assert recorder.peak["acme"] == 1 and recorder.peak["free"] >= 1
+    assert gate.admitted(str(job_uuid("acme", "a2"))) is None  # ended: its row is gone
 
 
 # ---- priorities and aging ------------------------------------------------------------------

@@ -26,6 +26,9 @@ from jobledger.errors import InvalidPayloadError
 DEFAULT_PRIORITY = 5
 LOWEST_PRIORITY, HIGHEST_PRIORITY = 0, 9
 
+UNWINDOWED_BATCH = 1_000
+"""The most jobs one pass admits when there is no window (only limits)."""
+
 Group = tuple[str, str]
 """(tenant, workflow type): the unit limits are kept for."""
 
@@ -79,6 +82,23 @@ class Policy:
         self.aging_seconds = config.priority_aging_seconds
         self.limits = tuple(config.concurrency_limits)
 
+    @property
+    def enabled(self) -> bool:
+        """Whether any job goes through the gate at all (a window, or a limit)."""
+        return self.window > 0 or any(limit.max_running is not None for limit in self.limits)
+
+    def gates(self, tenant_id: str, workflow_type: str) -> bool:
+        """Whether this tenant's jobs of this workflow wait to be admitted: always under a
+        window, else only when a limit applies to them."""
+        if self.window > 0:
+            return True
+        limits = (self.tenant_limit(tenant_id), self.workflow_limit(tenant_id, workflow_type))
+        return any(limit is not None for limit in limits)
+
+    def free(self, in_flight: int) -> int:
+        """How many more jobs the window takes (without one, a pass's batch)."""
+        return self.window - in_flight if self.window > 0 else UNWINDOWED_BATCH
+
     def tenant_limit(self, tenant_id: str) -> int | None:
         return _tightest(self.limits, tenant_id, None)
 
@@ -101,7 +121,7 @@ class Policy:
         """The jobs to admit now: round-robin across tenants (fewest running first, then
         the best rank), each tenant's best rank first, within the window and the limits.
         ``candidates`` holds each group's best waiting jobs."""
-        free = self.window - occupancy.in_flight
+        free = self.free(occupancy.in_flight)
         by_tenant: dict[str, list[Queued]] = {}
         for job in sorted(candidates, key=lambda job: job.rank):
             by_tenant.setdefault(job.tenant_id, []).append(job)
@@ -153,7 +173,7 @@ class Policy:
                 f"queued: tenant {job.tenant_id}'s workflow {job.workflow_type} at its limit "
                 f"of {cap} running jobs"
             )
-        if occupancy.in_flight >= self.window:
+        if self.window > 0 and occupancy.in_flight >= self.window:
             return (
                 f"queued: the fleet's window of {self.window} starting jobs is full; shared "
                 f"round-robin across tenants as they end ({ahead} of this tenant's ahead)"

@@ -33,7 +33,7 @@ class Admitting(EngineParts):
         """Queue a new job for admission; its first tick (``first``) goes now if a pass
         admits it at once, else when one does."""
         gate = self.deps.admission
-        if gate is None:
+        if gate is None or not self.orchestrator.policy.gates(job.tenant_id, job.workflow_type):
             self.queue.enqueue(first, dedupe_key="create")
             return
         now = self.clock.now()
@@ -48,6 +48,8 @@ class Admitting(EngineParts):
         gate = self.deps.admission
         if gate is None or report.outcome in _NOTHING_DONE:
             return
+        if not self.orchestrator.policy.gates(tick.tenant_id, report.workflow_type):
+            return
         uuid = str(job_uuid(tick.tenant_id, tick.job_id))
         if report.status.is_terminal:
             self.orchestrator.start(gate.leave(uuid, self.clock.now()))
@@ -57,7 +59,10 @@ class Admitting(EngineParts):
     def _left(self, job: Job) -> None:
         """A command ended the job (a cancel): free its place, or its place in the queue."""
         gate = self.deps.admission
-        if gate is not None and job.status.is_terminal:
+        gated = gate is not None and self.orchestrator.policy.gates(
+            job.tenant_id, job.workflow_type
+        )
+        if gate is not None and gated and job.status.is_terminal:
             self.orchestrator.start(gate.leave(str(job.id), self.clock.now()))
 
     def admission_pass(self) -> int:

@@ -160,9 +160,7 @@ def build(
         kafka_queue=kafka_queue,
         metrics=kept,
         tracer=tracer if tracer is not None else _tracer(config),
-        admission=(
-            AdmissionTable(store.backend, Policy(config)) if config.admission_window else None
-        ),
+        admission=_admission(config, store),
         step_rates=StepRateTable(store.backend),
     )
 
@@ -183,6 +181,13 @@ def _queue(
         return kafka, None, kafka
     local = LocalQueue(clock)
     return local, local, None
+
+
+def _admission(config: EngineConfig, store: EventSourcedJobStore) -> AdmissionGate | None:
+    """The admission table, when a window or a limit asks for it: without either, no job
+    waits, and none pays for a write of the gate's."""
+    policy = Policy(config)
+    return AdmissionTable(store.backend, policy) if policy.enabled else None
 
 
 def _metrics(config: EngineConfig, clock: Clock) -> Metrics:

@@ -8,7 +8,7 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 # Kafka's legal topic names.
@@ -68,10 +68,11 @@ class EngineConfig(BaseSettings):
     """How long the first append of a group waits for the other ticks in flight; a tick
     running alone never waits."""
 
-    admission_window: int = Field(default=64, ge=0)
+    admission_window: int = Field(default=0, ge=0)
     """Jobs started (admitted) and not yet ended or waiting, fleet-wide; queued jobs
-    beyond it are admitted round-robin across tenants as these end. 0: no gate, every
-    job starts at submit (then no ``max_running`` limit can be kept)."""
+    beyond it are admitted round-robin across tenants as these end. 0: no window (the
+    gate then holds only jobs a ``max_running`` limit applies to; other jobs start at
+    submit, with no write of the gate's)."""
     priority_aging_seconds: float = Field(default=60.0, gt=0)
     """A queued job gains one priority level per this many seconds it waits."""
     concurrency_limits: list[ConcurrencyLimit] = Field(default_factory=list)
@@ -143,17 +144,6 @@ class EngineConfig(BaseSettings):
     """Label tenant-level metrics (spend, jobs by status) by tenant; off, they are totals."""
     metrics_tenant_cap: int = Field(default=50, ge=1, le=10_000)
     """The most tenants given a label of their own; the ones seen after fold into ``other``."""
-
-    @model_validator(mode="after")
-    def _limits_need_the_gate(self) -> EngineConfig:
-        if self.admission_window == 0 and any(
-            limit.max_running is not None for limit in self.concurrency_limits
-        ):
-            raise ValueError(
-                "concurrency_limits with max_running need the admission gate: "
-                "admission_window must be at least 1"
-            )
-        return self
 
     def cost_ceiling_for(self, tenant_id: str) -> Decimal:
         """The tenant's spend ceiling per UTC day (its override, else the default); 0 is

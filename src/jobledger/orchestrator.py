@@ -103,6 +103,7 @@ class TickReport:
     """The job's current step when the tick ended."""
     span: Span | None = None
     """The tick's span, ended: its log line carries the span's ids."""
+    workflow_type: str = ""
 
 
 REBASE_ATTEMPTS = 100
@@ -243,7 +244,14 @@ class Orchestrator:
             outcome = lost.outcome
             run.job = self.load(tick)
         job = run.job
-        return TickReport(outcome, job.status, run.steps, job.version, job.current_step)
+        return TickReport(
+            outcome,
+            job.status,
+            run.steps,
+            job.version,
+            job.current_step,
+            workflow_type=job.workflow_type,
+        )
 
     def advance(self, run: _Run) -> Outcome | None:
         """One step. Returns an outcome to stop the tick, or None to take another step."""
@@ -336,7 +344,7 @@ class Orchestrator:
         enters it now, and waits its turn like the others."""
         if self.admission is None or job.status is not JobStatus.QUEUED or job.current_step:
             return False
-        if job.total_steps_executed:
+        if job.total_steps_executed or not self.policy.gates(job.tenant_id, job.workflow_type):
             return False
         admitted = self.admission.admitted(str(job.id))
         if admitted is None:

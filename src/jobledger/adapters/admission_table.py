@@ -102,21 +102,25 @@ class AdmissionTable:
     # ---- a pass ---------------------------------------------------------------------------
 
     def _pass(self, curs: Cursor, now: datetime) -> list[Queued]:
+        groups = self._waiting_groups(curs)
+        if not groups:  # the common case of a job ending with nothing queued
+            return []
         occupancy = self._occupancy(curs)
-        free = self.policy.window - occupancy.in_flight
+        free = self.policy.free(occupancy.in_flight)
         if free <= 0:
             return []
         candidates: list[Queued] = []
         # Each group's best few: never more than the window could take, however deep.
-        for group in self._waiting_groups(curs):
+        for group in groups:
             candidates += self._best(curs, group, free)
         chosen = self.policy.choose(candidates, occupancy)
-        for job in chosen:
+        if chosen:
+            names = {f"j{n}": job.job_uuid for n, job in enumerate(chosen)}
             self._execute(
                 curs,
                 f"UPDATE {self.table} SET state = {IN_FLIGHT}, admitted_at = :now "
-                "WHERE job_uuid = :job_uuid",
-                {"now": self.backend.ts(now), "job_uuid": job.job_uuid},
+                f"WHERE job_uuid IN ({', '.join(':' + name for name in names)})",
+                {"now": self.backend.ts(now), **names},
             )
         return chosen
 
