@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from datetime import timedelta
 from itertools import pairwise
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -20,13 +21,16 @@ from jobledger.adapters.clock import FakeClock
 from jobledger.adapters.local_queue import LocalQueue
 from jobledger.adapters.ops import MemoryOps
 from jobledger.adapters.store_url import parse_store_url
+from jobledger.api.auth import Role
 from jobledger.errors import InvalidPayloadError, UnknownJobError
 from jobledger.identity import job_uuid
 from jobledger.orchestrator import Outcome
 from jobledger.reconciler import Reconciler
 from jobledger.supervisor import lock_for
+from tests.support.cli import make_cli
 from tests.support.engines import EngineFactory
 from tests.support.fairness import RunRecorder, registry
+from tests.support.http import api_registry, start_api
 
 STEPS = {"noop": 1, "agent3": 3}
 
@@ -272,3 +276,35 @@ def test_a_restart_loses_no_queued_job_and_keeps_the_limit(
     assert all(second.job("acme", job).status is JobStatus.COMPLETED for job in jobs)
     assert recorder.peak["acme"] == 2, recorder.peak
     assert sorted(job for _, job in recorder.first_steps) == sorted(jobs)
+
+
+# ---- the CLI and the HTTP API --------------------------------------------------------------
+
+
+def test_cli_submit_takes_a_priority_and_show_says_why_the_job_is_queued(
+    tmp_path: Path, store_url: str
+) -> None:
+    limits = '[{tenant = "acme", max_running = 1}]'
+    cli = make_cli(tmp_path, store_url, settings=f"concurrency_limits = {limits}\n")
+    first = cli.json("submit", "acme", "t1", "ticket")
+    assert (first["priority"], first["queued_because"]) == (5, None)
+    second = cli.json("submit", "acme", "t2", "ticket", "--priority", "8")
+    assert second["priority"] == 8
+    why = "queued: tenant acme at its limit of 1 running jobs"
+    assert second["queued_because"] == why
+    shown = " ".join(cli.ok("show", "acme", "t2").split())
+    assert f"queued because {why}" in shown and "priority 8" in shown
+    refused = cli.fails(2, "submit", "acme", "t3", "ticket", "--priority", "10")
+    assert "Invalid value for '--priority': Input should be less than or equal to 9" in refused
+    cli.ok("cancel", "acme", "t1", "--reason", "make room", "--by", "ops")
+    assert cli.json("show", "acme", "t2")["queued_because"] is None  # admitted on the cancel
+
+
+def test_http_submit_takes_a_priority(make_engine: EngineFactory, tmp_path: Path) -> None:
+    engine = make_engine(registry=api_registry())
+    with start_api(engine, tmp_path) as api, api.as_role(Role.OPERATOR) as http:
+        made = http.post("/v1/jobs/acme", json={"workflow_type": "agent3", "priority": 9})
+        refused = http.post("/v1/jobs/acme", json={"workflow_type": "agent3", "priority": 12})
+    assert made.status_code == 201 and made.json()["priority"] == 9
+    assert refused.status_code == 400 and "priority" in refused.text
+    assert engine.job("acme", made.json()["job_id"]).priority == 9

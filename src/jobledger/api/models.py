@@ -55,6 +55,8 @@ class Job(BaseModel):
     next_step: str | None
     pending_approval_id: str | None
     buffered_signals: int
+    priority: int = 5
+    """0-9, the higher admitted first among the tenant's queued jobs."""
     pending_approval: dict[str, Any] | None = None
     """The open approval request in full: step, attempt, approvers, expiry, action hash."""
     wait: dict[str, Any] | None = None
