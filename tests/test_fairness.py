@@ -8,6 +8,9 @@ tests/test_fairness_kafka.py.
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
 from datetime import timedelta
 from itertools import pairwise
 from pathlib import Path
@@ -16,7 +19,7 @@ from typing import Any
 import pytest
 from projections import JobViews
 
-from jobledger import Engine, JobStatus
+from jobledger import Engine, EngineConfig, JobStatus
 from jobledger.adapters.clock import FakeClock
 from jobledger.adapters.local_queue import LocalQueue
 from jobledger.adapters.ops import MemoryOps
@@ -27,10 +30,12 @@ from jobledger.identity import job_uuid
 from jobledger.orchestrator import Outcome
 from jobledger.reconciler import Reconciler
 from jobledger.supervisor import lock_for
-from tests.support.cli import make_cli
+from tests.support import pythonpath
+from tests.support.cli import JOBLEDGER, make_cli
 from tests.support.engines import EngineFactory
-from tests.support.fairness import RunRecorder, registry
+from tests.support.fairness import NOOP_DEFINITION, RunRecorder, peak_running, registry, runs
 from tests.support.http import api_registry, start_api
+from tests.support.kafka_broker import wait_for
 
 STEPS = {"noop": 1, "agent3": 3}
 
@@ -308,3 +313,63 @@ def test_http_submit_takes_a_priority(make_engine: EngineFactory, tmp_path: Path
     assert made.status_code == 201 and made.json()["priority"] == 9
     assert refused.status_code == 400 and "priority" in refused.text
     assert engine.job("acme", made.json()["job_id"]).priority == 9
+
+
+# ---- kill -9 of a runner -------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_a_kill_9_of_a_runner_keeps_the_limit_and_loses_no_queued_job(
+    tmp_path: Path, store_url: str
+) -> None:
+    """``jobledger run`` (local queue, reconciler beside its workers) is SIGKILLed with
+    jobs running and more queued behind a limit; the next start finishes every job, and
+    the big tenant never had more than its limit running, the kill included."""
+    (tmp_path / "defs").mkdir()
+    (tmp_path / "defs" / "noop.yaml").write_text(NOOP_DEFINITION)
+    limits = [{"tenant": "big", "max_running": 3}]
+    (tmp_path / "cfg.toml").write_text(
+        'definitions = "defs"\nexecutor = "tests.support.fairness:FileRunRecorder"\n'
+        "lease_ms = 1500\nadmission_window = 6\n"
+        'concurrency_limits = [{tenant = "big", max_running = 3}]\n'
+    )
+    record = tmp_path / "runs"
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith("JOBLEDGER_")},
+        "PYTHONPATH": pythonpath(),
+        "JOBLEDGER_STORE_URL": store_url,
+        "JOBLEDGER_TEST_RUNS": str(record),
+        "JOBLEDGER_TEST_EFFECT_MS": "100",
+    }
+    config = EngineConfig(
+        store_url=store_url, worker_id="submitter", admission_window=6, concurrency_limits=limits
+    )
+    jobs = [("big", f"a{n}") for n in range(20)] + [("other", f"o{n}") for n in range(6)]
+    with Engine.open(registry=registry(), config=config) as engine:
+        for tenant, job in jobs:
+            engine.submit(tenant, job, "noop")
+
+        def start() -> subprocess.Popen[bytes]:
+            command = [str(JOBLEDGER), "run", "--workers", "2", "--config", "cfg.toml"]
+            log = (tmp_path / "runner.log").open("ab")
+            return subprocess.Popen(command, env=env, cwd=tmp_path, stdout=log, stderr=log)
+
+        def completed() -> bool:
+            return all(engine.job(t, j).status is JobStatus.COMPLETED for t, j in jobs)
+
+        runner = start()
+        try:
+            wait_for(lambda: len(runs(record)) >= 12, 60, "jobs running")
+            runner.send_signal(signal.SIGKILL)
+            runner.wait(timeout=30)
+            assert not completed()
+            runner = start()
+            wait_for(completed, 120, "the restarted runner finished every job", 0.5)
+        finally:
+            runner.send_signal(signal.SIGTERM)
+            runner.wait(timeout=60)
+    records = runs(record)
+    assert {(t, j) for kind, t, j, _ in records if kind == "begin"} == set(jobs)
+    peak = peak_running(records)
+    assert peak["big"] <= 3, peak
+    assert peak["big"] >= 2, f"the limit was never approached: {peak}"
