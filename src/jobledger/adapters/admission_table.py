@@ -102,13 +102,13 @@ class AdmissionTable:
     # ---- a pass ---------------------------------------------------------------------------
 
     def _pass(self, curs: Cursor, now: datetime) -> list[Queued]:
-        groups = self._waiting_groups(curs)
-        if not groups:  # the common case of a job ending with nothing queued
-            return []
+        # What is admitted first (bounded by the window and the limits): when the window is
+        # full, as under a deep backlog, the waiting rows are not read at all.
         occupancy = self._occupancy(curs)
         free = self.policy.free(occupancy.in_flight)
         if free <= 0:
             return []
+        groups = self._waiting_groups(curs)
         candidates: list[Queued] = []
         # Each group's best few: never more than the window could take, however deep.
         for group in groups:
