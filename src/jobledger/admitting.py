@@ -59,10 +59,9 @@ class Admitting(EngineParts):
     def _left(self, job: Job) -> None:
         """A command ended the job (a cancel): free its place, or its place in the queue."""
         gate = self.deps.admission
-        gated = gate is not None and self.orchestrator.policy.gates(
-            job.tenant_id, job.workflow_type
-        )
-        if gate is not None and gated and job.status.is_terminal:
+        if gate is None or not job.status.is_terminal:
+            return
+        if self.orchestrator.policy.gates(job.tenant_id, job.workflow_type):
             self.orchestrator.start(gate.leave(str(job.id), self.clock.now()))
 
     def admission_pass(self) -> int:

@@ -104,6 +104,7 @@ class TickReport:
     span: Span | None = None
     """The tick's span, ended: its log line carries the span's ids."""
     workflow_type: str = ""
+    """The job's: whether the admission gate holds its jobs depends on it."""
 
 
 REBASE_ATTEMPTS = 100
@@ -370,8 +371,11 @@ class Orchestrator:
         for queued in admitted:
             if queued.job_uuid == except_job:
                 continue
-            tick = Tick(queued.tenant_id, queued.job_id, "admitted", trace_context=self.carrier())
-            self.queue.enqueue(tick, dedupe_key="admitted")
+            # No trace context of ours: the tick continues its own job's trace, not the
+            # trace of whichever job's end made room for it.
+            self.queue.enqueue(
+                Tick(queued.tenant_id, queued.job_id, "admitted"), dedupe_key="admitted"
+            )
             self.ops.record(
                 OpsEvent(
                     jobId=queued.job_id,
