@@ -301,6 +301,9 @@ def test_cli_submit_takes_a_priority_and_show_says_why_the_job_is_queued(
     assert f"queued because {why}" in shown and "priority 8" in shown
     refused = cli.fails(2, "submit", "acme", "t3", "ticket", "--priority", "10")
     assert "Invalid value for '--priority': Input should be less than or equal to 9" in refused
+    settings = {row["setting"]: row for row in cli.json("config", "show")["settings"]}
+    limit = settings["concurrency_limits"]
+    assert limit["value"] == [{"tenant": "acme", "max_running": 1}] and "file" in limit["source"]
     cli.ok("cancel", "acme", "t1", "--reason", "make room", "--by", "ops")
     assert cli.json("show", "acme", "t2")["queued_because"] is None  # admitted on the cancel
 
