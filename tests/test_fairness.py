@@ -28,6 +28,7 @@ from jobledger.api.auth import Role
 from jobledger.errors import InvalidPayloadError, UnknownJobError
 from jobledger.identity import job_uuid
 from jobledger.orchestrator import Outcome
+from jobledger.ports import Tick
 from jobledger.reconciler import Reconciler
 from jobledger.supervisor import lock_for
 from tests.support import pythonpath
@@ -316,6 +317,27 @@ def test_http_submit_takes_a_priority(make_engine: EngineFactory, tmp_path: Path
     assert made.status_code == 201 and made.json()["priority"] == 9
     assert refused.status_code == 400 and "priority" in refused.text
     assert engine.job("acme", made.json()["job_id"]).priority == 9
+
+
+def test_the_backstop_frees_the_place_of_a_job_whose_end_went_unnoticed(
+    make_engine: EngineFactory, clock: FakeClock
+) -> None:
+    """A worker killed between a job's last append and the pass that frees its place:
+    played by running the tick below the engine (no pass after it). The reconciler's
+    pass frees the place once the job was admitted 30 s ago, and admits the next."""
+    recorder = RunRecorder(STEPS)
+    limits = [{"tenant": "acme", "max_running": 1}]
+    engine = engine_with(make_engine, recorder, concurrency_limits=limits)
+    engine.submit("acme", "first", "noop")
+    engine.submit("acme", "second", "noop")
+    engine.orchestrator.tick(Tick("acme", "first", "create"))
+    assert engine.job("acme", "first").status is JobStatus.COMPLETED
+    assert engine.admission_pass() == 0  # too soon to suspect it
+    clock.advance(timedelta(seconds=31))
+    assert engine.admission_pass() == 1
+    assert engine.queued_because("acme", "second") is None
+    engine.run_until_idle()
+    assert engine.job("acme", "second").status is JobStatus.COMPLETED
 
 
 # ---- kill -9 of a runner -------------------------------------------------------------------

@@ -24,7 +24,8 @@ PARKED = frozenset(
 )
 SWEEP_AFTER = timedelta(seconds=30)
 """Admitted this long ago, a job is checked by the backstop in case its end was missed."""
-SWEEP_BATCH = 1_000
+SWEEP_BATCH = 100
+"""The most admitted jobs one backstop pass loads."""
 _NOTHING_DONE = frozenset({Outcome.IDLE, Outcome.CLAIM_LOST, Outcome.HELD})
 
 
@@ -72,11 +73,17 @@ class Admitting(EngineParts):
         if gate is None:
             return 0
         now = self.clock.now()
+        alive, admitted = [], []
         for uuid in gate.admitted_before(now - SWEEP_AFTER, SWEEP_BATCH):
             job = self.store.load(UUID(uuid))
             if job is None or job.status.is_terminal:
-                gate.leave(uuid, now)
-        admitted = gate.admit(now)
+                admitted += gate.leave(uuid, now)
+            else:
+                alive.append(uuid)
+        # Looked at again only after the others: jobs parked for days (an approval) are
+        # not loaded on every round, and every admitted job is looked at in turn.
+        gate.seen(alive, now)
+        admitted += gate.admit(now)
         self.orchestrator.start(admitted)
         return len(admitted)
 

@@ -364,7 +364,11 @@ class AdmissionGate(Protocol):
         """Whether the job was admitted; None: it is not in the table."""
 
     def admitted_before(self, moment: datetime, limit: int) -> list[str]:
-        """Admitted jobs (their uuids) admitted before ``moment``, oldest first."""
+        """Admitted jobs (their uuids) admitted, or last seen alive (``seen``), before
+        ``moment``, the longest unseen first."""
+
+    def seen(self, job_uuids: list[str], now: datetime) -> None:
+        """These admitted jobs were found not ended: the backstop looks at others first."""
 
     def why_waiting(self, job_uuid: str) -> str | None:
         """Why a queued job has not been admitted (None: it has, or is not queued)."""

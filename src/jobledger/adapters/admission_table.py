@@ -80,6 +80,18 @@ class AdmissionTable:
             )
         return [row["job_uuid"] for row in rows]
 
+    def seen(self, job_uuids: list[str], now: datetime) -> None:
+        if not job_uuids:
+            return
+        names = {f"j{n}": uuid for n, uuid in enumerate(job_uuids)}
+        with store_errors("noting admitted jobs alive"), self.backend.transaction() as curs:
+            self._execute(
+                curs,
+                f"UPDATE {self.table} SET admitted_at = :now WHERE state <> {WAITING} "
+                f"AND job_uuid IN ({', '.join(':' + name for name in names)})",
+                {"now": self.backend.ts(now), **names},
+            )
+
     def why_waiting(self, job_uuid: str) -> str | None:
         with store_errors("reading the admission table"), self.backend.reader() as curs:
             found = self._query(
