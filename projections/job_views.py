@@ -19,7 +19,13 @@ from uuid import UUID
 
 from eventsourcing.persistence import Notification, Tracking
 
-from jobledger.adapters.backends import LEASE_TABLE, Cursor, Migration, StoreBackend
+from jobledger.adapters.backends import (
+    ADMISSION_TABLE,
+    LEASE_TABLE,
+    Cursor,
+    Migration,
+    StoreBackend,
+)
 from jobledger.adapters.backends.migrations import COMPONENT, STORE_MIGRATIONS
 from jobledger.adapters.event_store import EventSourcedJobStore, LedgerPartition
 from jobledger.adapters.follower import Lag, LogFollower, Progress, TrackedReader
@@ -234,6 +240,13 @@ class JobViews(TrackedReader):
             statement += (
                 f" AND NOT EXISTS (SELECT 1 FROM {self.backend.table(LEASE_TABLE)} AS l "
                 "WHERE l.job_uuid = s.job_uuid AND l.lease_until > :before)"
+            )
+        if job_status is JobStatus.QUEUED:
+            # Held by the admission gate: its tick comes when a pass admits it, and a
+            # tick for each of a deep backlog would only fill the tick queue.
+            statement += (
+                f" AND NOT EXISTS (SELECT 1 FROM {self.backend.table(ADMISSION_TABLE)} AS a "
+                "WHERE a.job_uuid = s.job_uuid AND a.state = 0)"
             )
         statement += " ORDER BY due_at LIMIT :limit"
         params = {"status": str(job_status), "before": self.backend.ts(before), "limit": limit}

@@ -160,3 +160,18 @@ def test_bench_steps_metrics_and_tracing_together_trace_the_engine_that_keeps_me
         assert on["traced_vs_untraced"] == on["steps_per_second"] / off["steps_per_second"]
         assert on["traced_cpu_vs_untraced"] == on["cpu_us_per_step"] / off["cpu_us_per_step"]
         assert off["traced_cpu_vs_untraced"] is None
+
+
+def test_bench_fairness_quick_reports_every_figure(tmp_path: Path) -> None:
+    report = run_script("bench_fairness.py", tmp_path)
+    [sqlite] = report["results"]
+    windowed, ungated = sqlite["fairness"]
+    assert (windowed["window"], ungated["window"]) == (16, 0)
+    for run in (windowed, ungated):
+        assert run["submitted_per_second"] > 0 and run["jobs_per_second"] > 0
+        assert len(run["small_first_step_ms"]) == 3
+    # The order, not the speed: without a window the small tenant waits out the backlog.
+    assert max(windowed["big_started_before_small"]) < min(ungated["big_started_before_small"])
+    assert min(ungated["big_started_before_small"]) > windowed["backlog"] // 2
+    for run in sqlite["one_tenant"]:
+        assert run["p99_submit_to_completed_ms"] >= run["p50_submit_to_completed_ms"] > 0

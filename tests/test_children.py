@@ -35,6 +35,7 @@ from jobledger.adapters.locks import lock_for
 from jobledger.adapters.ops import MemoryOps
 from jobledger.adapters.store_url import parse_store_url
 from jobledger.audit import export as exporting
+from jobledger.config import ConcurrencyLimit
 from jobledger.family import Family
 from jobledger.identity import job_uuid, step_key
 from jobledger.job import Job
@@ -632,3 +633,23 @@ def test_a_code_workflow_that_waits_for_no_children_fails_saying_so(
     job = engine._load(TENANT, "odd")
     assert job.status is JobStatus.FAILED and job.current_step == 0
     assert job.last_error == "a step waits for children but names none to spawn"
+
+
+def test_a_parent_waiting_for_its_children_lends_them_its_place_under_a_limit(
+    make_engine: EngineFactory,
+) -> None:
+    # One job of the tenant may run at once: the parent waiting on its join must not
+    # hold that place, or its children could never start.
+    limits = [ConcurrencyLimit(tenant=TENANT, max_running=1)]
+    engine = engine_for(make_engine, parent(), config={"concurrency_limits": limits})
+    engine.submit(TENANT, "m1", "mission", input={"topics": ["a", "b"], "brief": "x"})
+    engine.run_until_idle()
+
+    assert engine._load(TENANT, "m1").status is JobStatus.COMPLETED
+    assert statuses(engine, "m1") == {"m1.1.0": JobStatus.COMPLETED, "m1.1.1": JobStatus.COMPLETED}
+    # The limit still held among the children and the jobs queued behind them.
+    engine.submit(TENANT, "other-1", "research_task", input={"topic": "a"})
+    engine.submit(TENANT, "other-2", "research_task", input={"topic": "b"})
+    assert engine.queued_because(TENANT, "other-2") is not None
+    engine.run_until_idle()
+    assert engine._load(TENANT, "other-2").status is JobStatus.COMPLETED

@@ -17,6 +17,7 @@ PROCESS = (
     "jobledger.engine_parts",
     "jobledger.commands",
     "jobledger.schedules",
+    "jobledger.admitting",
     "jobledger.erasing",
     "jobledger.ticking",
     "jobledger.reading",

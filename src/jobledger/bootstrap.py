@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from jobledger.adapters.admission_table import AdmissionTable
 from jobledger.adapters.clock import SystemClock
 from jobledger.adapters.event_store import EventSourcedJobStore, StoreMode
 from jobledger.adapters.field_cipher import FieldCipher
@@ -19,11 +20,14 @@ from jobledger.adapters.local_queue import LocalQueue
 from jobledger.adapters.log_spend import LogSpend
 from jobledger.adapters.notifier import Notifiers, notifier_from_spec
 from jobledger.adapters.ops import LoggingOps, TeeOps
+from jobledger.adapters.step_rates import StepRateTable
 from jobledger.adapters.store_url import parse_store_url
 from jobledger.adapters.subject_keys import MasterKeyError, SubjectKeyTable, master_key
+from jobledger.admission import Policy
 from jobledger.config import EngineConfig
 from jobledger.errors import ConfigError
 from jobledger.ports import (
+    AdmissionGate,
     Clock,
     Cost,
     EventSigner,
@@ -34,6 +38,7 @@ from jobledger.ports import (
     Queue,
     ResumeTokens,
     StepExecutor,
+    StepRates,
     WorkflowRegistry,
 )
 from jobledger.signing import Ed25519Signer
@@ -71,6 +76,10 @@ class Deps:
     """The process's Prometheus metrics, when kept: already teed into ``ops``."""
     tracer: Tracer = NOOP
     """Where the spans go (``jobledger.tracing``): nowhere unless an exporter is set."""
+    admission: AdmissionGate | None = None
+    """The admission gate (``jobledger.admission``); None when its window is 0."""
+    step_rates: StepRates | None = None
+    """The fleet-wide step-rate buckets, beside the store."""
 
     @property
     def leases(self) -> Leases:
@@ -151,6 +160,8 @@ def build(
         kafka_queue=kafka_queue,
         metrics=kept,
         tracer=tracer if tracer is not None else _tracer(config),
+        admission=_admission(config, store),
+        step_rates=StepRateTable(store.backend),
     )
 
 
@@ -170,6 +181,13 @@ def _queue(
         return kafka, None, kafka
     local = LocalQueue(clock)
     return local, local, None
+
+
+def _admission(config: EngineConfig, store: EventSourcedJobStore) -> AdmissionGate | None:
+    """The admission table, when a window or a limit asks for it: without either, no job
+    waits, and none pays for a write of the gate's."""
+    policy = Policy(config)
+    return AdmissionTable(store.backend, policy) if policy.enabled else None
 
 
 def _metrics(config: EngineConfig, clock: Clock) -> Metrics:

@@ -18,8 +18,10 @@ from typing import TYPE_CHECKING, Any
 from uuid import uuid4
 
 from jobledger import retry, tracing
+from jobledger.admission import check_priority
+from jobledger.admitting import Admitting
 from jobledger.budget import parse_budget
-from jobledger.engine_parts import EngineParts, _check_id
+from jobledger.engine_parts import _check_id
 from jobledger.erasure import check_subject
 from jobledger.errors import (
     ApprovalAlreadyDecidedError,
@@ -74,7 +76,7 @@ class Submission:
     """False when the job (or the idempotency key's job) existed already."""
 
 
-class JobCommands(EngineParts):
+class JobCommands(Admitting):
     """Submitting, and every input a job takes from outside."""
 
     # ---- submitting ------------------------------------------------------------------
@@ -93,11 +95,14 @@ class JobCommands(EngineParts):
         employee_id: str | None = None,
         correlation_id: str | None = None,
         data_subject: str | None = None,
+        priority: int | None = None,
     ) -> JobView:
         """Create a job and enqueue its first tick. Submitting the same job again, or
         with an idempotency key already used, returns the existing job unchanged.
         ``data_subject``: whose personal data the job holds (the workflow's
-        ``personal_data``), sealed with that subject's key; without one, a key of its own."""
+        ``personal_data``), sealed with that subject's key; without one, a key of its own.
+        ``priority``: 0-9, the higher admitted first among the tenant's queued jobs
+        (default 5); a waiting job gains a level per ``priority_aging_seconds``."""
         return self.submission(
             tenant_id,
             job_id,
@@ -110,6 +115,7 @@ class JobCommands(EngineParts):
             employee_id=employee_id,
             correlation_id=correlation_id,
             data_subject=data_subject,
+            priority=priority,
         ).job
 
     def submission(
@@ -127,6 +133,7 @@ class JobCommands(EngineParts):
         correlation_id: str | None = None,
         data_subject: str | None = None,
         parent: Mapping[str, Any] | None = None,
+        priority: int | None = None,
     ) -> Submission:
         """:meth:`submit`, saying whether this call created the job or found it (the
         HTTP API answers 201 or 200): decided by the append itself, so two racing
@@ -134,6 +141,8 @@ class JobCommands(EngineParts):
         _check_id("tenant_id", tenant_id)
         job_id = job_id if job_id is not None else uuid4().hex
         _check_id("job_id", job_id)
+        if priority is not None:
+            check_priority(priority)
         if idempotency_key is not None:
             _check_id("idempotency_key", idempotency_key)
             marker = self._submit_key(tenant_id, idempotency_key)
@@ -162,6 +171,7 @@ class JobCommands(EngineParts):
                 personal=(personal, key_id),
                 trace_context=span.carrier,
                 parent=parent,
+                priority=priority,
             )
             span.set({"jobledger.created": submission.created})
         return submission
@@ -180,6 +190,7 @@ class JobCommands(EngineParts):
         personal: tuple[tuple[str, ...], str | None],
         trace_context: dict[str, str],
         parent: Mapping[str, Any] | None = None,
+        priority: int | None,
     ) -> Submission:
         """Write the job (in the trace the submit span began, recorded on it) and enqueue
         its first tick; or find it written already."""
@@ -207,12 +218,13 @@ class JobCommands(EngineParts):
             personal_data_key=personal[1],
             trace_context=trace_context,
             parent=dict(parent) if parent is not None else None,
+            priority=priority,
         )
         stored = self._create(job, idempotency_key)
         if stored is job:
             self._report(job, "job.submitted", workflowType=workflow_type, workflowVersion=version)
             tick = Tick(tenant_id, job_id, "create", trace_context=trace_context or None)
-            self.queue.enqueue(tick, dedupe_key="create")
+            self._enter_gate(job, tick)
         return Submission(JobView.of(stored), created=stored is job)
 
     def spawn_child(self, parent: Job, plan: Mapping[str, Any]) -> None:
@@ -565,6 +577,7 @@ class JobCommands(EngineParts):
 
         job = self._apply(tenant_id, job_id, cancel)
         self._report(job, "job.cancelled", reason=reason, cancelledBy=by)
+        self._left(job)
         return JobView.of(job)
 
     def _apply(

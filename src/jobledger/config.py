@@ -8,7 +8,7 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, SecretStr
+from pydantic import BaseModel, ConfigDict, Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 # Kafka's legal topic names.
@@ -17,6 +17,20 @@ _TOPIC = r"^[A-Za-z0-9._-]{1,249}$"
 
 def _default_worker_id() -> str:
     return f"{socket.gethostname()}-{os.getpid()}"
+
+
+class ConcurrencyLimit(BaseModel):
+    """A limit on one tenant's jobs (``tenant`` ``*``: on each tenant's, separately), or
+    on its jobs of one workflow type."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    tenant: str = Field(default="*", min_length=1)
+    workflow: str | None = Field(default=None, min_length=1)
+    max_running: int | None = Field(default=None, ge=1)
+    """Jobs started and not yet ended at once; more stay queued until one ends."""
+    max_steps_per_second: float | None = Field(default=None, gt=0)
+    """Steps of these jobs, fleet-wide; a step over the rate waits for its turn."""
 
 
 class EngineConfig(BaseSettings):
@@ -53,6 +67,16 @@ class EngineConfig(BaseSettings):
     max_batch_wait_ms: float = Field(default=2.0, ge=0)
     """How long the first append of a group waits for the other ticks in flight; a tick
     running alone never waits."""
+
+    admission_window: int = Field(default=0, ge=0)
+    """Jobs started (admitted) and not yet ended or waiting, fleet-wide; queued jobs
+    beyond it are admitted round-robin across tenants as these end. 0: no window (the
+    gate then holds only jobs a ``max_running`` limit applies to; other jobs start at
+    submit, with no write of the gate's)."""
+    priority_aging_seconds: float = Field(default=60.0, gt=0)
+    """A queued job gains one priority level per this many seconds it waits."""
+    concurrency_limits: list[ConcurrencyLimit] = Field(default_factory=list)
+    """Per tenant and per tenant and workflow type (JSON list in the environment)."""
 
     cache_size: int = Field(default=10_000, ge=0)
     snapshot_interval: int = Field(default=100, ge=0)

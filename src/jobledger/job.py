@@ -110,6 +110,9 @@ class Job(Aggregate):
     """The join the job waits on (or will, for children that finished early)."""
     children_cost_usd: Decimal
     """What finished children spent: it counts toward this job's max_cost_usd."""
+    priority: int | None
+    """0-9, higher admitted first (``jobledger.admission``); None: the default. Kept in a
+    snapshot only when set."""
 
     # Version 2 holds ``key_scheme``, 3 ``personal_data``; older snapshots are upcast.
     class_version = 3
@@ -146,6 +149,9 @@ class Job(Aggregate):
             if state.get("trace_context") is None:
                 # An untraced job's snapshot keeps the bytes it had before tracing.
                 state.pop("trace_context", None)
+            if state.get("priority") is None:
+                # Likewise a job submitted without a priority.
+                state.pop("priority", None)
             # Likewise a job with no parent and no children keeps its bytes.
             for name, empty in _FAMILY_DEFAULTS.items():
                 if state.get(name, empty) == empty:
@@ -167,6 +173,7 @@ class Job(Aggregate):
             for name, empty in _FAMILY_DEFAULTS.items():
                 setattr(job, name, deepcopy(vars(job).get(name, empty)))
             job.children_cost_usd = Decimal(job.children_cost_usd)
+            job.priority = vars(job).get("priority")
             return job
 
     class Event(Aggregate.Event):
@@ -212,8 +219,10 @@ class Job(Aggregate):
         """The W3C trace context of the span that submitted the job; None: untraced."""
         parent: JSON | None = None
         """The parent's map step that spawned this job (``Job.parent``); None: none."""
+        priority: int | None = None
+        """0-9, higher admitted first; None: the default priority."""
         stored_when_set = frozenset(
-            {"personal_data", "personal_data_key", "trace_context", "parent"}
+            {"personal_data", "personal_data_key", "trace_context", "parent", "priority"}
         )
 
         def evolve(self, job: Job) -> None:
@@ -236,6 +245,7 @@ class Job(Aggregate):
             job.children = {}
             job.join = None
             job.children_cost_usd = Decimal(0)
+            job.priority = self.priority
             job.chain_head = chain.GENESIS
             job.status = JobStatus.QUEUED
             job.current_step = 0
@@ -652,6 +662,7 @@ class Job(Aggregate):
         personal_data_key: str | None = None,
         trace_context: Mapping[str, str] | None = None,
         parent: JSON | None = None,
+        priority: int | None = None,
     ) -> Job:
         return cls._create(
             cls.Submitted,
@@ -673,6 +684,7 @@ class Job(Aggregate):
             personal_data_key=personal_data_key,
             trace_context=dict(trace_context) if trace_context else None,
             parent=parent,
+            priority=priority,
         )
 
     # ---- commands: each checks its precondition, then appends one event ---------------

@@ -23,6 +23,7 @@ from typing import Any, Protocol
 from uuid import uuid4
 
 from jobledger import children, tracing, transition
+from jobledger.admission import DEFAULT_PRIORITY, Policy, Queued, rank
 from jobledger.budget import exceeded_limit
 from jobledger.config import EngineConfig
 from jobledger.errors import (
@@ -43,6 +44,7 @@ from jobledger.job import Claim, Job
 from jobledger.keys import ConsumedKey
 from jobledger.payloads import json_object
 from jobledger.ports import (
+    AdmissionGate,
     ApprovalRequest,
     Clock,
     Cost,
@@ -58,6 +60,7 @@ from jobledger.ports import (
     ResumeTokens,
     RetryPolicy,
     StepExecutor,
+    StepRates,
     StepRequest,
     StepResult,
     Tick,
@@ -87,6 +90,8 @@ class Outcome(StrEnum):
     PARKED = "parked"
     """A budget limit was reached; the job waits for a raised budget."""
     FAILED = "failed"
+    HELD = "held"
+    """Queued, not admitted yet (``jobledger.admission``): its tick comes when it is."""
 
 
 @dataclass
@@ -99,6 +104,8 @@ class TickReport:
     """The job's current step when the tick ended."""
     span: Span | None = None
     """The tick's span, ended: its log line carries the span's ids."""
+    workflow_type: str = ""
+    """The job's: whether the admission gate holds its jobs depends on it."""
 
 
 NO_ATTRIBUTES: Attributes = {}
@@ -165,6 +172,10 @@ class Wiring(Protocol):
     def leases(self) -> Leases | None: ...
     @property
     def tracer(self) -> Tracer: ...
+    @property
+    def admission(self) -> AdmissionGate | None: ...
+    @property
+    def step_rates(self) -> StepRates | None: ...
 
 
 class Orchestrator:
@@ -182,6 +193,9 @@ class Orchestrator:
         self.tracer = wiring.tracer
         self.family = Family(self.store, self.clock, self.report, self.wake)
         """Parents and children: spawns, child ends, joins (``jobledger.family``)."""
+        self.admission = wiring.admission
+        self.step_rates = wiring.step_rates
+        self.policy = Policy(config)
         self.tick_appends: TickAppends = self.store
         self.async_steps = SharedLoop()
         """Replaced by the engine's group commit when it runs many ticks at once."""
@@ -242,7 +256,14 @@ class Orchestrator:
             outcome = lost.outcome
             run.job = self.load(tick)
         job = run.job
-        return TickReport(outcome, job.status, run.steps, job.version, job.current_step)
+        return TickReport(
+            outcome,
+            job.status,
+            run.steps,
+            job.version,
+            job.current_step,
+            workflow_type=job.workflow_type,
+        )
 
     def advance(self, run: _Run) -> Outcome | None:
         """One step. Returns an outcome to stop the tick, or None to take another step."""
@@ -253,6 +274,8 @@ class Orchestrator:
         if job.is_overdue(now):
             self.time_out(job, now)
             return None
+        if run.steps == 0 and self.held_for_admission(job, now):
+            return Outcome.HELD
         if job.status is JobStatus.WAITING_CHILDREN:
             return self.await_children(run, now)
         if not job.holds_claim(run.claim_id, now) and not job.is_claimable(now):
@@ -301,6 +324,7 @@ class Orchestrator:
         self.check_deployment(job, resolution)
         if self.refuses_to_spawn(job, resolution):
             return Outcome.FAILED
+        self.pace(job)
         if resolution.has_side_effect and not job.holds_claim(run.claim_id, now):
             self.claim(job, run, now)
         executed = self.execute(job, run, resolution)
@@ -330,6 +354,84 @@ class Orchestrator:
             self.schedule(job, job.lease_until, f"lease:{job.version}", now)
             return Outcome.CLAIM_LOST
         return Outcome.IDLE
+
+    # ---- admission and step rates ---------------------------------------------------
+
+    def held_for_admission(self, job: Job, now: datetime) -> bool:
+        """A job that has not started starts only once admitted. One the table does not
+        hold (its submit died before entering it, or it was submitted with no gate)
+        enters it now, and waits its turn like the others."""
+        if self.admission is None:
+            return False
+        if job.children and job.status is not JobStatus.WAITING_CHILDREN:
+            return self.held_after_join(job, now)
+        if job.status is not JobStatus.QUEUED or job.current_step:
+            return False
+        if job.total_steps_executed or not self.policy.gates(job.tenant_id, job.workflow_type):
+            return False
+        admitted = self.admission.admitted(str(job.id))
+        if admitted is None:
+            self.start(self.admission.enter(self.queued(job, now), now))
+            return True
+        return not admitted
+
+    def held_after_join(self, job: Job, now: datetime) -> bool:
+        """A parent lent its place to its children while it waited for them (else a limit
+        of one would wait forever); joined, it queues for a place again, keeping its rank,
+        before its next step, so the limit holds for its remaining steps too."""
+        assert self.admission is not None
+        uuid = str(job.id)
+        if not self.policy.gates(job.tenant_id, job.workflow_type):
+            return False
+        if self.admission.lent(uuid):
+            admitted = self.admission.requeue(uuid, now)
+            self.start(admitted, except_job=uuid)
+            return all(queued.job_uuid != uuid for queued in admitted)
+        return self.admission.admitted(uuid) is False
+
+    def queued(self, job: Job, now: datetime) -> Queued:
+        """The job as the admission table queues it, ranked from ``now``."""
+        priority = job.priority if job.priority is not None else DEFAULT_PRIORITY
+        return Queued(
+            job_uuid=str(job.id),
+            tenant_id=job.tenant_id,
+            job_id=job.job_id,
+            workflow_type=job.workflow_type,
+            priority=priority,
+            rank=rank(now, priority, self.policy.aging_seconds),
+        )
+
+    def start(self, admitted: list[Queued], *, except_job: str | None = None) -> None:
+        """Send the first tick of each job a pass admitted (but ``except_job``'s, which
+        the caller sends itself)."""
+        for queued in admitted:
+            if queued.job_uuid == except_job:
+                continue
+            # No trace context of ours: the tick continues its own job's trace, not the
+            # trace of whichever job's end made room for it.
+            self.queue.enqueue(
+                Tick(queued.tenant_id, queued.job_id, "admitted"), dedupe_key="admitted"
+            )
+            self.ops.record(
+                OpsEvent(
+                    jobId=queued.job_id,
+                    tenantId=queued.tenant_id,
+                    eventType="job.admitted",
+                    status=str(JobStatus.QUEUED),
+                    metadata={"priority": queued.priority, "workflowType": queued.workflow_type},
+                )
+            )
+
+    def pace(self, job: Job) -> None:
+        """Wait for this step's turn under the step rates that apply (none by default)."""
+        if self.step_rates is None:
+            return
+        rates = self.policy.steps_per_second(job.tenant_id, job.workflow_type)
+        now = self.clock.now()
+        waits = [self.step_rates.reserve(scope, rate, now) for scope, rate in rates]
+        wait = max(waits, default=0.0)
+        if wait > 0:
+            self.clock.sleep(wait)
 
     def lease_kept_elsewhere(self, job: Job, run: _Run, now: datetime) -> bool:
         """A running job whose Claimed lease lapsed may still be alive on its worker's

@@ -13,6 +13,7 @@ from decimal import Decimal
 from typing import Any, Protocol
 from uuid import UUID
 
+from jobledger.admission import Queued
 from jobledger.children import MapRequest
 from jobledger.errors import DuplicateKeyError, VersionConflict
 from jobledger.job import Job
@@ -353,6 +354,55 @@ class Leases(Protocol):
 
     def get(self, job_uuid: UUID) -> Lease | None:
         """The job's row, live or not."""
+
+
+class AdmissionGate(Protocol):
+    """The admission table (:mod:`jobledger.admission`): every pass is one transaction
+    that one process at a time takes, so two workers never admit past a limit."""
+
+    def enter(self, job: Queued, now: datetime) -> list[Queued]:
+        """Queue ``job`` (once: a second entry is a no-op), then run a pass; the jobs it
+        admitted (this one among them, perhaps), whose first ticks the caller sends."""
+
+    def leave(self, job_uuid: str, now: datetime) -> list[Queued]:
+        """The job ended (or was cancelled while queued): free its place, run a pass."""
+
+    def park(self, job_uuid: str, now: datetime) -> list[Queued]:
+        """The job waits (a timer, an event, an approval): it keeps its place under its
+        limits but leaves the window; a pass runs only if it was in the window."""
+
+    def lend(self, job_uuid: str, now: datetime) -> list[Queued]:
+        """The job waits for its children: it counts toward neither its limits nor the
+        window until it takes its place back (``requeue``), so its children can run."""
+
+    def requeue(self, job_uuid: str, now: datetime) -> list[Queued]:
+        """A job that lent its place queues for one again, keeping its rank, then a pass."""
+
+    def lent(self, job_uuid: str) -> bool:
+        """Whether the job has lent its place (it waits for its children, or did)."""
+
+    def admit(self, now: datetime) -> list[Queued]:
+        """A pass on its own (the reconciler's backstop)."""
+
+    def admitted(self, job_uuid: str) -> bool | None:
+        """Whether the job was admitted; None: it is not in the table."""
+
+    def admitted_before(self, moment: datetime, limit: int) -> list[str]:
+        """Admitted jobs (their uuids) admitted, or last seen alive (``seen``), before
+        ``moment``, the longest unseen first."""
+
+    def seen(self, job_uuids: list[str], now: datetime) -> None:
+        """These admitted jobs were found not ended: the backstop looks at others first."""
+
+    def why_waiting(self, job_uuid: str) -> str | None:
+        """Why a queued job has not been admitted (None: it has, or is not queued)."""
+
+
+class StepRates(Protocol):
+    """Fleet-wide step rates (``max_steps_per_second``), one bucket per scope."""
+
+    def reserve(self, scope: str, per_second: float, now: datetime) -> float:
+        """Take the scope's next free moment for one step; the seconds until it."""
 
 
 class Queue(Protocol):

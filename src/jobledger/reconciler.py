@@ -66,6 +66,7 @@ class Reconciler:
         resend_after: timedelta = timedelta(minutes=1),
         batch: int = 1_000,
         schedules: ScheduleFirer | None = None,
+        admission: Callable[[], object] | None = None,
     ) -> None:
         self.views = views
         self.queue = queue
@@ -76,6 +77,8 @@ class Reconciler:
         self.resend_after = resend_after
         self.batch = batch
         self.schedules = schedules
+        self.admission = admission
+        """A pass of the admission gate (``Engine.admission_pass``), run each round."""
         self.sent: dict[tuple[str, int], datetime] = {}
         self.stopping = threading.Event()
 
@@ -89,6 +92,8 @@ class Reconciler:
         started = time.perf_counter()
         now = as_of or self.clock.now()
         lost_after = self.lost_tick_after if lost_tick_after is None else lost_tick_after
+        if self.admission is not None:
+            self.admission()
         due = self.due_jobs(now, lost_after)
         enqueued = sum(self.enqueue(job, now) for job in due)
         self.forget_before(now - self.resend_after)

@@ -187,6 +187,7 @@ class Supervisor:
             ops=deps.ops,
             lost_tick_after=lost_tick_after,
             schedules=ScheduleFiring(self.engine.schedules, self.views),
+            admission=self.engine.admission_pass,
         )
 
     def _metrics(self) -> MetricsServer | None:

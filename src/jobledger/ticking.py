@@ -8,7 +8,7 @@ import time
 from dataclasses import replace
 
 from jobledger import retry, tracing
-from jobledger.engine_parts import EngineParts
+from jobledger.admitting import Admitting
 from jobledger.errors import (
     ConfigError,
     DeploymentError,
@@ -27,7 +27,7 @@ from jobledger.ports import (
 log = logging.getLogger(__name__)
 
 
-class TickRunner(EngineParts):
+class TickRunner(Admitting):
     def tick(self, tenant_id: str, job_id: str, reason: str = "queue") -> TickReport:
         return self.run_tick(Tick(tenant_id, job_id, reason))
 
@@ -45,6 +45,7 @@ class TickRunner(EngineParts):
             self._tick_ended(tick, "unknown", _error_outcome(error), started, error=error)
             raise
         self._tick_ended(tick, str(report.status), str(report.outcome), started, report=report)
+        self._after_tick(report, tick)
         # Logged once its span has ended, under its ids, so the line joins the trace.
         with tracing.logged(report.span, tenant=tick.tenant_id, job=tick.job_id, step=report.step):
             log.info(

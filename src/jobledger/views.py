@@ -10,6 +10,7 @@ from decimal import Decimal
 from typing import Any
 
 from jobledger import chain, erasure
+from jobledger.admission import DEFAULT_PRIORITY
 from jobledger.frozen import FrozenDict
 from jobledger.job import Job
 from jobledger.status import JobStatus
@@ -46,6 +47,8 @@ class JobView:
     buffered_signals: int
     erased: tuple[str, ...] = ()
     """The paths of personal values in ``state`` that read as erased (their key is gone)."""
+    priority: int = DEFAULT_PRIORITY
+    """0-9, higher admitted first (``jobledger.admission``)."""
 
     @classmethod
     def of(cls, job: Job) -> JobView:
@@ -90,6 +93,7 @@ class JobView:
             ),
             buffered_signals=len(job.inbox),
             erased=tuple(erasure.erased_paths(job.state, job.personal_data)),
+            priority=DEFAULT_PRIORITY if job.priority is None else job.priority,
         )
 
 

@@ -55,6 +55,8 @@ class Job(BaseModel):
     next_step: str | None
     pending_approval_id: str | None
     buffered_signals: int
+    priority: int = 5
+    """0-9, the higher admitted first among the tenant's queued jobs."""
     pending_approval: dict[str, Any] | None = None
     """The open approval request in full: step, attempt, approvers, expiry, action hash."""
     wait: dict[str, Any] | None = None
@@ -163,6 +165,8 @@ class SubmitRequest(Body):
     data_subject: str | None = Field(default=None, min_length=1, max_length=200)
     """Whose personal data the job holds (the workflow's ``personal_data``), sealed with
     that subject's key; without one, with a key of the job's own."""
+    priority: int | None = Field(default=None, ge=0, le=9)
+    """0-9, the higher started first among the tenant's queued jobs (default 5)."""
 
 
 class SignalRequest(Body):

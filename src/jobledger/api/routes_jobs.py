@@ -64,6 +64,7 @@ def submit(
         employee_id=body.employee_id,
         correlation_id=body.correlation_id,
         data_subject=body.data_subject,
+        priority=body.priority,
     )
     view = made.job
     if not made.created:

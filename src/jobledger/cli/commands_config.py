@@ -6,7 +6,7 @@ import os
 from typing import Any
 
 import typer
-from pydantic import SecretStr
+from pydantic import BaseModel, SecretStr
 from rich.table import Table
 
 from jobledger.api.settings import ApiSettings, load_api_settings
@@ -82,6 +82,8 @@ def shown(name: str, value: Any) -> Any:
         return dict.fromkeys(value, HIDDEN)
     if name == "store_url" and isinstance(value, str):
         return redact(value)
+    if isinstance(value, list) and all(isinstance(v, BaseModel) for v in value):
+        return [v.model_dump(exclude_none=True) for v in value]  # concurrency_limits
     return jsonable(value)
 
 

@@ -51,6 +51,15 @@ def submit(
         str | None,
         typer.Option("--correlation", metavar="ID", help="Ties it to a request elsewhere."),
     ] = None,
+    priority: Annotated[
+        int | None,
+        typer.Option(
+            "--priority",
+            min=0,
+            max=9,
+            help="0-9, the higher started first among the tenant's queued jobs (default 5).",
+        ),
+    ] = None,
     subject: Annotated[
         str | None,
         typer.Option(
@@ -86,9 +95,11 @@ def submit(
             employee_id=employee,
             correlation_id=correlation,
             data_subject=subject,
+            priority=priority,
         )
         family = engine.family(tenant, view.job_id)
-        _print_job(engine.history(tenant, view.job_id), view, json, family=family)
+        queued = engine.queued_because(tenant, view.job_id)
+        _print_job(engine.history(tenant, view.job_id), view, json, family=family, queued=queued)
 
 
 def show(
@@ -138,7 +149,8 @@ def show(
         blocked = _blocked(engine, view) if now else None
         # The children as they are now: a view of the past leaves them out.
         family = engine.family(tenant, job) if now else None
-        _print_job(entries, view, json, blocked, family)
+        queued = engine.queued_because(tenant, job) if now and view.status == "queued" else None
+        _print_job(entries, view, json, blocked, family, queued=queued)
 
 
 def history(
@@ -227,11 +239,13 @@ def _print_job(
     as_json: bool,
     blocked: BlockedNote | None = None,
     family: FamilyView | None = None,
+    *,
+    queued: str | None = None,
 ) -> None:
     if as_json:
-        output.print_json(output.job_document(view, entries, blocked, family))
+        output.print_json(output.job_document(view, entries, blocked, family, queued=queued))
     else:
-        output.console().print(output.job_table(view, entries, blocked, family))
+        output.console().print(output.job_table(view, entries, blocked, family, queued=queued))
 
 
 def _blocked(engine: Engine, view: JobView) -> BlockedNote | None:

@@ -136,8 +136,11 @@ def job_document(
     history: list[HistoryEntry],
     blocked: BlockedNote | None = None,
     family: FamilyView | None = None,
+    *,
+    queued: str | None = None,
 ) -> dict[str, Any]:
-    """``family``: the job's parent and children (``parent`` and ``children`` keys)."""
+    """``family``: the job's parent and children (``parent`` and ``children`` keys);
+    ``queued``: why a queued job has not started (the admission gate's answer)."""
     document: dict[str, Any] = jsonable(view)
     document["pending_approval"] = jsonable(pending_approval(view, history))
     document["wait"] = jsonable(open_wait(view, history))
@@ -145,6 +148,7 @@ def job_document(
     document["parked"] = parked(view, history)
     if family is not None:
         document.update(jsonable(family))
+    document["queued_because"] = queued
     return document
 
 
@@ -199,6 +203,8 @@ def job_table(
     history: list[HistoryEntry] | None = None,
     blocked: BlockedNote | None = None,
     family: FamilyView | None = None,
+    *,
+    queued: str | None = None,
 ) -> Table:
     history = history or []
     table = Table(title=f"job {view.tenant_id}/{view.job_id}", show_header=False, box=None)
@@ -206,6 +212,9 @@ def job_table(
     table.add_column()
     table.add_row("workflow", f"{view.workflow_type} v{view.workflow_version}")
     table.add_row("status", Text(str(view.status), style=_STATUS_STYLE.get(view.status, "")))
+    if queued is not None:
+        table.add_row("queued because", Text(queued, style="yellow"))
+    table.add_row("priority", str(view.priority))
     upcoming = view.next_step or ("the start step" if view.current_step == 0 else "-")
     table.add_row("step", f"{view.current_step} recorded; next: {upcoming}")
     table.add_row("state", compact(view.state))

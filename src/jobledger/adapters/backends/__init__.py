@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 from jobledger.adapters.backends.base import (
+    ADMISSION_TABLE,
     LEASE_TABLE,
+    STEP_RATE_TABLE,
     Cursor,
     Migration,
     StoreBackend,
@@ -25,7 +27,9 @@ def backend_for(location: StoreLocation) -> StoreBackend:
 
 
 __all__ = [
+    "ADMISSION_TABLE",
     "LEASE_TABLE",
+    "STEP_RATE_TABLE",
     "Cursor",
     "Migration",
     "StoreBackend",

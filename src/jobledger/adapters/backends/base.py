@@ -28,6 +28,10 @@ SCHEMA_TABLE = "jobledger_schema"
 TRACKING_TABLE = "jobledger_tracking"
 """One row per reader of the log and partition: the last position it has processed."""
 LEASE_TABLE = "jobledger_leases"
+ADMISSION_TABLE = "jobledger_admission"
+"""One row per job queued for admission or admitted and not yet ended."""
+STEP_RATE_TABLE = "jobledger_step_rates"
+"""One row per step-rate scope: the next moment a step may take."""
 
 PARAM = re.compile(r"(?<!:):([a-z_][a-z0-9_]*)")
 """A ``:name`` parameter (not a ``::type`` cast)."""
@@ -140,6 +144,11 @@ class StoreBackend(ABC):
     @abstractmethod
     def transaction(self) -> AbstractContextManager[Any]:
         """A writing transaction (commits on leaving, rolls back on an error)."""
+
+    @abstractmethod
+    def serialise(self, curs: Cursor, name: str) -> None:
+        """Make the writing transaction of ``curs`` wait for any other that called this
+        with ``name``, until it ends."""
 
     @abstractmethod
     def reader(self) -> AbstractContextManager[Any]:

@@ -9,7 +9,9 @@ store made by an earlier release adopts it; every later change is a new number.
 from __future__ import annotations
 
 from jobledger.adapters.backends.base import (
+    ADMISSION_TABLE,
     LEASE_TABLE,
+    STEP_RATE_TABLE,
     TRACKING_TABLE,
     Cursor,
     Migration,
@@ -60,8 +62,36 @@ def _append_functions(b: StoreBackend, curs: Cursor) -> None:
         curs.execute(statement)
 
 
+def _admission(b: StoreBackend, curs: Cursor) -> None:
+    """The admission gate's queue (state 0 waiting, 1 admitted, 2 admitted and parked in
+    a wait) and the step-rate buckets."""
+    t = b.table(ADMISSION_TABLE)
+    curs.execute(
+        b.sql(
+            f"CREATE TABLE IF NOT EXISTS {t} (job_uuid TEXT PRIMARY KEY, "
+            "tenant_id TEXT NOT NULL, job_id TEXT NOT NULL, workflow_type TEXT NOT NULL, "
+            f"priority INTEGER NOT NULL, rank {b.big_int} NOT NULL, state INTEGER NOT NULL, "
+            f"admitted_at {b.timestamp_type})"
+        )
+    )
+    # A pass's questions: each group's best waiting jobs, and what is admitted.
+    curs.execute(
+        b.sql(
+            f"CREATE INDEX IF NOT EXISTS jobledger_admission_queue ON {t} "
+            "(state, tenant_id, workflow_type, rank)"
+        )
+    )
+    curs.execute(
+        b.sql(
+            f"CREATE TABLE IF NOT EXISTS {b.table(STEP_RATE_TABLE)} ("
+            f"scope TEXT PRIMARY KEY, next_at {b.big_int} NOT NULL)"
+        )
+    )
+
+
 STORE_MIGRATIONS = (
     Migration(1, "the lease table", _leases),
     Migration(2, "the readers' tracking table, positions carried over", _tracking),
     Migration(3, "the partitions' one-round-trip append functions", _append_functions),
+    Migration(4, "the admission gate's queue and the step-rate buckets", _admission),
 )

@@ -113,6 +113,9 @@ class PostgresBackend(StoreBackend):
     def transaction(self) -> AbstractContextManager[Any]:
         return self.datastore.transaction(commit=True)
 
+    def serialise(self, curs: Cursor, name: str) -> None:
+        curs.execute("SELECT pg_advisory_xact_lock(%s)", (self.lock_key(name),))
+
     def secure_delete(self, curs: Cursor) -> None:
         """Nothing: PostgreSQL has no such setting; :meth:`scrub` rewrites the table."""
 

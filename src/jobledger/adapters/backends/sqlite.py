@@ -112,6 +112,9 @@ class SQLiteBackend(StoreBackend):
         ):
             yield curs
 
+    def serialise(self, curs: Cursor, name: str) -> None:
+        """Nothing: its BEGIN IMMEDIATE already serialises every writer."""
+
     def reader(self) -> AbstractContextManager[Any]:
         return self.datastore.transaction(commit=False)
 
