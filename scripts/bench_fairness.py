@@ -6,7 +6,8 @@ On the in-process queue with real worker lanes (``run_until_idle``), per store:
   tenant B submits 3; the workers start. Reported: how fast the backlog was submitted,
   B's time to first step (from the start of the run) and how many of A's jobs started
   before each of B's, with the admission gate (``--window``) and without it (window 0:
-  every tick queued at submit, first in first out).
+  every tick queued at submit, and the in-process queue hands due ticks out a tenant at
+  a time; on Kafka, whose partitions are first in first out, only the window helps).
 - **one tenant**: ``--jobs`` jobs of one tenant, no limits, with a window
   (``--one-tenant-window``) and without (the default): submit rate, jobs run per
   second, and one job's latency from submit to completed (p50 of ``--latency-jobs``

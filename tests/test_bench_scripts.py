@@ -170,8 +170,9 @@ def test_bench_fairness_quick_reports_every_figure(tmp_path: Path) -> None:
     for run in (windowed, ungated):
         assert run["submitted_per_second"] > 0 and run["jobs_per_second"] > 0
         assert len(run["small_first_step_ms"]) == 3
-    # The order, not the speed: without a window the small tenant waits out the backlog.
-    assert max(windowed["big_started_before_small"]) < min(ungated["big_started_before_small"])
-    assert min(ungated["big_started_before_small"]) > windowed["backlog"] // 2
+    # The order, not the speed: the window, and without it the local queue's turns, both
+    # start the small tenant's jobs ahead of most of the backlog.
+    for run in (windowed, ungated):
+        assert max(run["big_started_before_small"]) < run["backlog"] // 4
     for run in sqlite["one_tenant"]:
         assert run["p99_submit_to_completed_ms"] >= run["p50_submit_to_completed_ms"] > 0

@@ -179,6 +179,32 @@ class TestLocalQueue(QueueContract):
         clock.advance(timedelta(seconds=1))
         assert self.delivered(queue, at_least=1) == [Tick("t", "j", "timer")]
 
+    def test_due_ticks_are_handed_out_a_tenant_at_a_time(self, queue: LocalQueue) -> None:
+        for n in range(5):
+            queue.enqueue(Tick("big", f"a{n}", "created"))
+        queue.enqueue(Tick("small", "b0", "created"))
+        queue.enqueue(Tick("small", "b1", "created"))
+        order = [(tick.tenant_id, tick.job_id) for tick in self.delivered(queue, at_least=7)]
+        assert order == [
+            ("big", "a0"),
+            ("small", "b0"),
+            ("big", "a1"),
+            ("small", "b1"),
+            ("big", "a2"),
+            ("big", "a3"),
+            ("big", "a4"),
+        ]
+        assert len(queue) == 0 and queue.next_due() is None
+
+    def test_a_tenant_whose_ticks_are_not_due_does_not_hold_up_the_others(
+        self, queue: LocalQueue, clock: FakeClock
+    ) -> None:
+        queue.enqueue(Tick("later", "l", "timer"), delay_ms=60_000)
+        queue.enqueue(Tick("now", "n", "created"))
+        assert queue.pop_due() == Tick("now", "n", "created")
+        assert queue.pop_due() is None
+        assert queue.next_due() == clock.now() + timedelta(seconds=60)
+
 
 # ---- cost ------------------------------------------------------------------------------------
 

@@ -76,6 +76,27 @@ def test_a_small_tenant_starts_ahead_of_a_large_tenants_backlog(
         assert engine.job(tenant, job).status is JobStatus.COMPLETED
 
 
+def test_without_a_window_the_local_queue_still_serves_tenants_in_turn(
+    make_engine: EngineFactory,
+) -> None:
+    """No gate at all: the in-process queue hands out due ticks a tenant at a time, so
+    B's jobs start after a few of A's 2,000, not after all of them."""
+    recorder = RunRecorder(STEPS)
+    engine = engine_with(make_engine, recorder, concurrency=4)
+    backlog = [f"a{n}" for n in range(2_000)]
+    for job in backlog:
+        engine.submit("big", job, "noop")
+    small = [f"b{n}" for n in range(3)]
+    for job in small:
+        engine.submit("small", job, "noop")
+    assert engine.queued_because("small", "b0") is None  # nothing went through a gate
+    engine.run_until_idle()
+    positions = [first_step_at(recorder, "small", job) for job in small]
+    # One of B's per round of the two tenants, give or take the lanes already busy.
+    assert max(positions) < 2 * len(small) + 8, positions
+    assert len(recorder.first_steps) == len(backlog) + len(small)
+
+
 # ---- limits --------------------------------------------------------------------------------
 
 
