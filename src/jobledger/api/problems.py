@@ -48,6 +48,7 @@ TITLES = {
 _REFUSED: tuple[tuple[type[Exception], int], ...] = (
     (errors.UnknownJobError, 404),
     (errors.UnknownSubjectError, 404),
+    (errors.UnknownScheduleError, 404),
     (NoSuchVersionError, 404),
     (errors.UnauthorisedDeciderError, 403),
     (errors.InvalidTokenError, 401),
@@ -59,6 +60,8 @@ _REFUSED: tuple[tuple[type[Exception], int], ...] = (
     (errors.ApprovalError, 409),
     (errors.TokenError, 409),
     (errors.ErasureError, 409),
+    (errors.ScheduleExistsError, 409),
+    (errors.ScheduleStateError, 409),
 )
 
 
