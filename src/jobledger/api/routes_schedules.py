@@ -15,7 +15,7 @@ from jobledger.api.deps import Caller, EngineDep, tenant_scope
 from jobledger.api.paths import SCHEDULE, SCHEDULES, id_path
 from jobledger.api.problems import EVERY_REQUEST, Problem, documented
 from jobledger.api.schedule_models import (
-    Fired,
+    ManualFiring,
     Schedule,
     ScheduleEvent,
     ScheduleHistory,
@@ -29,10 +29,13 @@ router = APIRouter(tags=["schedules"], responses=EVERY_REQUEST)
 
 NOT_FOUND = documented(403, 404)
 CHANGED = documented(403, 404, 409)
-"""409: the schedule is not in a state the command applies to (``ScheduleStateError``)."""
+"""409: a name taken (``ScheduleExistsError``), or a command that does not apply to the
+schedule as it is (``ScheduleStateError``)."""
 
 
 def _scope(who: Principal, tenant: str, role: Role | None, name: str) -> None:
+    """``tenant_scope``, but a tenant the caller cannot see is answered as a schedule
+    that does not exist, so names do not leak."""
     if not who.sees(tenant):
         error = UnknownScheduleError(tenant, name)
         raise Problem(404, str(error), error=type(error).__name__)
@@ -102,13 +105,13 @@ def resume_schedule(tenant: str, name: str, caller: Caller, engine: EngineDep) -
     return Schedule.of(engine.schedules.resume(tenant, name))
 
 
-@router.post(f"{SCHEDULE}/trigger", response_model=Fired, responses=CHANGED)
-def trigger_schedule(tenant: str, name: str, caller: Caller, engine: EngineDep) -> Fired:
+@router.post(f"{SCHEDULE}/trigger", response_model=ManualFiring, responses=CHANGED)
+def trigger_schedule(tenant: str, name: str, caller: Caller, engine: EngineDep) -> ManualFiring:
     """Fire now (operator), outside the cron and its overlap policy, under a key of its
     own: the job is submitted (a worker runs it); the next cron firing is unchanged."""
     _scope(caller, tenant, Role.OPERATOR, name)
     job_id = engine.schedules.trigger(tenant, name)
-    return Fired(job_id=job_id, schedule=Schedule.of(engine.schedules.get(tenant, name)))
+    return ManualFiring(job_id=job_id, schedule=Schedule.of(engine.schedules.get(tenant, name)))
 
 
 @router.delete(SCHEDULE, response_model=Schedule, responses=CHANGED)

@@ -106,7 +106,7 @@ class ScheduleList(BaseModel):
     """By name."""
 
 
-class Fired(BaseModel):
+class ManualFiring(BaseModel):
     """A manual firing: the job it submitted, and the schedule after it."""
 
     job_id: str
