@@ -441,6 +441,37 @@ def test_the_console_job_page_lists_the_children_and_links_the_parent(
     assert '<dd id="parent">' in child_page and ">m</a> (step 1, item 1)" in child_page
 
 
+def test_the_api_job_document_gives_the_parent_and_the_children_in_the_jobs_tenant_only(
+    make_engine: EngineFactory, tmp_path: Path
+) -> None:
+    engine = engine_for(make_engine, parent())
+    engine.submit(TENANT, "m", "mission", input={"topics": ["a", "slow"], "brief": "x"})
+    engine.run_until_idle()
+
+    with start_api(engine, tmp_path) as server:
+        with server.client(token(roles="auditor", tenants=TENANT)) as http:
+            job = http.get(f"/v1/jobs/{TENANT}/m").json()
+            child = http.get(f"/v1/jobs/{TENANT}/m.1.1").json()
+        with server.client(token(roles="admin", tenants="globex")) as http:
+            elsewhere = http.get(f"/v1/jobs/{TENANT}/m")
+
+    assert job["status"] == "waiting_children" and job["parent"] is None
+    assert job["children"] == [
+        {
+            "job_id": f"m.1.{i}",
+            "step_number": 1,
+            "index": i,
+            "workflow": "research_task v1",
+            "status": status,
+        }
+        for i, status in enumerate(["completed", "waiting_event"])
+    ]
+    assert child["parent"] == {"job_id": "m", "step_number": 1, "index": 1}
+    assert child["children"] == []
+    assert elsewhere.status_code == 404 and elsewhere.json()["error"] == "UnknownJobError"
+    assert "children" not in elsewhere.text
+
+
 def test_sigkill_mid_spawn_then_a_restarted_worker_finishes_with_nothing_twice(
     store_url: str, tmp_path: Path, make_engine: EngineFactory
 ) -> None:

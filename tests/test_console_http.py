@@ -8,6 +8,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
+from html import escape
 from pathlib import Path
 from urllib.parse import unquote
 
@@ -22,7 +23,7 @@ from jobledger.identity import job_uuid
 from jobledger.workflows import DefinitionRegistry, parse_definition
 from tests.support.audit import RawEvents
 from tests.support.engines import EngineFactory
-from tests.support.http import ApiServer, api_key, start_api, token
+from tests.support.http import ApiServer, api_key, api_registry, start_api, token
 from tests.test_console_browser import HOSTILE, PAYOUT
 
 APPROVAL = "pay-1:step:2:approval"
@@ -136,6 +137,7 @@ def test_every_page_sends_a_content_security_policy_and_escapes_job_data(
         client.get("/console/job", params={"tenant": "acme", "job": "pay-1"}),
         client.get("/console/job", params={"tenant": "acme", "job": "pay-1", "version": 2}),
         client.get("/console/spend"),
+        client.get("/console/schedules"),
         client.get("/console/job", params={"tenant": "globex", "job": "pay-1"}),
     ]
     for page in pages:
@@ -310,3 +312,34 @@ def test_the_spend_page_shows_each_utc_day_against_the_ceiling(
     day = engine.clock.now().date().isoformat()
     assert "Ceiling: $0.40 per UTC day" in page
     assert re.search(rf"<td>{day}</td><td>\$0.10</td>\s*<td><meter[^>]*value=\"25\"", page), page
+
+
+def test_the_schedules_page_lists_the_tenants_schedules_with_their_next_firing(
+    make_engine: EngineFactory, tmp_path: Path
+) -> None:
+    engine = make_engine(registry=api_registry())
+    for tenant, name in (("acme", "<b>nightly</b>"), ("globex", "theirs")):
+        engine.schedules.create(
+            tenant, name, cron="0 7 * * *", timezone="Europe/Paris", workflow_type="agent3"
+        )
+    job_id = engine.schedules.trigger("acme", "<b>nightly</b>")
+    with start_api(engine, tmp_path) as server:
+        client = signed_in(server, api_key("acme", "auditor"))
+        page = client.get("/console/schedules").text
+        elsewhere = client.get("/console/schedules", params={"tenant": "globex"})
+    row = re.search(r'<table id="schedules">.*?<tbody>\s*<tr>(.*?)</tr>', page, re.S)
+    assert row is not None, page
+    cells = re.findall(r"<td>(.*?)</td>", row[1], re.S)
+    assert cells[:8] == [
+        "&lt;b&gt;nightly&lt;/b&gt;",
+        "<code>0 7 * * *</code>",
+        "Europe/Paris",
+        "agent3",
+        "active",
+        "2026-01-01T07:00:00+01:00",
+        "2026-01-01 06:00:00 UTC",
+        "1",
+    ]
+    assert f">{escape(job_id)}</a>" in cells[8]
+    assert "theirs" not in page
+    assert elsewhere.status_code == 404 and "theirs" not in elsewhere.text

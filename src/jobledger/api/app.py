@@ -25,6 +25,7 @@ from jobledger.api import (
     routes_metrics,
     routes_replay,
     routes_resume,
+    routes_schedules,
 )
 from jobledger.api.auth import Authenticator
 from jobledger.api.limits import BodyLimit, RateLimiter, RequestTimeout
@@ -78,6 +79,7 @@ def create_app(
         routes_export,
         routes_replay,
         routes_erasures,
+        routes_schedules,
     ):
         app.include_router(routes.router, prefix="/v1")
     app.include_router(routes_metrics.router)

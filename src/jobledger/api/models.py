@@ -15,7 +15,7 @@ from jobledger.api.approvals import ApprovalCard
 from jobledger.cli.output import jsonable, open_wait, pending_approval
 from jobledger.erasing import ErasureReport
 from jobledger.ports import BlockedNote
-from jobledger.views import HistoryEntry, JobView
+from jobledger.views import FamilyView, HistoryEntry, JobView
 
 Id = Field(min_length=1, max_length=200)
 
@@ -319,3 +319,31 @@ class Approval(BaseModel):
             open=card.open,
             outcome=card.outcome,
         )
+
+
+class Child(BaseModel):
+    """A child job a map step spawned, with its status now."""
+
+    job_id: str
+    step_number: int
+    index: int
+    """The item of the map step it runs."""
+    workflow: str
+    status: str
+    """Its status, or ``not spawned yet`` (a spawn the parent's next tick finishes)."""
+
+
+class JobWithFamily(Job):
+    """A job now, with its parent and children: what ``jobledger show --json`` prints."""
+
+    parent: dict[str, Any] | None
+    """The map step that spawned it (``job_id``, ``step_number``, ``index``), or null."""
+    children: list[Child]
+    """The children it spawned, by step and item."""
+
+    @classmethod
+    def of_family(
+        cls, view: JobView, history: list[HistoryEntry], family: FamilyView
+    ) -> JobWithFamily:
+        job = Job.of(view, history)
+        return cls.model_validate({**job.model_dump(), **jsonable(family)})

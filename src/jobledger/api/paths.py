@@ -30,6 +30,8 @@ register_url_convertor("id", IdConvertor())
 JOBS = "/jobs/{tenant:id}"
 JOB = JOBS + "/{job:id}"
 TENANT = "/tenants/{tenant:id}"
+SCHEDULES = TENANT + "/schedules"
+SCHEDULE = SCHEDULES + "/{name:id}"
 """The route templates: importing them registers the ``id`` convertor they use."""
 
 

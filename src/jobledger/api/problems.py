@@ -2,11 +2,11 @@
 
 The engine's errors map to statuses by the same classes as the CLI's exit codes
 (:func:`jobledger.cli.session.exit_code`): *refused or invalid* (exit 1) is a 4xx that
-says which (400 bad input, 403 not the approver, 404 no such job or data subject, 409 a
-conflict with the job as it is, or an erasure refused); *store or configuration* (exit 3)
-and *temporary, try again* (exit 4) are 503, the latter with ``Retry-After``. Every
-problem names the engine's error class in ``error`` (``type`` is a URN of it) so clients
-can branch on it."""
+says which (400 bad input, 403 not the approver, 404 no such job, data subject or
+schedule, 409 a conflict with the job or schedule as it is, or an erasure refused);
+*store or configuration* (exit 3) and *temporary, try again* (exit 4) are 503, the
+latter with ``Retry-After``. Every problem names the engine's error class in ``error``
+(``type`` is a URN of it) so clients can branch on it."""
 
 from __future__ import annotations
 
@@ -48,6 +48,7 @@ TITLES = {
 _REFUSED: tuple[tuple[type[Exception], int], ...] = (
     (errors.UnknownJobError, 404),
     (errors.UnknownSubjectError, 404),
+    (errors.UnknownScheduleError, 404),
     (NoSuchVersionError, 404),
     (errors.UnauthorisedDeciderError, 403),
     (errors.InvalidTokenError, 401),
@@ -59,6 +60,8 @@ _REFUSED: tuple[tuple[type[Exception], int], ...] = (
     (errors.ApprovalError, 409),
     (errors.TokenError, 409),
     (errors.ErasureError, 409),
+    (errors.ScheduleExistsError, 409),
+    (errors.ScheduleStateError, 409),
 )
 
 

@@ -11,7 +11,15 @@ from projections.job_views import JobQuery, cursor
 
 from jobledger.api.auth import Role
 from jobledger.api.deps import Caller, EngineDep, tenant_scope
-from jobledger.api.models import Event, HistoryPage, Job, JobPage, JobRow, SubmitRequest
+from jobledger.api.models import (
+    Event,
+    HistoryPage,
+    Job,
+    JobPage,
+    JobRow,
+    JobWithFamily,
+    SubmitRequest,
+)
 from jobledger.api.paths import JOB, JOBS, id_path
 from jobledger.api.problems import EVERY_REQUEST, Problem, documented
 from jobledger.status import UnknownStatusError, parse_statuses
@@ -141,11 +149,13 @@ def _statuses(raw: str | None) -> list[str]:
         raise Problem(400, detail, error="InvalidPayloadError") from None
 
 
-@router.get(JOB, response_model=Job, responses=NOT_FOUND)
-def get_job(tenant: str, job: str, caller: Caller, engine: EngineDep) -> Job:
-    """The job now, with its open approval request and wait."""
+@router.get(JOB, response_model=JobWithFamily, responses=NOT_FOUND)
+def get_job(tenant: str, job: str, caller: Caller, engine: EngineDep) -> JobWithFamily:
+    """The job now, with its open approval request and wait, its parent and children."""
     tenant_scope(caller, tenant, None, job_id=job)
-    return Job.of(engine.job(tenant, job), engine.history(tenant, job))
+    view = engine.job(tenant, job)
+    history = engine.history(tenant, job)
+    return JobWithFamily.of_family(view, history, engine.family(tenant, job))
 
 
 @router.get(f"{JOB}/history", response_model=HistoryPage, responses=NOT_FOUND)

@@ -33,6 +33,7 @@ from jobledger.api import approvals as approval_requests
 from jobledger.api.auth import AuthenticationError, Authenticator, Principal, Role
 from jobledger.api.console.session import COOKIE, PRE_SIGN_IN_COOKIE, Session, SessionCodec
 from jobledger.api.live import LogBell, job_events
+from jobledger.api.schedule_models import ScheduleSummary
 from jobledger.api.settings import ApiSettings
 from jobledger.cli.output import (
     audit_line,
@@ -164,6 +165,7 @@ def router() -> APIRouter:
     _add_sign_in(api)
     _add_approvals(api)
     _add_jobs(api)
+    _add_schedules(api)
     _add_static(api)
     return api
 
@@ -409,6 +411,25 @@ def _add_jobs(api: APIRouter) -> None:
             tenant=chosen,
             ceiling=ceiling,
             days=days,
+        )
+
+
+def _add_schedules(api: APIRouter) -> None:
+    @api.get("/schedules")
+    def schedules(request: Request, c: Of, tenant: str = "") -> Response:
+        session = c.session(request)
+        if session is None:
+            return c.redirect(f"{PREFIX}/sign-in")
+        tenants = _tenants(session.principal)
+        chosen = tenant or (tenants[0] if tenants else "")
+        if chosen and not session.principal.may_read(chosen):
+            return c.not_found(request, session)
+        rows: list[ScheduleSummary] = []
+        if chosen:
+            c.catch_up()
+            rows = [ScheduleSummary.of(row) for row in c.views.tenant_schedules(chosen)]
+        return c.render(
+            "schedules.html", request, session, tenants=tenants, tenant=chosen, rows=rows
         )
 
 
