@@ -2,7 +2,10 @@
 two ``jobledger reconcile --transport kafka`` processes started together on a store where a
 firing is due, and a ``jobledger worker --transport kafka``. Asserted: the firing makes
 exactly one job (one ``Fired``, whichever reconciler won), its create tick is on the
-ticks topic, and the worker runs it to completed."""
+ticks topic, and the worker runs it to completed.
+
+The reconciler lock lets one of the two act at a time; the firing's own idempotence (two
+firings racing past that lock) is tested in process in tests/test_schedules.py."""
 
 from __future__ import annotations
 
