@@ -4,14 +4,17 @@ firing is due, and a ``jobledger worker --transport kafka``. Asserted: the firin
 exactly one job (one ``Fired``, whichever reconciler won), its create tick is on the
 ticks topic, and the worker runs it to completed.
 
-The reconciler lock lets one of the two act at a time; the firing's own idempotence (two
-firings racing past that lock) is tested in process in tests/test_schedules.py."""
+The reconciler lock lets one of the two act at a time, so a second test races two firings
+past it (as two reconcilers would if the lock were lost), each on an engine publishing to
+the broker: still one job, run once by the worker."""
 
 from __future__ import annotations
 
 import os
+import threading
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 from projections import JobViews
@@ -20,6 +23,7 @@ from jobledger import Engine, EngineConfig, JobStatus
 from jobledger.adapters.clock import FakeClock
 from jobledger.adapters.event_store import EventSourcedJobStore
 from jobledger.adapters.kafka.messages import decode_tick
+from jobledger.schedules import ScheduleFiring
 from jobledger.workflows import DefinitionRegistry
 from tests.support import pythonpath
 from tests.support.fairness import NOOP_DEFINITION, runs
@@ -51,55 +55,117 @@ def due_firing(engine: Engine, name: str) -> str:
     return f"{name}@{minute:%Y-%m-%dT%H:%M:%S}Z"
 
 
-@pytest.mark.slow
-def test_two_kafka_reconcilers_fire_a_due_schedule_once_and_a_kafka_worker_runs_it(
-    store_url: str, kafka_topics: KafkaTopics, tmp_path: Path
-) -> None:
+def worker_env(store_url: str, topics: KafkaTopics, tmp_path: Path) -> dict[str, str]:
+    """A Kafka deployment's environment, running the noop workflow and recording its runs."""
     (tmp_path / "defs").mkdir()
     (tmp_path / "defs" / "noop.yaml").write_text(NOOP_DEFINITION)
-    record = tmp_path / "runs"
-    env = {
+    return {
         **os.environ,
-        **kafka_topics.env(),
+        **topics.env(),
         "PYTHONPATH": pythonpath(),
         "JOBLEDGER_STORE_URL": store_url,
         "JOBLEDGER_DEFINITIONS": str(tmp_path / "defs"),
         "JOBLEDGER_EXECUTOR": "tests.support.fairness:FileRunRecorder",
-        "JOBLEDGER_TEST_RUNS": str(record),
+        "JOBLEDGER_TEST_RUNS": str(tmp_path / "runs"),
     }
-    registry = DefinitionRegistry.from_directory(tmp_path / "defs")
-    engine = Engine.open(
-        registry=registry,
+
+
+def open_engine(store_url: str, tmp_path: Path, **config: Any) -> Engine:
+    """An engine on a clock the test sets (the schedule's creation), publishing ticks to
+    the broker when given the Kafka settings."""
+    return Engine.open(
+        registry=DefinitionRegistry.from_directory(tmp_path / "defs"),
         clock=FakeClock(),
-        config=EngineConfig(store_url=store_url, worker_id="scheduler"),
+        config=EngineConfig(store_url=store_url, worker_id="scheduler", **config),
     )
-    fleet = Fleet(env, tmp_path)
+
+
+def create_ticks(topics: KafkaTopics) -> set[tuple[str, str]]:
+    records = read_topic(topics.bootstrap, topics.ticks, at_least=1, timeout=15)
+    return {(t.reason, t.job_id) for t in (decode_tick(r.value).tick for r in records)}
+
+
+def job_ids(engine: Engine) -> list[str]:
+    assert isinstance(engine.store, EventSourcedJobStore)
+    views = JobViews(engine.store)
+    views.catch_up()
+    return [row.job_id for row in views.jobs(tenant_id=T)]
+
+
+def fired(engine: Engine, name: str) -> list[object]:
+    return [e.data["job_id"] for e in engine.schedules.history(T, name) if e.event_type == "Fired"]
+
+
+@pytest.mark.slow
+def test_two_kafka_reconcilers_fire_a_due_schedule_once_and_a_kafka_worker_runs_it(
+    store_url: str, kafka_topics: KafkaTopics, tmp_path: Path
+) -> None:
+    fleet = Fleet(worker_env(store_url, kafka_topics, tmp_path), tmp_path)
+    engine = open_engine(store_url, tmp_path)
     try:
         job_id = due_firing(engine, "nightly")
         fleet.service("reconciler-a", "reconcile", "--transport", "kafka")
         fleet.service("reconciler-b", "reconcile", "--transport", "kafka")
         fleet.start(0)
-        history = lambda: engine.schedules.history(T, "nightly")  # noqa: E731
-        wait_for(lambda: any(e.event_type == "Fired" for e in history()), 45, "the firing")
+        wait_for(lambda: fired(engine, "nightly"), 45, "the firing")
         wait_for(lambda: engine.job(T, job_id).status is JobStatus.COMPLETED, 45, "its job ran")
         assert not fleet.crashed(), fleet.crashed()
     finally:
         fleet.stop()
     try:
-        fired = [e.data for e in history() if e.event_type == "Fired"]
-        assert [data["job_id"] for data in fired] == [job_id]
+        assert fired(engine, "nightly") == [job_id]
         assert engine.schedules.get(T, "nightly").fired == 1
-        assert isinstance(engine.store, EventSourcedJobStore)
-        views = JobViews(engine.store)
-        views.catch_up()
-        assert [row.job_id for row in views.jobs(tenant_id=T)] == [job_id]
-        records = read_topic(kafka_topics.bootstrap, kafka_topics.ticks, at_least=1, timeout=15)
-        ticks = [decode_tick(r.value).tick for r in records]
-        assert ("create", job_id) in {(t.reason, t.job_id) for t in ticks}
-        assert {t.job_id for t in ticks} == {job_id}
-        assert [(k, t, j) for k, t, j, _ in runs(record)] == [
-            ("begin", T, job_id),
-            ("end", T, job_id),
-        ]
+        assert job_ids(engine) == [job_id]
+        assert ("create", job_id) in create_ticks(kafka_topics)
+        assert {job for _, job in create_ticks(kafka_topics)} == {job_id}
+        assert ran(tmp_path) == [("begin", job_id), ("end", job_id)]
     finally:
         engine.close()
+
+
+@pytest.mark.slow
+def test_two_firings_racing_past_the_lock_on_kafka_still_make_one_job_run_once(
+    store_url: str, kafka_topics: KafkaTopics, tmp_path: Path
+) -> None:
+    fleet = Fleet(worker_env(store_url, kafka_topics, tmp_path), tmp_path)
+    engines = [open_engine(store_url, tmp_path, **kafka_topics.config()) for _ in range(2)]
+    try:
+        job_id = due_firing(engines[0], "racing")
+        now = datetime.now(UTC)
+        for engine in engines:
+            assert isinstance(engine.clock, FakeClock)
+            engine.clock.set(now)  # the moment both reconcilers fire at
+        start = threading.Barrier(2)
+        counts: list[int] = []
+
+        def fire(engine: Engine) -> None:
+            assert isinstance(engine.store, EventSourcedJobStore)
+            views = JobViews(engine.store)
+            views.catch_up()
+            start.wait()
+            counts.append(ScheduleFiring(engine.schedules, views).fire_due(now, 1_000))
+
+        threads = [threading.Thread(target=fire, args=(e,)) for e in engines]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(60)
+        assert sorted(counts) == [0, 1]  # one Fired, recorded by one of them
+        fleet.start(0)
+        wait_for(lambda: engines[0].job(T, job_id).status is JobStatus.COMPLETED, 45, "its job ran")
+        assert not fleet.crashed(), fleet.crashed()
+    finally:
+        fleet.stop()
+    try:
+        assert fired(engines[0], "racing") == [job_id]
+        assert job_ids(engines[0]) == [job_id]
+        assert ("create", job_id) in create_ticks(kafka_topics)
+        assert ran(tmp_path) == [("begin", job_id), ("end", job_id)]
+    finally:
+        for engine in engines:
+            engine.close()
+
+
+def ran(tmp_path: Path) -> list[tuple[str, str]]:
+    """What the worker ran: (begin|end, job id) in time order."""
+    return [(kind, job) for kind, tenant, job, _ in runs(tmp_path / "runs") if tenant == T]
