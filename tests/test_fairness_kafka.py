@@ -7,6 +7,9 @@ large tenant's backlog waits in the admission table, never on the topic. Asserte
 small tenant's jobs start after at most a few windows' worth of other jobs' first steps
 (not after the backlog); the large tenant's limit holds throughout, the kill included;
 every job completes (the kill lost none). The timings are printed, not asserted.
+
+Priorities on the same path (both stores): with a tenant limit of 1, the jobs queued
+behind the one running start highest priority first.
 """
 
 from __future__ import annotations
@@ -113,6 +116,54 @@ def test_a_small_tenant_starts_within_a_few_windows_under_a_backlog_on_kafka(
         f"tenant's first steps {', '.join(f'{ms:.0f}' for ms in latencies)} ms after its "
         f"submit, with {remaining} of the big tenant's jobs still to start; peaks {peak}"
     )
+
+
+@pytest.mark.slow
+def test_priorities_order_the_start_within_a_tenant_on_kafka(
+    store_url: str, kafka_topics: KafkaTopics, tmp_path: Path
+) -> None:
+    """A limit of 1: ``first`` holds the one place when the others are submitted, so
+    they wait in the admission table and each place freed goes to the highest priority."""
+    (tmp_path / "defs").mkdir()
+    (tmp_path / "defs" / "noop.yaml").write_text(NOOP_DEFINITION)
+    record = tmp_path / "runs"
+    limits = [{"tenant": "acme", "max_running": 1}]
+    env = {
+        **os.environ,
+        **kafka_topics.env(),
+        "PYTHONPATH": pythonpath(),
+        "JOBLEDGER_STORE_URL": store_url,
+        "JOBLEDGER_DEFINITIONS": str(tmp_path / "defs"),
+        "JOBLEDGER_EXECUTOR": "tests.support.fairness:FileRunRecorder",
+        "JOBLEDGER_TEST_RUNS": str(record),
+        "JOBLEDGER_CONCURRENCY_LIMITS": json.dumps(limits),
+    }
+    config = EngineConfig(
+        store_url=store_url,
+        worker_id="submitter",
+        concurrency_limits=limits,
+        **kafka_topics.config(),
+    )
+    engine = Engine.open(
+        registry=DefinitionRegistry.from_directory(tmp_path / "defs"), config=config
+    )
+    fleet = Fleet(env, tmp_path)
+    jobs = [("first", 0), ("p1", 1), ("p9", 9), ("p5", 5)]
+    try:
+        for job, priority in jobs:
+            engine.submit("acme", job, "noop", priority=priority)
+        held = "queued: tenant acme at its limit of 1 running jobs"
+        assert [engine.queued_because("acme", job) for job, _ in jobs] == [None, held, held, held]
+        for slot in range(2):
+            fleet.start(slot)
+        every = [("acme", job) for job, _ in jobs]
+        wait_for(lambda: all_completed(engine, every), 50, "every job completed", 0.5)
+        assert not fleet.crashed(), fleet.crashed()
+    finally:
+        fleet.stop()
+        engine.close()
+    assert [job for _, _, job, _ in begins(record)] == ["first", "p9", "p5", "p1"]
+    assert peak_running(runs(record)) == {"acme": 1}
 
 
 def begins(record: Path) -> list[tuple[str, str, str, int]]:
