@@ -141,6 +141,13 @@ class Schedule(Aggregate):
     def times(self) -> CronTimes:
         return CronTimes(self.cron, self.timezone)
 
+    def next_firing(self) -> tuple[datetime | None, datetime | None]:
+        """The next cron firing in UTC and on the schedule's own clock; none unless active
+        (a paused schedule keeps its next cron time, but does not fire at it)."""
+        if self.state is not ScheduleState.ACTIVE or self.next_fire_at is None:
+            return None, None
+        return self.next_fire_at, self.times.local(self.next_fire_at)
+
     @property
     def due_at(self) -> datetime | None:
         """When the reconciler should look at it: its next firing, or a buffered one."""
@@ -416,7 +423,7 @@ class ScheduleView:
 
     @classmethod
     def of(cls, schedule: Schedule) -> ScheduleView:
-        next_at = schedule.next_fire_at if schedule.state is ScheduleState.ACTIVE else None
+        next_at, next_local = schedule.next_firing()
         return cls(
             tenant_id=schedule.tenant_id,
             name=schedule.name,
@@ -430,7 +437,7 @@ class ScheduleView:
             overlap=str(schedule.policies.overlap),
             state=str(schedule.state),
             next_fire_at=next_at,
-            next_fire_local=None if next_at is None else schedule.times.local(next_at),
+            next_fire_local=next_local,
             buffered_fire_at=schedule.buffered_fire_at,
             last_job_id=schedule.last_job_id,
             last_fired_at=schedule.last_fired_at,

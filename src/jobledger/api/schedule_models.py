@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from datetime import datetime
 from typing import Any, Self
-from zoneinfo import ZoneInfo
 
 from projections.schedules import ScheduleRow
 from pydantic import BaseModel, Field
@@ -93,9 +92,7 @@ class ScheduleSummary(BaseModel):
 
     @classmethod
     def of(cls, row: ScheduleRow) -> Self:
-        # The view keeps the next cron time of a paused schedule too; it fires only when active.
-        next_at = row.next_fire_at if row.state == "active" else None
-        local = None if next_at is None else next_at.astimezone(ZoneInfo(row.timezone))
+        next_at, local = row.schedule.next_firing()
         return cls.model_validate(
             {**jsonable(row), "next_fire_at": next_at, "next_fire_local": local}
         )

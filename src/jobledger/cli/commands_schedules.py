@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-from datetime import datetime
 from enum import StrEnum
 from typing import Annotated, Any
-from zoneinfo import ZoneInfo
 
 import typer
 from projections import JobViews
@@ -127,15 +125,15 @@ def list_schedules(
     table.add_column("policies")
     table.add_column("last job", overflow="fold")
     for row in rows:
-        doc = _row_document(row)
+        moment, local = row.schedule.next_firing()
         table.add_row(
             row.name,
             row.cron,
             row.timezone,
             _workflow(row.workflow_type, row.workflow_version),
             row.state,
-            doc["next_fire_local"] or "-",
-            output.when(_next(row)),
+            local.isoformat() if local is not None else "-",
+            output.when(moment),
             f"catch-up {_catch_up(row.catch_up, row.catch_up_max)}, overlap {row.overlap}",
             row.last_job_id or "-",
         )
@@ -251,9 +249,8 @@ def _view_document(view: ScheduleView) -> dict[str, Any]:
 
 def _row_document(row: ScheduleRow) -> dict[str, Any]:
     document: dict[str, Any] = output.jsonable(row)
-    moment = _next(row)
+    moment, local = row.schedule.next_firing()
     document["next_fire_at"] = None if moment is None else output.jsonable(moment)
-    local = None if moment is None else moment.astimezone(ZoneInfo(row.timezone))
     document["next_fire_local"] = None if local is None else local.isoformat()
     return document
 
@@ -261,10 +258,6 @@ def _row_document(row: ScheduleRow) -> dict[str, Any]:
 def _entry_document(entry: ScheduleEntry) -> dict[str, Any]:
     document: dict[str, Any] = output.jsonable(entry)
     return document
-
-
-def _next(row: ScheduleRow) -> datetime | None:
-    return row.next_fire_at if row.state == "active" else None
 
 
 def _workflow(workflow_type: str, version: int | None) -> str:
