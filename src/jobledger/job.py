@@ -561,32 +561,26 @@ class Job(Aggregate):
             job.children = {**job.children, self.child_job_id: {**child, "end": end}}
             job.children_cost_usd += self.cost_usd
 
-    class ChildrenJoined(Event):
+    class JoinEnded(Event):
+        """What both ends of a join do: the results land in the state, and the job goes on.
+        Only its two kinds below are ever recorded."""
+
+        step_number: int
+        results_key: str
+        results: list[JSON]
+        next_step: str | None
+
+        def evolve(self, job: Job) -> None:
+            job.state = {**job.state, self.results_key: deepcopy(self.results)}
+            job.join = None
+            job.leave_wait(self.next_step)
+
+    class ChildrenJoined(JoinEnded):
         """The join was met: one result per item lands in the state, and the job goes on."""
 
-        step_number: int
-        results_key: str
-        results: list[JSON]
-        next_step: str | None
-
-        def evolve(self, job: Job) -> None:
-            job.state = {**job.state, self.results_key: deepcopy(self.results)}
-            job.join = None
-            job.leave_wait(self.next_step)
-
-    class JoinTimedOut(Event):
+    class JoinTimedOut(JoinEnded):
         """The join's timeout passed first: the results so far land in the state, and the
         job goes to the step's ``on_timeout`` (or fails, in the ``Failed`` that follows)."""
-
-        step_number: int
-        results_key: str
-        results: list[JSON]
-        next_step: str | None
-
-        def evolve(self, job: Job) -> None:
-            job.state = {**job.state, self.results_key: deepcopy(self.results)}
-            job.join = None
-            job.leave_wait(self.next_step)
 
     class LateResultDiscarded(Event):
         """A step finished after the job was cancelled; its result was not applied."""
