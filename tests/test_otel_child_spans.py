@@ -1,13 +1,15 @@
-"""A step's span is a ChildSpan (jobledger.adapters.otel): recorded by jobledger, not by
-the SDK's span class, and handed to the SDK's processors. What a processor and an exporter
-see of it must be what the SDK would have made of the same calls: each test does the same
-thing once through the SDK's own tracer and once through the OtelTracer, and compares.
+"""A tick's and a step's spans are ChildSpans (jobledger.adapters.otel): recorded by
+jobledger, not by the SDK's span class, and handed to the SDK's processors. What a
+processor and an exporter see of one must be what the SDK would have made of the same
+calls: each test does the same thing once through the SDK's own tracer and once through
+the OtelTracer, and compares.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
 import pytest
@@ -23,7 +25,8 @@ from opentelemetry.sdk.trace.sampling import (
     Sampler,
     SamplingResult,
 )
-from opentelemetry.trace import SpanContext, Status, StatusCode, TraceFlags
+from opentelemetry.trace import Link, SpanContext, Status, StatusCode, TraceFlags
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from jobledger.adapters.otel import ChildSpan, OtelTracer
 
@@ -68,8 +71,9 @@ class Recorder:
             raise RuntimeError("the executor broke")
 
 
-def shape(span: ReadableSpan) -> dict[str, Any]:
-    """What an exporter reads of a span, less its own ids and times."""
+def shape(span: ReadableSpan, caller: SpanContext | None = None) -> dict[str, Any]:
+    """What an exporter reads of a span, less its own ids and times (and the ids of the
+    ``caller`` it links to, different each time)."""
     assert span.context is not None and span.parent is not None
     return {
         "name": span.name,
@@ -86,7 +90,10 @@ def shape(span: ReadableSpan) -> dict[str, Any]:
             for event in span.events
         ],
         "dropped_events": span.dropped_events,
-        "links": [(link.context, dict(link.attributes or {})) for link in span.links],
+        "links": [
+            ("caller" if link.context == caller else link.context, dict(link.attributes or {}))
+            for link in span.links
+        ],
         "status": (span.status.status_code, span.status.description),
         "resource": span.resource.attributes,
         "scope": span.instrumentation_scope,
@@ -200,6 +207,48 @@ def test_the_providers_sampler_decides_each_step_span() -> None:
         assert tick.carrier["traceparent"].endswith("-01")
     assert [span.name for span in recorder.exported.get_finished_spans()] == ["jobledger.tick"]
     assert sampler.asked.count("jobledger.step") == 1
+
+
+@pytest.mark.parametrize("flags", ["01", "03", "00"])
+@pytest.mark.parametrize("caller", [False, True], ids=["alone", "in-a-callers-trace"])
+def test_a_tick_span_continuing_its_jobs_trace_is_exported_as_the_sdk_would_export_it(
+    flags: str, caller: bool
+) -> None:
+    """The job's trace context names the parent (sampled or not, W3C level 2's random-id
+    flag or not); a caller's span of another trace, when there is one, becomes a link."""
+    carrier = {"traceparent": PARENT["traceparent"][:-2] + flags}
+    recorder = Recorder()
+
+    def tick(ours: bool) -> list[dict[str, Any]]:
+        recorder.exported.clear()
+        outer = recorder.sdk.start_as_current_span("http.request") if caller else nullcontext()
+        with outer:
+            calling = trace.get_current_span().get_span_context()
+            if ours:
+                opened: AbstractContextManager[object] = recorder.tracer.span(
+                    "jobledger.tick", parent=carrier, attributes={"a": 1}
+                )
+            else:
+                links = [Link(calling)] if calling.is_valid else []
+                opened = recorder.sdk.start_as_current_span(
+                    "jobledger.tick",
+                    context=TraceContextTextMapPropagator().extract(carrier),
+                    links=links,
+                    attributes={"a": 1},
+                )
+            with opened:
+                trace.get_current_span().add_event("claimed")
+        ticks = [s for s in recorder.exported.get_finished_spans() if s.name == "jobledger.tick"]
+        for span in ticks:
+            assert span.parent is not None and span.parent.is_remote
+            assert span.parent.span_id == int(PARENT["traceparent"][36:52], 16)
+        return [shape(span, calling) for span in ticks]
+
+    ours = tick(True)
+    assert ours == tick(False)
+    assert len(ours) == (0 if flags == "00" else 1)
+    for span in ours:
+        assert span["links"] == ([("caller", {})] if caller else [])
 
 
 def test_the_step_span_keeps_its_parents_flags() -> None:

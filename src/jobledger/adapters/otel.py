@@ -5,10 +5,10 @@ trace context propagated as ``traceparent``/``tracestate``, exported over OTLP (
 A span given a ``parent`` continues that trace (a job's); the span that was current, if it
 belongs to another trace (a caller's request), is kept as a link rather than lost.
 
-A span that starts a trace or continues one from elsewhere is the SDK's own. A span whose
-parent is a span of this process (a step in its tick) is a :class:`ChildSpan`: the same
-sampler, ids, limits and processors, without the SDK span's per-call locks and checks,
-which cost a step as much as all of its other tracing (issue 14's budget).
+A span that starts a new trace is the SDK's own. A span with a parent (a tick under its
+job's trace context, a step under its tick) is a :class:`ChildSpan`: the same sampler,
+ids, limits and processors, without the SDK span's per-call locks and checks, which cost a
+step as much as all of its other tracing (issue 14's budget).
 """
 
 from __future__ import annotations
@@ -108,26 +108,20 @@ class OtelTracer:
     def span(
         self, name: str, *, parent: Carrier | None = None, attributes: Attributes
     ) -> AbstractContextManager[CoreSpan]:
-        if parent:
-            return self._continued(name, parent, attributes)
         context = otel_context.get_current()
-        current = trace.get_current_span(context)
-        if self._children is not None and _is_local(current.get_span_context()):
-            return self._children.open(name, current, context, attributes)
-        return _Current(self._tracer.start_span(name, attributes=attributes))
-
-    def _continued(
-        self, name: str, parent: Carrier, attributes: Attributes
-    ) -> AbstractContextManager[CoreSpan]:
-        """A span of the trace ``parent`` names, linked to the current one of another."""
-        context, links = None, []
-        extracted = _PROPAGATOR.extract(dict(parent))
-        wanted = trace.get_current_span(extracted).get_span_context()
-        if wanted.is_valid:
-            current = trace.get_current_span().get_span_context()
-            if current.is_valid and current.trace_id != wanted.trace_id:
-                links.append(Link(current))
-            context = extracted
+        links: list[Link] = []
+        if parent:
+            extracted = _PROPAGATOR.extract(dict(parent))
+            wanted = trace.get_current_span(extracted).get_span_context()
+            if wanted.is_valid:
+                current = trace.get_current_span(context).get_span_context()
+                if current.is_valid and current.trace_id != wanted.trace_id:
+                    links.append(Link(current))
+                context = extracted
+        above = trace.get_current_span(context).get_span_context()
+        if self._children is not None and above.is_valid:
+            return self._children.open(name, above, context, attributes, links)
+        # A new trace: the SDK's span, with the SDK's rules for a root's ids and flags.
         span = self._tracer.start_span(name, context=context, links=links, attributes=attributes)
         return _Current(span)
 
@@ -137,10 +131,6 @@ class OtelTracer:
 
     def shutdown(self) -> None:
         self.provider.shutdown()
-
-
-def _is_local(context: SpanContext) -> bool:
-    return context.is_valid and not context.is_remote
 
 
 class _Current:
@@ -172,8 +162,8 @@ class _Current:
 
 
 class _ChildSpans:
-    """Starts a :class:`ChildSpan` as the SDK's tracer would start a span under a local
-    parent: its sampler decides, its id generator numbers, its processors are told."""
+    """Starts a :class:`ChildSpan` as the SDK's tracer would start a span with a parent:
+    its sampler decides, its id generator numbers, its processors are told."""
 
     def __init__(self, tracer: SdkTracer) -> None:
         self.tracer = tracer
@@ -183,13 +173,18 @@ class _ChildSpans:
         self.scope: InstrumentationScope = tracer._instrumentation_scope
 
     def open(
-        self, name: str, parent: trace.Span, context: Context, attributes: Attributes
+        self,
+        name: str,
+        above: SpanContext,
+        context: Context,
+        attributes: Attributes,
+        links: list[Link],
     ) -> _Current:
-        """A span under ``parent``, the current span of ``context``."""
+        """A span under ``above``, the span ``context`` holds (this process's, or one a
+        trace context named)."""
         tracer = self.tracer
-        above = parent.get_span_context()
         sampling = tracer.sampler.should_sample(
-            context, above.trace_id, name, SpanKind.INTERNAL, attributes, ()
+            context, above.trace_id, name, SpanKind.INTERNAL, attributes, links
         )
         decision = sampling.decision
         own = SpanContext(
@@ -201,7 +196,7 @@ class _ChildSpans:
         )
         if decision is Decision.DROP:
             return _Current(NonRecordingSpan(own))
-        span = ChildSpan(self, name, own, above, dict(sampling.attributes))
+        span = ChildSpan(self, name, own, above, dict(sampling.attributes), links)
         # Processors type it as the SDK's span; it has that span's reads and writes.
         tracer.span_processor.on_start(span, parent_context=context)  # type: ignore[arg-type]
         return _Current(span, span)
@@ -218,10 +213,10 @@ def _flags(parent: TraceFlags, *, sampled: bool) -> TraceFlags:
 
 
 class ChildSpan(trace.Span):
-    """A recording span under a local parent, handed to the processors as the SDK's
+    """A recording span with a parent, handed to the processors as the SDK's
     :class:`ReadableSpan` when it ends, with the SDK span's semantics (limits, status,
     exceptions, warnings on an ended span). Unlike the SDK's it takes no lock: it is
-    written by the thread running its step, and a dict or list update is atomic.
+    written by the thread running its tick or step, and a dict or list update is atomic.
 
     It is both the core's span (``set``, ``event``, ``carrier``, ``ids``: trusted values,
     not checked again) and the API's (what an executor reaches through
@@ -248,6 +243,7 @@ class ChildSpan(trace.Span):
         context: SpanContext,
         parent: SpanContext,
         attributes: dict[str, types.AttributeValue],
+        links: list[Link],
     ) -> None:
         self._spans = spans
         self._name = name
@@ -255,7 +251,7 @@ class ChildSpan(trace.Span):
         self._parent = parent
         self._attributes = attributes
         self._events: list[Event] = []
-        self._links: list[Link] = []
+        self._links = links
         self._status = _UNSET
         self._carrier: dict[str, str] | None = None
         self._end_time: int | None = None
