@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from decimal import Decimal, InvalidOperation
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
@@ -66,6 +65,7 @@ class OpsMetrics:
             "jobledger_jobs_submitted", "Jobs submitted.", ["workflow", *by_tenant]
         )
         self.finished = counter("jobledger_jobs_finished", "Jobs that finished.", ["outcome"])
+        self.completed: dict[str, tuple[Counter, Histogram]] = {}
         self.handlers: dict[str, Callable[[OpsEvent], None]] = {
             "job.tick.ended": self.tick_ended,
             "job.step.completed": self.step_completed,
@@ -96,8 +96,12 @@ class OpsMetrics:
 
     def step_completed(self, event: OpsEvent) -> None:
         workflow = self.workflows(str(event.metadata.get("workflowType")))
-        self.steps.labels(workflow, "completed").inc()
-        self.step_seconds.labels(workflow).observe(_seconds(event.metadata))
+        series = self.completed.get(workflow)
+        if series is None:  # one per capped label, so as bounded as the series are
+            series = self.completed[workflow] = self.completed_series(workflow)
+        steps, seconds = series
+        steps.inc()
+        seconds.observe(_seconds(event.metadata))
         cost = _amount(event.metadata.get("costUsd"))
         if cost > 0:
             spent = (
@@ -106,6 +110,11 @@ class OpsMetrics:
                 else self.cost.labels(self.tenants(event.tenantId))
             )
             spent.inc(cost)
+
+    def completed_series(self, workflow: str) -> tuple[Counter, Histogram]:
+        """A workflow's completed-steps count and step durations. Kept per workflow:
+        ``labels()`` takes a lock and checks its values, once per step otherwise."""
+        return self.steps.labels(workflow, "completed"), self.step_seconds.labels(workflow)
 
     def step_errored(self, event: OpsEvent) -> None:
         data = event.metadata
@@ -136,8 +145,8 @@ def _seconds(metadata: dict[str, Any]) -> float:
 
 
 def _amount(value: object) -> float:
-    """A step's cost as the ops event carries it (a Decimal's string)."""
+    """A step's cost as the ops event carries it (a Decimal's string: float reads them)."""
     try:
-        return float(Decimal(str(value)))
-    except (InvalidOperation, ValueError):
+        return float(str(value))
+    except ValueError:
         return 0.0
