@@ -17,6 +17,7 @@ from jobledger import Engine, StepError, StepRequest
 from jobledger.adapters.clock import FakeClock
 from jobledger.adapters.metrics import OTHER, Metrics
 from jobledger.api.auth import Role
+from jobledger.ports import OpsEvent
 from tests.support.engines import CountingExecutor, EngineFactory
 from tests.support.http import api_key, api_registry, start_api
 from tests.support.outage import Outage
@@ -222,6 +223,33 @@ def test_tenants_are_a_label_only_when_configured_and_fold_into_other_beyond_the
     text = metrics_of(engine).render().decode()
     assert "job-id-never-a-label" not in text
     assert "charlie" not in text and "delta" not in text
+
+
+def test_workflow_types_beyond_the_cap_fold_into_other_and_every_step_is_still_counted() -> None:
+    """A bug that makes each job's workflow type unique must not grow the series, nor what
+    the counting keeps per series; a cost the event cannot say counts as none."""
+    metrics = Metrics()
+    cap = metrics.counting.workflows.cap
+    for n in range(cap + 10):
+        for cost in ("0.25", "1E-2", "not a number"):
+            metrics.record(
+                OpsEvent(
+                    jobId=f"j{n}",
+                    tenantId="acme",
+                    eventType="job.step.completed",
+                    status="running",
+                    metadata={"workflowType": f"wf-{n}", "durationMs": 20, "costUsd": cost},
+                )
+            )
+
+    s = parse(metrics.render().decode())
+    steps = by_label(s, "jobledger_steps_total", "workflow")
+    assert len(steps) == cap + 1
+    assert steps[OTHER] == 30
+    assert sum(steps.values()) == 3 * (cap + 10)
+    assert len(metrics.counting.completed) == cap + 1
+    assert by_label(s, "jobledger_step_duration_seconds_count", "workflow")[OTHER] == 30
+    assert value(s, "jobledger_cost_usd_total") == pytest.approx(0.26 * (cap + 10))
 
 
 def test_the_api_serves_metrics_to_a_caller_of_every_tenant_only(
