@@ -54,7 +54,7 @@ Usage::
     python scripts/bench_steps.py --sign               # signed vs unsigned, same run
     python scripts/bench_steps.py --metrics            # metrics on vs off, same run
     python scripts/bench_steps.py --tracing            # traced vs untraced, same run
-    python scripts/bench_steps.py --metrics --tracing --rounds 5   # both on vs plain, 5 rounds
+    python scripts/bench_steps.py --metrics --tracing --rounds 15  # both on vs plain, 15 rounds
 
 With ``--tracing`` each scenario runs again, right after, on the same engine with
 OpenTelemetry spans made (an SDK tracer provider with no exporter attached: the cost of
