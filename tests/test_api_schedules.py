@@ -14,6 +14,7 @@ import httpx
 import pytest
 
 from jobledger.api.auth import Role
+from jobledger.api.paths import id_path
 from jobledger.engine import Engine
 from jobledger.identity import schedule_uuid
 from tests.support.engines import EngineFactory
@@ -101,8 +102,11 @@ def test_pause_resume_trigger_and_delete_change_it_and_a_command_that_does_not_a
         assert http.post(at("s", "/resume")).json()["state"] == "active"
 
         fired = http.post(at("s", "/trigger"))
-        assert fired.status_code == 200, fired.text
+        # A new job, as a submit answers one: 201, and where the job is.
+        assert fired.status_code == 201, fired.text
         job_id = fired.json()["job_id"]
+        assert fired.headers["Location"] == f"/v1/jobs/{id_path(TENANT, job_id)}"
+        assert http.get(fired.headers["Location"]).json()["job_id"] == job_id
         assert fired.json()["schedule"]["last_job_id"] == job_id
         assert engine.job(TENANT, job_id).workflow_type == "agent3"
         history = http.get(at("s", "/history")).json()["events"]

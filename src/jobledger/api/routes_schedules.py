@@ -105,12 +105,16 @@ def resume_schedule(tenant: str, name: str, caller: Caller, engine: EngineDep) -
     return Schedule.of(engine.schedules.resume(tenant, name))
 
 
-@router.post(f"{SCHEDULE}/trigger", response_model=ManualFiring, responses=CHANGED)
-def trigger_schedule(tenant: str, name: str, caller: Caller, engine: EngineDep) -> ManualFiring:
+@router.post(f"{SCHEDULE}/trigger", response_model=ManualFiring, status_code=201, responses=CHANGED)
+def trigger_schedule(
+    tenant: str, name: str, caller: Caller, engine: EngineDep, response: Response
+) -> ManualFiring:
     """Fire now (operator), outside the cron and its overlap policy, under a key of its
-    own: the job is submitted (a worker runs it); the next cron firing is unchanged."""
+    own: 201 with the job submitted (a worker runs it) and, as a submit, its ``Location``;
+    the next cron firing is unchanged."""
     _scope(caller, tenant, Role.OPERATOR, name)
     job_id = engine.schedules.trigger(tenant, name)
+    response.headers["Location"] = f"/v1/jobs/{id_path(tenant, job_id)}"
     return ManualFiring(job_id=job_id, schedule=Schedule.of(engine.schedules.get(tenant, name)))
 
 
