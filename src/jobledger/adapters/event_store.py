@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from copy import deepcopy
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 from uuid import UUID
 
 from eventsourcing.application import AggregateNotFoundError, Application
-from eventsourcing.domain import OriginatorVersionError
+from eventsourcing.domain import CanMutateProtocol, OriginatorVersionError
 from eventsourcing.persistence import (
     ApplicationRecorder,
     EventStore,
@@ -45,6 +45,17 @@ StoreMode = Literal["create", "existing", "read"]
 """``create``: make the store and its tables if missing (the commands that write jobs).
 ``existing``: the store must exist (a SQLite file is never created). ``read``: the store
 must exist and is only read: no lock, no DDL, so a store on read-only media works."""
+Aggregated = TypeVar("Aggregated")
+CanMutate = CanMutateProtocol[Any]
+
+
+def project(aggregate: Aggregated | None, events: Iterable[CanMutate]) -> Aggregated | None:
+    """eventsourcing's ``project_aggregate`` without its check of each event against a
+    runtime Protocol: about 12 µs an event on Python 3.11, and a load replays every event
+    since the last snapshot (each of a worker's ticks loads its job)."""
+    for event in events:
+        aggregate = event.mutate(aggregate)
+    return aggregate
 
 
 class LedgerPartition(Application[UUID]):
@@ -166,7 +177,7 @@ class EventSourcedJobStore:
     @store_errors("loading a job")
     def load(self, job_uuid: UUID) -> Job | None:
         try:
-            job: object = self.partition(job_uuid).repository.get(job_uuid)
+            job: object = self.partition(job_uuid).repository.get(job_uuid, projector_func=project)
         except AggregateNotFoundError:
             return None
         except (OriginatorVersionError, MapperDeserialisationError) as error:
@@ -319,7 +330,7 @@ class EventSourcedJobStore:
     @store_errors("reading a key")
     def find_key(self, route: UUID, key_id: UUID) -> ConsumedKey | None:
         try:
-            key: object = self.partition(route).repository.get(key_id)
+            key: object = self.partition(route).repository.get(key_id, projector_func=project)
         except AggregateNotFoundError:
             return None
         assert isinstance(key, ConsumedKey)
@@ -333,7 +344,9 @@ class EventSourcedJobStore:
     @store_errors("loading a schedule")
     def load_schedule(self, schedule_uuid: UUID) -> Schedule | None:
         try:
-            schedule: object = self.partition(schedule_uuid).repository.get(schedule_uuid)
+            schedule: object = self.partition(schedule_uuid).repository.get(
+                schedule_uuid, projector_func=project
+            )
         except AggregateNotFoundError:
             return None
         except (OriginatorVersionError, MapperDeserialisationError) as error:

@@ -14,7 +14,7 @@ from uuid import UUID
 
 from eventsourcing.application import AggregateNotFoundError
 
-from jobledger.adapters.event_store import EventSourcedJobStore
+from jobledger.adapters.event_store import EventSourcedJobStore, project
 from jobledger.adapters.store_errors import store_errors
 from jobledger.audit.errors import NoSuchVersionError
 from jobledger.job import Job
@@ -75,7 +75,9 @@ def _load_at(store: JobStore, job_uuid: UUID, version: int) -> Job:
         # events after it, folded by the same mutate() (eventsourcing's Repository).
         try:
             with store_errors("loading a job"):
-                job: object = store.partition(job_uuid).repository.get(job_uuid, version=version)
+                job: object = store.partition(job_uuid).repository.get(
+                    job_uuid, version=version, projector_func=project
+                )
         except AggregateNotFoundError:
             raise NoSuchVersionError("the job has no events") from None
         assert isinstance(job, Job)
