@@ -19,9 +19,11 @@ from opentelemetry.sdk.trace import ReadableSpan, SpanLimits, SpanProcessor, Tra
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.sdk.trace.sampling import (
+    ALWAYS_OFF,
     ALWAYS_ON,
     Decision,
     ParentBased,
+    ParentBasedTraceIdRatio,
     Sampler,
     SamplingResult,
 )
@@ -249,6 +251,46 @@ def test_a_tick_span_continuing_its_jobs_trace_is_exported_as_the_sdk_would_expo
     assert len(ours) == (0 if flags == "00" else 1)
     for span in ours:
         assert span["links"] == ([("caller", {})] if caller else [])
+
+
+SAMPLERS = {
+    "default": ParentBased(ALWAYS_ON),
+    "ratio-0-follows-the-parent": ParentBasedTraceIdRatio(0.0),
+    "local-parent-delegate-drops": ParentBased(ALWAYS_ON, local_parent_sampled=ALWAYS_OFF),
+    "remote-parent-delegate-drops": ParentBased(ALWAYS_ON, remote_parent_sampled=ALWAYS_OFF),
+    "always-on-ignores-the-parent": ALWAYS_ON,
+    "always-off": ALWAYS_OFF,
+}
+
+
+@pytest.mark.parametrize("flags", ["01", "00"])
+@pytest.mark.parametrize("sampler", list(SAMPLERS.values()), ids=list(SAMPLERS))
+def test_each_sampler_decides_the_tick_and_step_spans_as_it_would_the_sdks(
+    sampler: Sampler, flags: str
+) -> None:
+    """The SDK's default sampler is not asked (its answer is the parent's flag): with any
+    other, or other delegates, the exported spans must still be the SDK's."""
+    carrier = {"traceparent": PARENT["traceparent"][:-2] + flags}
+
+    def run(ours: bool) -> list[tuple[str, int, dict[str, Any]]]:
+        recorder = Recorder(sampler=sampler)
+        if ours:
+            tick = recorder.tracer.span("jobledger.tick", parent=carrier, attributes={"a": 1})
+            with tick, recorder.tracer.span("jobledger.step", attributes={"n": 1}):
+                pass
+        else:
+            parent = TraceContextTextMapPropagator().extract(carrier)
+            start = recorder.sdk.start_as_current_span
+            tick = start("jobledger.tick", context=parent, attributes={"a": 1})
+            with tick, start("jobledger.step", attributes={"n": 1}):
+                pass
+        return [
+            (span.name, int(span.context.trace_flags), dict(span.attributes or {}))
+            for span in recorder.exported.get_finished_spans()
+            if span.context is not None
+        ]
+
+    assert run(True) == run(False)
 
 
 def test_the_step_span_keeps_its_parents_flags() -> None:

@@ -31,7 +31,7 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import Event, ReadableSpan, SpanLimits, TracerProvider
 from opentelemetry.sdk.trace import Tracer as SdkTracer
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter, SpanExporter
-from opentelemetry.sdk.trace.sampling import Decision
+from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ALWAYS_ON, Decision, ParentBased, Sampler
 from opentelemetry.sdk.util import BoundedList
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import (
@@ -42,6 +42,7 @@ from opentelemetry.trace import (
     Status,
     StatusCode,
     TraceFlags,
+    TraceState,
 )
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 from opentelemetry.util import types
@@ -163,7 +164,8 @@ class _Current:
 
 class _ChildSpans:
     """Starts a :class:`ChildSpan` as the SDK's tracer would start a span with a parent:
-    its sampler decides, its id generator numbers, its processors are told."""
+    its sampler decides (the SDK's default one by the parent's flag, as it would), its id
+    generator numbers, its processors are told."""
 
     def __init__(self, tracer: SdkTracer) -> None:
         self.tracer = tracer
@@ -171,6 +173,7 @@ class _ChildSpans:
         # its spans carry them: the SDK keeps both private (the comparison tests pin them).
         self.limits: SpanLimits = tracer._span_limits
         self.scope: InstrumentationScope = tracer._instrumentation_scope
+        self.follows_parent = _follows_parent(tracer.sampler)
 
     def open(
         self,
@@ -183,26 +186,55 @@ class _ChildSpans:
         """A span under ``above``, the span ``context`` holds (this process's, or one a
         trace context named)."""
         tracer = self.tracer
-        sampling = tracer.sampler.should_sample(
-            context, above.trace_id, name, SpanKind.INTERNAL, attributes, links
-        )
-        decision = sampling.decision
+        decision, trace_state, initial = self.decide(above, context, name, attributes, links)
         own = SpanContext(
             above.trace_id,
             tracer.id_generator.generate_span_id(),
             is_remote=False,
             trace_flags=_flags(above.trace_flags, sampled=decision is Decision.RECORD_AND_SAMPLE),
-            trace_state=sampling.trace_state,
+            trace_state=trace_state,
         )
         if decision is Decision.DROP:
             return _Current(NonRecordingSpan(own))
-        span = ChildSpan(self, name, own, above, dict(sampling.attributes), links)
+        span = ChildSpan(self, name, own, above, initial, links)
         # Processors type it as the SDK's span; it has that span's reads and writes.
         tracer.span_processor.on_start(span, parent_context=context)  # type: ignore[arg-type]
         return _Current(span, span)
 
+    def decide(
+        self,
+        above: SpanContext,
+        context: Context,
+        name: str,
+        attributes: Attributes,
+        links: list[Link],
+    ) -> tuple[Decision, TraceState | None, dict[str, types.AttributeValue]]:
+        """The sampler's decision, the trace state and the span's first attributes."""
+        if self.follows_parent:
+            sampled = above.trace_flags.sampled
+            decision = Decision.RECORD_AND_SAMPLE if sampled else Decision.DROP
+            return decision, above.trace_state, dict(attributes)
+        sampling = self.tracer.sampler.should_sample(
+            context, above.trace_id, name, SpanKind.INTERNAL, attributes, links
+        )
+        return sampling.decision, sampling.trace_state, dict(sampling.attributes)
+
     def ended(self, span: ReadableSpan) -> None:
         self.tracer.span_processor.on_end(span)
+
+
+def _follows_parent(sampler: Sampler) -> bool:
+    """Whether ``sampler`` decides a span with a parent by the parent's sampled flag alone,
+    as the SDK's default does: a ParentBased (whatever its root) with its default parent
+    delegates. It is then not asked: what it would answer is known, without its objects."""
+    return (
+        isinstance(sampler, ParentBased)
+        and type(sampler).should_sample is ParentBased.should_sample
+        and sampler._remote_parent_sampled is ALWAYS_ON
+        and sampler._local_parent_sampled is ALWAYS_ON
+        and sampler._remote_parent_not_sampled is ALWAYS_OFF
+        and sampler._local_parent_not_sampled is ALWAYS_OFF
+    )
 
 
 def _flags(parent: TraceFlags, *, sampled: bool) -> TraceFlags:
