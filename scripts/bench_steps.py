@@ -28,7 +28,7 @@ so the report gives signed steps/s over unsigned steps/s of the same run (issue 
 With ``--metrics`` a further engine, on a store of its own, keeps Prometheus metrics (every
 ops event counted, no scraper attached: issue 14) and runs each scenario the same way, so
 the report gives steps/s with metrics over steps/s without, in the same run. Given with
-``--tracing``, the traced runs are made on that engine: traced over plain is then the
+``--tracing``, the traced engine keeps metrics too: traced over plain is then the
 overhead of metrics and tracing together.
 
 Half the raw commits run before the first scenario and half after the last, so a disk
@@ -56,10 +56,12 @@ Usage::
     python scripts/bench_steps.py --tracing            # traced vs untraced, same run
     python scripts/bench_steps.py --metrics --tracing --rounds 15  # both on vs plain, 15 rounds
 
-With ``--tracing`` each scenario runs again, right after, on the same engine with
-OpenTelemetry spans made (an SDK tracer provider with no exporter attached: the cost of
-tracing itself, not of shipping spans), and the report gives traced steps/s over untraced
-(issue 14: the overhead within 10 %). Needs the otel extra.
+With ``--tracing`` each scenario runs again, right after, on an engine with a store of
+its own that makes OpenTelemetry spans (an SDK tracer provider with no exporter attached:
+the cost of tracing itself, not of shipping spans), and the report gives traced steps/s
+over untraced (issue 14: the overhead within 10 %). Every engine's store takes one run of
+each scenario a round: an engine that took two (traced and not, on one store) would run
+on a store growing twice as fast as the plain one's. Needs the otel extra.
 
 PostgreSQL is skipped, with a message, when neither ``--postgres-url`` nor
 ``JOBLEDGER_TEST_POSTGRES_URL`` is set (``scripts/postgres-local`` starts a local server
@@ -109,6 +111,7 @@ from jobledger import (
 from jobledger.adapters.event_store import EventSourcedJobStore
 from jobledger.identity import job_uuid
 from jobledger.signing import private_pem
+from jobledger.tracing import Tracer
 
 WORKFLOW = "bench"
 TENANT = "bench"
@@ -352,10 +355,17 @@ class Bench:
         signing_keys: Path | None = None,
         *,
         metrics: bool = False,
+        traced: bool = False,
     ) -> None:
-        self.label = label + (" signed" if signing_keys else "") + (" metrics" if metrics else "")
+        self.label = (
+            label
+            + (" signed" if signing_keys else "")
+            + (" metrics" if metrics else "")
+            + (" traced" if traced else "")
+        )
         self.signed = signing_keys is not None
         self.metrics = metrics
+        self.traced = traced
         self.args = args
         self.executor = TimingExecutor()
         batch = {} if args.batch is None else {"max_batch": args.batch}
@@ -368,7 +378,12 @@ class Bench:
             **batch,
         )
         self.engine = Engine.open(
-            url, registry=bench_registry(), executor=self.executor, config=config, metrics=metrics
+            url,
+            registry=bench_registry(),
+            executor=self.executor,
+            config=config,
+            metrics=metrics,
+            tracer=sdk_tracer() if traced else None,
         )
         assert isinstance(self.engine.store, EventSourcedJobStore)
         self.store = self.engine.store
@@ -450,6 +465,7 @@ class Bench:
             profile=profile_text(profiler, self.args.profile) if profiler else None,
             signed=self.signed,
             metrics=self.metrics,
+            traced=self.traced,
         )
 
     def tick_until_idle(self, label: str, steps: int, profiler: cProfile.Profile | None) -> float:
@@ -612,10 +628,13 @@ def measure(
     args: argparse.Namespace,
     signed_url: str | None = None,
     metrics_url: str | None = None,
+    traced_url: str | None = None,
 ) -> StoreResult:
-    """The scenarios (and, given ``signed_url``, each again on an engine that signs, and
-    given ``metrics_url`` on one that keeps metrics, right after the plain run) between
-    the two halves of the raw commits."""
+    """The scenarios (and, given ``signed_url``, each again on an engine that signs, given
+    ``metrics_url`` on one that keeps metrics, and given ``traced_url`` on one that traces,
+    and keeps metrics too with ``metrics_url``, right after the plain run) between the two
+    halves of the raw commits. Each engine has a store of its own that takes one run of
+    each scenario a round, so none runs on a store the others' rounds made bigger."""
     load = os.getloadavg()
     keys = Path(tempfile.mkdtemp(prefix="jobledger-bench-keys-", dir=args.dir))
     benches = [Bench(url, label, args)]
@@ -624,8 +643,13 @@ def measure(
             benches.append(Bench(signed_url, label, args, throwaway_signing_keys(keys)))
         if metrics_url is not None:
             benches.append(Bench(metrics_url, label, args, metrics=True))
+        traced_bench = (
+            Bench(traced_url, label, args, metrics=metrics_url is not None, traced=True)
+            if traced_url is not None
+            else None
+        )
         state, topic = benches[0].warm_up()
-        for other in benches[1:]:
+        for other in [*benches[1:], *([traced_bench] if traced_bench else [])]:
             other.warm_up()
         half = args.raw_rows // 2
         before = raw(half, state, topic)
@@ -633,22 +657,21 @@ def measure(
         runs += [("many", k, max(1, -(-args.total_steps // k))) for k in args.concurrency]
         done_rounds: list[list[list[Scenario]]] = [[] for _ in runs]
         traced_rounds: list[list[Scenario]] = [[] for _ in runs]
-        # With --metrics too, the traced runs keep metrics as well: traced over plain is
-        # then the cost of both together, the figure issue 14 budgets.
-        observed = benches[-1] if metrics_url is not None else benches[0]
+        # With --metrics too, the traced engine keeps metrics as well: traced over plain
+        # is then the cost of both together, the figure issue 14 budgets.
         for round_number in range(args.rounds):
             for n, each in enumerate(runs):
-                # Traced first every other scenario and round: neither always runs on the
-                # other's rows, nor always in the same moment of a machine's load.
+                # Traced first every other scenario and round: never always in the same
+                # moment of a machine's load.
                 flip = (n + round_number) % 2 == 1
-                if args.tracing and flip:
-                    traced_rounds[n].append(with_tracing(observed, each))
+                if traced_bench is not None and flip:
+                    traced_rounds[n].append(traced_bench.run(*each))
                 done_rounds[n].append(both(benches, each, first_signed=flip))
-                if args.tracing and not flip:
-                    traced_rounds[n].append(with_tracing(observed, each))
+                if traced_bench is not None and not flip:
+                    traced_rounds[n].append(traced_bench.run(*each))
         after = raw(args.raw_rows - half, state, topic)
     finally:
-        for bench in benches:
+        for bench in [*benches, *([traced_bench] if traced_bench else [])]:
             bench.close()
         shutil.rmtree(keys, ignore_errors=True)
     # Each scenario's rounds pooled, per engine (plain, then signed or metered).
@@ -729,22 +752,14 @@ def pooled(rounds: list[Scenario]) -> Scenario:
     )
 
 
-def with_tracing(bench: Bench, run: tuple[str, int, int]) -> Scenario:
-    """The scenario again on the same engine, its ticks and steps traced by an SDK tracer
-    provider that exports nowhere; then the engine is untraced again."""
+def sdk_tracer() -> Tracer:
+    """OpenTelemetry spans, every one recorded by an SDK provider with no exporter
+    attached: the cost of tracing itself, not of shipping spans."""
     from opentelemetry.sdk.trace import TracerProvider
 
     from jobledger.adapters.otel import OtelTracer
-    from jobledger.tracing import NOOP
 
-    engine = bench.engine
-    engine.tracer = engine.orchestrator.tracer = OtelTracer(TracerProvider())
-    try:
-        scenario = bench.run(*run)
-    finally:
-        engine.tracer = engine.orchestrator.tracer = NOOP
-    scenario.traced = True
-    return scenario
+    return OtelTracer(TracerProvider())
 
 
 def bench_sqlite(args: argparse.Namespace) -> StoreResult:
@@ -753,7 +768,9 @@ def bench_sqlite(args: argparse.Namespace) -> StoreResult:
         url = f"sqlite:///{directory / 'jobs.db'}"
         signed = f"sqlite:///{directory / 'signed.db'}" if args.sign else None
         metered = f"sqlite:///{directory / 'metrics.db'}" if args.metrics else None
-        return measure(url, "sqlite", raw_sqlite(directory / "raw.db"), args, signed, metered)
+        traced = f"sqlite:///{directory / 'traced.db'}" if args.tracing else None
+        raw = raw_sqlite(directory / "raw.db")
+        return measure(url, "sqlite", raw, args, signed, metered, traced)
     finally:
         shutil.rmtree(directory, ignore_errors=True)
 
@@ -761,16 +778,19 @@ def bench_sqlite(args: argparse.Namespace) -> StoreResult:
 def bench_postgres(args: argparse.Namespace, base_url: str) -> StoreResult:
     signed_store = fresh_schema(base_url) if args.sign else nullcontext(None)
     metered_store = fresh_schema(base_url) if args.metrics else nullcontext(None)
+    traced_store = fresh_schema(base_url) if args.tracing else nullcontext(None)
     with (
         fresh_schema(base_url) as schema,
         signed_store as signed_schema,
         metered_store as metered_schema,
+        traced_store as traced_schema,
     ):
         url = with_query(base_url, schema=schema)
         signed = with_query(base_url, schema=signed_schema) if signed_schema else None
         metered = with_query(base_url, schema=metered_schema) if metered_schema else None
+        traced = with_query(base_url, schema=traced_schema) if traced_schema else None
         raw = raw_postgres(base_url, schema)
-        return measure(url, "postgres", raw, args, signed, metered)
+        return measure(url, "postgres", raw, args, signed, metered, traced)
 
 
 @contextmanager
