@@ -330,25 +330,13 @@ class ChildSpan(trace.Span):
         self, name: str, attributes: types.Attributes = None, timestamp: int | None = None
     ) -> None:
         if self._open("add_event"):
-            limits = self._spans.limits
-            checked = BoundedAttributes(
-                limits.max_event_attributes,
-                attributes,
-                immutable=True,
-                max_value_len=limits.max_attribute_length,
-            )
+            checked = self._checked(attributes, self._spans.limits.max_event_attributes)
             self._events.append(Event(name, checked, timestamp or time_ns()))
 
     def add_link(self, context: SpanContext, attributes: types.Attributes = None) -> None:
         # As the SDK: a link to nothing is kept only if it says something.
         if self._open("add_link") and (context.is_valid or attributes or context.trace_state):
-            limits = self._spans.limits
-            checked = BoundedAttributes(
-                limits.max_link_attributes,
-                attributes,
-                immutable=True,
-                max_value_len=limits.max_attribute_length,
-            )
+            checked = self._checked(attributes, self._spans.limits.max_link_attributes)
             self._links.append(Link(context, checked))
 
     def update_name(self, name: str) -> None:
@@ -442,6 +430,11 @@ class ChildSpan(trace.Span):
     @property
     def instrumentation_scope(self) -> InstrumentationScope:
         return self._spans.scope
+
+    def _checked(self, attributes: types.Attributes, most: int | None) -> BoundedAttributes:
+        """An event's or a link's attributes, checked and bounded as the SDK does them."""
+        longest = self._spans.limits.max_attribute_length
+        return BoundedAttributes(most, attributes, immutable=True, max_value_len=longest)
 
     def _open(self, call: str) -> bool:
         if self._end_time is None:
