@@ -638,18 +638,22 @@ def measure(
     load = os.getloadavg()
     keys = Path(tempfile.mkdtemp(prefix="jobledger-bench-keys-", dir=args.dir))
     benches = [Bench(url, label, args)]
+    traced_bench: Bench | None = None
+
+    def every_engine() -> list[Bench]:
+        return [*benches, *([traced_bench] if traced_bench else [])]
+
     try:
         if signed_url is not None:
             benches.append(Bench(signed_url, label, args, throwaway_signing_keys(keys)))
         if metrics_url is not None:
             benches.append(Bench(metrics_url, label, args, metrics=True))
-        traced_bench = (
-            Bench(traced_url, label, args, metrics=metrics_url is not None, traced=True)
-            if traced_url is not None
-            else None
-        )
+        if traced_url is not None:
+            traced_bench = Bench(
+                traced_url, label, args, metrics=metrics_url is not None, traced=True
+            )
         state, topic = benches[0].warm_up()
-        for other in [*benches[1:], *([traced_bench] if traced_bench else [])]:
+        for other in every_engine()[1:]:
             other.warm_up()
         half = args.raw_rows // 2
         before = raw(half, state, topic)
@@ -671,7 +675,7 @@ def measure(
                     traced_rounds[n].append(traced_bench.run(*each))
         after = raw(args.raw_rows - half, state, topic)
     finally:
-        for bench in [*benches, *([traced_bench] if traced_bench else [])]:
+        for bench in every_engine():
             bench.close()
         shutil.rmtree(keys, ignore_errors=True)
     # Each scenario's rounds pooled, per engine (plain, then signed or metered).
