@@ -26,7 +26,7 @@ from jobledger import (
     linear_workflow,
     verifier,
 )
-from jobledger.adapters.clock import FakeClock
+from jobledger.adapters.clock import FakeClock, SystemClock
 from jobledger.adapters.event_store import EventSourcedJobStore
 from jobledger.adapters.kafka.messages import TickMessage
 from jobledger.adapters.kafka.worker import KafkaWorker
@@ -41,6 +41,7 @@ from jobledger.identity import job_uuid, step_key
 from jobledger.job import Job
 from jobledger.orchestrator import TickReport
 from jobledger.reconciler import Reconciler
+from jobledger.runner import EmbeddedRunner
 from jobledger.workflows.definition import DefinitionError
 from jobledger.workflows.loader import parse_definition
 from jobledger.workflows.resolver import DefinitionRegistry
@@ -50,7 +51,9 @@ from tests.support.crash_worker import read_counts
 from tests.support.engines import TOKEN_SECRET, CountingExecutor, EngineFactory, open_engine
 from tests.support.http import start_api, token
 from tests.support.kafka_broker import KafkaTopics, wait_for
+from tests.support.scrape import total, value
 from tests.test_console_http import signed_in
+from tests.test_metrics import scraped
 
 TENANT = "acme"
 
@@ -684,3 +687,68 @@ def test_a_parent_waiting_for_its_children_lends_them_its_place_under_a_limit(
     assert engine.queued_because(TENANT, "other-2") is not None
     engine.run_until_idle()
     assert engine._load(TENANT, "other-2").status is JobStatus.COMPLETED
+
+
+NAPPER = """
+type: napper
+version: 1
+start: nap
+steps:
+  nap: {kind: wait_time, delay: {minutes: 5}, next: done}
+  done: {kind: complete}
+"""
+
+
+def test_a_parent_is_resumed_by_its_childrens_ends_not_by_polling(
+    make_engine: EngineFactory,
+) -> None:
+    # Issue 29 item 11: the parent was re-ticked every millisecond while it waited, so
+    # run_until_idle(wait_for_timers=True) never went idle and stopped at max_ticks.
+    engine = engine_for(make_engine, NAPPER, parent(workflow="napper"), metrics=True)
+    engine.submit(TENANT, "m", "mission", input={"topics": ["a", "b"], "brief": "x"})
+
+    handled = engine.run_until_idle(wait_for_timers=True, max_ticks=1_000)
+
+    assert engine._load(TENANT, "m").status is JobStatus.COMPLETED
+    assert statuses(engine, "m") == {"m.1.0": JobStatus.COMPLETED, "m.1.1": JobStatus.COMPLETED}
+    s = scraped(engine)
+    # The parent: its map step, then the tick its join woke. Each child: its first tick
+    # (into the 5-minute timer), then the timer's.
+    assert handled == total(s, "jobledger_ticks_total") == 6
+    assert value(s, "jobledger_ticks_total", outcome="idle") == 0
+
+
+def test_waiting_for_timers_goes_idle_when_only_a_join_that_cannot_move_is_left(
+    make_engine: EngineFactory,
+) -> None:
+    engine = engine_for(make_engine, parent(), metrics=True)
+    engine.submit(TENANT, "m", "mission", input={"topics": ["a", "slow"], "brief": "x"})
+
+    # The slow child waits for an event that has not come: nothing is left to run.
+    handled = engine.run_until_idle(wait_for_timers=True, max_ticks=1_000)
+
+    assert engine._load(TENANT, "m").status is JobStatus.WAITING_CHILDREN
+    assert statuses(engine, "m") == {"m.1.0": JobStatus.COMPLETED, "m.1.1": JobStatus.WAITING_EVENT}
+    assert handled == total(scraped(engine), "jobledger_ticks_total") == 3
+    # The event comes: the child ends, and its end resumes the parent.
+    engine.signal(TENANT, "m.1.1", "never", signal_id="s1")
+    handled += engine.run_until_idle(wait_for_timers=True, max_ticks=1_000)
+
+    assert engine._load(TENANT, "m").status is JobStatus.COMPLETED
+    assert handled == total(scraped(engine), "jobledger_ticks_total") == 5
+
+
+def test_the_embedded_runner_does_not_poll_a_waiting_parent(make_engine: EngineFactory) -> None:
+    # On the wall clock, as ``jobledger run`` runs it: 1,000 ticks a second before.
+    engine = engine_for(make_engine, parent(), metrics=True, clock=SystemClock())
+    engine.submit(TENANT, "m", "mission", input={"topics": ["a", "slow"], "brief": "x"})
+    runner = EmbeddedRunner(engine)
+    started = time.monotonic()
+
+    runner.run(until=lambda: time.monotonic() - started > 3)
+
+    assert engine._load(TENANT, "m").status is JobStatus.WAITING_CHILDREN
+    ticks = total(scraped(engine), "jobledger_ticks_total")
+    # The three jobs' first ticks, and the reconciler's start-up tick of each job still
+    # waiting (it re-enqueues what the in-process queue may have lost).
+    assert ticks <= 5, f"{ticks:.0f} ticks in 3 s"

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from jobledger.adapters.admission_table import AdmissionTable
-from jobledger.adapters.clock import SystemClock
+from jobledger.adapters.clock import FakeClock, StoreTimeClock, SystemClock
 from jobledger.adapters.event_store import EventSourcedJobStore, StoreMode
 from jobledger.adapters.field_cipher import FieldCipher
 from jobledger.adapters.jwt_tokens import JwtResumeTokens
@@ -91,6 +91,9 @@ class Deps:
         close = getattr(self.queue, "close", None)
         if close is not None:
             close()
+        stop = getattr(self.clock, "close", None)
+        if stop is not None:  # a StoreTimeClock's thread
+            stop()
         self.store.close()
         shutdown = getattr(self.tracer, "shutdown", None)
         if shutdown is not None:  # exports the spans still batched
@@ -119,6 +122,7 @@ def build(
     and wire the defaults for what is not given: a local in-process queue (the Kafka
     ticks topic when ``config.transport`` is kafka), the system clock, JSON ops logs,
     spend folded from the log, and JWT resume tokens when a token secret is configured.
+    Any clock but a ``FakeClock`` is set to the store's (``_store_time``).
     The store signs what it writes with ``signer``, or the configured signing keys.
     Spans go to ``tracer``, else to the configured exporter (``otel_exporter``).
 
@@ -127,7 +131,6 @@ def build(
 
     The transport is decided here, once: a process that runs on Kafka says so in the
     config it builds from (the CLI's ``--transport``), never by swapping queues later."""
-    clock = clock if clock is not None else SystemClock()
     subject_keys = SubjectKeyTable(master=_master_key(config))
     if signer is None and store_mode != "read" and config.signing_keys is not None:
         signer = Ed25519Signer.from_file(config.signing_keys)
@@ -141,6 +144,7 @@ def build(
         signer=signer,
     )
     subject_keys.attach(store.backend, create=store_mode != "read")
+    clock = _store_time(clock if clock is not None else SystemClock(), store)
     chosen, local_queue, kafka_queue = _queue(config, clock, queue)
     sink = ops if ops is not None else LoggingOps()
     kept = _metrics(config, clock) if metrics or config.metrics_port is not None else None
@@ -163,6 +167,16 @@ def build(
         admission=_admission(config, store),
         step_rates=StepRateTable(store.backend),
     )
+
+
+def _store_time(clock: Clock, store: EventSourcedJobStore) -> Clock:
+    """This host's clock set to the store's, so that every process keeps one time: a
+    worker whose clock is wrong neither fires a timer early nor takes a lease that is
+    live. A ``FakeClock`` is a simulation's whole time (a test's, the demo's), the
+    store's included: it is kept as it is."""
+    if isinstance(clock, FakeClock):
+        return clock
+    return StoreTimeClock(clock, store.clock)
 
 
 def _queue(

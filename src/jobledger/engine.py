@@ -107,7 +107,8 @@ class Engine(ErasureCommands, TickRunner, JobReader):
         wire the defaults (:func:`jobledger.bootstrap.build`):
         a local in-process queue (the Kafka ticks topic when ``transport`` is kafka), the
         system clock, JSON ops logs, spend folded from the log, and JWT resume tokens when
-        a token secret is configured. The store signs every event it writes with
+        a token secret is configured. Any clock but a ``FakeClock`` is set to the store's
+        (``StoreTimeClock``). The store signs every event it writes with
         ``signer`` and seals personal values with ``sealer`` when given. With ``metrics``
         (or ``config.metrics_port``) it keeps Prometheus metrics (``deps.metrics``). Its spans go to
         ``tracer``, else to the exporter the config names (none by default)."""

@@ -920,7 +920,7 @@ class Orchestrator:
         reconciler's backstop) repairs a spawn or a child's report lost in a crash."""
         run.job = job = self.family.catch_up(run.job)
         if job.status is JobStatus.WAITING_CHILDREN:
-            self.schedule_deadline(job, at=_earliest(job.resume_at, job.deadline_at))
+            self.schedule_deadline(job)
             return Outcome.IDLE if run.steps == 0 else Outcome.ADVANCED
         if job.status is JobStatus.QUEUED and run.steps < self.config.max_steps_per_tick:
             return None
@@ -941,10 +941,12 @@ class Orchestrator:
         if self.notifier is not None:
             self.notifier.approval_requested(JobView.of(job), request)
 
-    def schedule_deadline(self, job: Job, at: datetime | None = None) -> None:
-        """A wait's timeout, an approval's expiry or the job's deadline, the earliest
-        (``at``: the job's own due moment unless given)."""
-        due = job.due_at if at is None else at
+    def schedule_deadline(self, job: Job) -> None:
+        """A wait's timeout, an approval's expiry or the job's deadline, the earliest;
+        nothing for a wait without one. Not the job's due moment: a join's is when it
+        last moved (the reconciler's look for a lost report), and a tick queued for it
+        re-queued itself, polling the parent every millisecond."""
+        due = _earliest(job.resume_at, job.deadline_at)
         if due is not None:
             self.schedule(job, due, f"timeout:{job.current_step}", self.clock.now())
 

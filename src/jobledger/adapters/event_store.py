@@ -6,6 +6,7 @@ import logging
 import re
 from collections.abc import Iterable, Sequence
 from copy import deepcopy
+from datetime import datetime
 from typing import Any, Literal, TypeVar
 from uuid import UUID
 
@@ -446,6 +447,11 @@ class EventSourcedJobStore:
             log.warning(
                 "snapshot of job %s at version %s failed", job.id, job.version, exc_info=True
             )
+
+    @store_errors("reading the store's clock")
+    def clock(self) -> datetime:
+        """The store's own clock (``StoreTimeClock`` keeps every process on it)."""
+        return self.backend.clock()
 
     def close(self) -> None:
         for partition in self.partitions:

@@ -137,6 +137,10 @@ class StoreBackend(ABC):
     def ts(self, value: datetime | None) -> Any:
         """A moment as this store keeps it."""
 
+    @abstractmethod
+    def clock(self) -> datetime:
+        """The store's own clock, now (UTC): the one time every process keeps."""
+
     def uuid(self, value: UUID) -> Any:
         """An originator id as the library keeps it in an events table."""
         return value

@@ -6,7 +6,7 @@ import threading
 import zlib
 from collections.abc import Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 import psycopg
@@ -109,6 +109,13 @@ class PostgresBackend(StoreBackend):
 
     def ts(self, value: datetime | None) -> datetime | None:
         return value
+
+    def clock(self) -> datetime:
+        """The server's clock as it reads the statement (``now()`` would be the start
+        of the transaction)."""
+        (row,) = self.fetch("SELECT clock_timestamp() AS now")
+        moment: datetime = row["now"]
+        return moment.astimezone(UTC)
 
     def transaction(self) -> AbstractContextManager[Any]:
         return self.datastore.transaction(commit=True)

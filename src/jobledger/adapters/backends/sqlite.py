@@ -98,6 +98,12 @@ class SQLiteBackend(StoreBackend):
         # Fixed-width UTC ISO text sorts in time order, which the indexes rely on.
         return None if value is None else value.astimezone(UTC).isoformat(timespec="microseconds")
 
+    def clock(self) -> datetime:
+        """SQLite has no server: the store's clock is the host's, as SQLite reads it
+        (to the millisecond)."""
+        (row,) = self.fetch("SELECT strftime('%Y-%m-%d %H:%M:%f', 'now') AS now")
+        return datetime.fromisoformat(row["now"]).replace(tzinfo=UTC)
+
     def uuid(self, value: UUID) -> str:
         return value.hex  # how the library writes an originator id in a SQLite table
 
