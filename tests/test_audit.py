@@ -6,13 +6,14 @@ from __future__ import annotations
 import io
 import json
 from dataclasses import replace
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
 from uuid import UUID
 
 import pytest
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from projections import JobViews
 
 from jobledger import (
@@ -24,6 +25,7 @@ from jobledger import (
     UnknownWorkflowError,
     chain,
     linear_workflow,
+    verifier,
 )
 from jobledger.adapters.clock import FakeClock
 from jobledger.adapters.event_store import EventSourcedJobStore
@@ -40,10 +42,11 @@ from jobledger.audit.errors import (
 from jobledger.audit.replay import Resolver, replay_job
 from jobledger.audit.time_travel import fold
 from jobledger.engine import SignalOutcome
-from jobledger.errors import ApprovalAlreadyDecidedError
+from jobledger.errors import ApprovalAlreadyDecidedError, BrokenHistoryError
 from jobledger.identity import job_uuid
 from jobledger.job import Job
 from jobledger.registry import FunctionRegistry
+from jobledger.signing import Ed25519Signer, Keyring, SigningKey, Window
 from jobledger.workflows import DefinitionRegistry, WorkflowDefinition, resolve
 from tests.support.audit import (
     MISSION_V1,
@@ -474,6 +477,72 @@ def three_jobs(make_engine: EngineFactory) -> Engine:
         engine.submit(T, job, "agent4")
     engine.run_until_idle()
     return engine
+
+
+@pytest.fixture
+def signed_jobs(make_engine: EngineFactory) -> tuple[Engine, tamper.Signatures]:
+    """The three jobs of ``three_jobs``, each event signed, and the keyring to verify by."""
+    registry = FunctionRegistry()
+    steps = [Resolution("run_interaction_task", JobStatus.QUEUED) for _ in range(3)]
+    steps.append(Resolution("run_interaction_task", JobStatus.COMPLETED))
+    registry.register("agent4", 1, linear_workflow(steps))
+    key = SigningKey("k1", Ed25519PrivateKey.generate(), Window(datetime(2000, 1, 1, tzinfo=UTC)))
+    signer = Ed25519Signer([key])
+    engine = make_engine(registry=registry, config={"max_steps_per_tick": 1}, signer=signer)
+    for job in ("j1", "j2", "j3"):
+        engine.submit(T, job, "agent4")
+    engine.run_until_idle()
+    return engine, tamper.Signatures(Keyring(signer.public_keys()))
+
+
+def test_rows_moved_between_jobs_are_caught_by_verify_load_and_export(
+    signed_jobs: tuple[Engine, tamper.Signatures], store_url: str, tmp_path: Path
+) -> None:
+    """Two jobs' rows swapped by an UPDATE of originator_id: each row is still the bytes
+    hashed and signed, but they name the other job, and nothing reads them as this one's."""
+    engine, signatures = signed_jobs
+    store = store_of(engine)
+    one, two = job_uuid(T, "j1"), job_uuid(T, "j2")
+    assert tamper.verify_store(store, signatures=signatures).intact
+    RawEvents(store_url).swap_jobs(one, two)
+
+    report = tamper.verify_store(store, signatures=signatures)
+    found = {check.job_uuid: check.broken for check in report.broken}
+    assert set(found) == {one, two}
+    for mine, theirs in ((one, "j2"), (two, "j1")):
+        broken = found[mine]
+        assert broken is not None
+        assert (broken.version, broken.event_type, broken.kind) == (1, "Job.Submitted", "moved")
+        assert f"{T}/{theirs}" in broken.reason and "another job" in broken.reason
+    with pytest.raises(BrokenHistoryError, match=f"{T}/j1 is broken"):
+        engine.job(T, "j1")  # (folded from its snapshot on: the first row read is refused)
+    with pytest.raises(BrokenHistoryError, match="broken at v1"):
+        engine.store.events(one)
+
+    for selection in (exporting.Selection(), exporting.Selection(T), exporting.Selection(T, "j2")):
+        out = io.StringIO()
+        summary = exporting.export_jobs(store, out, selection, FakeClock().now())
+        assert len(summary.broken) == (1 if selection.job_id else 2), selection
+        assert all("moved" in why for why in summary.broken)
+        path = write(tmp_path / "moved.jsonl", out.getvalue())
+        checked = verifier.verify(path)
+        assert not checked.verified
+        assert any("moved" in problem.reason for problem in checked.problems), checked.problems
+
+
+def test_one_row_moved_into_another_job_is_caught_at_its_version(
+    signed_jobs: tuple[Engine, tamper.Signatures], store_url: str
+) -> None:
+    engine, signatures = signed_jobs
+    one, three = job_uuid(T, "j1"), job_uuid(T, "j3")
+    RawEvents(store_url).swap_jobs(one, three, version=5)
+    report = tamper.verify_store(store_of(engine), signatures=signatures)
+    found = {check.job_uuid: check.broken for check in report.broken}
+    assert set(found) == {one, three}
+    assert all(b is not None and (b.version, b.kind) == (5, "moved") for b in found.values())
+    with pytest.raises(BrokenHistoryError, match="broken at v5"):
+        engine.store.events(one)  # (a load folds from a snapshot past v5)
+    assert len(engine.store.events(job_uuid(T, "j2"))) == 9  # the others still read
 
 
 def only_broken(engine: Engine, anchors: Path | None = None) -> tamper.JobCheck:

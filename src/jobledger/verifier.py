@@ -373,8 +373,10 @@ def check_manifest(manifest: dict[str, Any] | None, report: Report) -> None:
     elif claimed != heads:
         differ = [u for u in sorted(set(heads) | set(claimed)) if heads.get(u) != claimed.get(u)]
         report.problems.append(Problem("manifest", f"heads differ for {', '.join(differ)}"))
-    if manifest.get("broken") != []:
-        report.problems.append(Problem("manifest", "the exporter found broken chains"))
+    broken = manifest.get("broken")
+    if broken != []:
+        found = "; ".join(map(str, broken)) if isinstance(broken, list) else repr(broken)
+        report.problems.append(Problem("manifest", f"the exporter found broken chains: {found}"))
 
 
 def head_of(job: Job) -> dict[str, Any]:

@@ -41,7 +41,7 @@ from jobledger.adapters.event_store import EventSourcedJobStore
 from jobledger.adapters.store_errors import store_errors
 from jobledger.audit.errors import ImportRefusedError
 from jobledger.audit.log import events_of, is_empty, job_uuids, read_jobs
-from jobledger.audit.tamper import check_job
+from jobledger.audit.tamper import JobCheck, check_job
 from jobledger.errors import UnknownJobError
 from jobledger.identity import job_uuid as job_uuid_of
 from jobledger.job import Job
@@ -148,16 +148,18 @@ def export_lines(
             raise UnknownJobError(selection.tenant_id, selection.job_id)
         check = check_job(job_uuid, records)
         if selection.tenant_id is not None and check.tenant_id != selection.tenant_id:
+            # A job its stored events do not place (its Submitted does not decode, or is
+            # another job's) is broken in every tenant's export, as in verify's report,
+            # but none of its lines leave: they may be another tenant's.
+            if check.tenant_id is None and check.broken is not None:
+                broken.append(_broken(check))
             continue
         job_events = events_of(records)
         for event in job_events:
             yield chain.canonical_json(event_document(event, check.tenant_id, check.job_id)) + "\n"
         events += len(job_events)
         if check.broken is not None:
-            broken.append(
-                f"{check.label}: v{check.broken.version} {check.broken.event_type}: "
-                f"{check.broken.reason}"
-            )
+            broken.append(_broken(check))
         if job_events:
             last = job_events[-1]
             heads[str(job_uuid)] = {
@@ -178,6 +180,12 @@ def export_lines(
     }
     yield chain.canonical_json(manifest) + "\n"
     return ExportSummary(len(heads), events, tuple(broken))
+
+
+def _broken(check: JobCheck) -> str:
+    assert check.broken is not None
+    found = check.broken
+    return f"{check.label}: v{found.version} {found.event_type}: {found.kind}: {found.reason}"
 
 
 # ---- import ---------------------------------------------------------------------------------

@@ -9,6 +9,9 @@ What each kind of tampering looks like:
 - ``reordered``: an event sits at another version than the one its hash was made for
   (found by trying the other stored events at the broken position);
 - ``undecodable``: a row no longer decodes as a job event;
+- ``moved``: a row holds another job's event (its body, which the chain hash and the
+  signature cover, names another job than the row is stored under): rows were moved
+  between jobs, each still as written;
 - ``truncated``: the newest events are gone, back to an internally consistent state
   (only an anchor shows it: the anchored version is missing);
 - ``rewritten``: the chain holds, but the hash at an anchored version is not the one
@@ -206,6 +209,8 @@ def _chain_break(records: Sequence[StoredRecord]) -> Finding | None:
         if record.version != expected:
             return _gap(expected, record)
         event = record.event
+        if record.moved is not None:
+            return Finding(record.version, record.event_type, "moved", record.moved)
         if event is None:
             return Finding(
                 record.version, record.event_type, "undecodable", f"the stored event {record.error}"
