@@ -48,6 +48,7 @@ from jobledger.job import Job
 from jobledger.registry import FunctionRegistry
 from jobledger.signing import Ed25519Signer, Keyring, SigningKey, Window
 from jobledger.workflows import DefinitionRegistry, WorkflowDefinition, resolve
+from tests import independent_verifier
 from tests.support.audit import (
     MISSION_V1,
     RawEvents,
@@ -543,6 +544,49 @@ def test_one_row_moved_into_another_job_is_caught_at_its_version(
     with pytest.raises(BrokenHistoryError, match="broken at v5"):
         engine.store.events(one)  # (a load folds from a snapshot past v5)
     assert len(engine.store.events(job_uuid(T, "j2"))) == 9  # the others still read
+
+
+def test_verify_and_the_standalone_verifier_name_the_same_first_bad_version(
+    signed_jobs: tuple[Engine, tamper.Signatures], store_url: str, tmp_path: Path
+) -> None:
+    """One order of checks in both tools: the first version that fails, whichever check
+    it fails (chain, signature or anchor), and a rolled-back history fails at the first
+    anchored version it lacks."""
+    engine, signatures = signed_jobs
+    assert isinstance(signatures.keyring, Keyring)
+    store, raw = store_of(engine), RawEvents(store_url)
+    anchors = tmp_path / "anchors.jsonl"
+    tamper.take_anchor(store, FileAnchorSink(anchors), FakeClock().now())
+    one, two, three = (job_uuid(T, job) for job in ("j1", "j2", "j3"))
+    # j2: v2 unsigned (its signature cut off the row), v8 edited.
+    row = raw.rows(two)[1]
+    raw.set_state(two, 2, row.topic, row.state[: row.state.index(b',"signature":')] + b"}")
+    raw.replace_in_state(two, 8, "+00:00", "+01:00")
+    # j3 rolled back to v1..v7 (anchored at v9); j1 deleted whole.
+    assert raw.delete(three, 8, and_after=True) == 2
+    assert raw.delete(one, 1, and_after=True) == 9
+
+    report = tamper.verify_store(store, read_anchors(anchors), signatures=signatures)
+    ours = {c.job_uuid: (c.broken.version, c.broken.kind) for c in report.broken if c.broken}
+    assert ours == {one: (1, "deleted"), two: (2, "unsigned"), three: (8, "truncated")}
+
+    keyring = write(tmp_path / "keyring.json", json.dumps(signatures.keyring.document()))
+    export = tmp_path / "export.jsonl"
+    export.write_text(exported(engine))
+    for check in (standalone, independent):
+        failing = check(export, keyring, anchors)
+        assert failing == {str(one): 1, str(two): 2, str(three): 8}, check
+
+
+def standalone(export: Path, keyring: Path, anchors: Path) -> dict[str, int]:
+    report = verifier.verify(export, verifier.read_keyring(keyring), [anchors])
+    return {job: found.failure.version for job, found in report.jobs.items() if found.failure}
+
+
+def independent(export: Path, keyring: Path, anchors: Path) -> dict[str, int]:
+    args = [str(export), "--keyring", str(keyring), "--anchors", str(anchors)]
+    failing, _ = independent_verifier.run(independent_verifier.arguments(args))
+    return {job: version for job, version in failing.items() if version is not None}
 
 
 def only_broken(engine: Engine, anchors: Path | None = None) -> tamper.JobCheck:
