@@ -58,6 +58,7 @@ from tests.support.audit import (
     mission,
 )
 from tests.support.engines import EngineFactory, default_registry
+from tests.support.evidence import edit_event, fix_manifest, rehash
 
 T = "acme"
 
@@ -793,9 +794,11 @@ def test_import_refuses_a_file_that_does_not_verify_and_writes_nothing(
     lines = text.splitlines()
     target = store_of(make_engine(store_url=fresh_store_url))
 
-    def refused(name: str, content: str, match: str) -> None:
+    def refused(name: str, content: str, match: str, *, verifies: bool = False) -> None:
         path = tmp_path / f"{name}.jsonl"
         path.write_text(content)
+        # Import refuses all that jobledger-verify refuses (and, to write, a little more).
+        assert verifier.verify(path).verified is verifies, name
         with pytest.raises(ImportRefusedError, match=match):
             exporting.import_file(target, path)
         assert log.is_empty(target)
@@ -803,20 +806,39 @@ def test_import_refuses_a_file_that_does_not_verify_and_writes_nothing(
     edited = lines[:]
     edited[2] = edited[2].replace('"s1":true', '"s1":false')
     assert edited[2] != lines[2]
-    refused("edited", "\n".join(edited), "the chain does not verify at v3")
+    refused("edited", "\n".join(edited), "v3: the chain hash does not match the event")
     refused("truncated", "\n".join(lines[:-1]), "no manifest")
-    refused("short", "\n".join(lines[:8] + lines[9:]), "chain does not verify at v9|manifest")
+    refused(
+        "short",
+        "\n".join(lines[:8] + lines[9:]),
+        "manifest: counts 3 jobs and 27 events; the file holds 3 and 26",
+    )
     manifest = json.loads(lines[-1])
     manifest["heads"][str(job_uuid(T, "j1"))]["chain_hash"] = "0" * 64
-    refused("manifest", "\n".join([*lines[:-1], chain.canonical_json(manifest)]), "head hashes")
+    refused("manifest", "\n".join([*lines[:-1], chain.canonical_json(manifest)]), "heads differ")
     extra = json.loads(lines[1])
     extra["data"]["sneaky"] = 1
-    refused("field", "\n".join([lines[0], chain.canonical_json(extra), *lines[2:]]), "sneaky")
+    extended = [lines[0], chain.canonical_json(extra), *lines[2:]]
+    refused("field", "\n".join(extended), "v2: the chain hash does not match")
+    j1 = str(job_uuid(T, "j1"))
+    sneaky = rehash(edit_event(lines, j1, 2, lambda e: e["data"].update(sneaky=1)), j1, 2, None)
+    refused("rehashed", "\n".join(fix_manifest(sneaky)), "sneaky", verifies=True)
     shuffled = [lines[0], lines[9], *lines[1:9], *lines[10:]]
-    refused("shuffled", "\n".join(shuffled), "not contiguous")
-    refused("garbage", "not json\n", "not JSON")
+    refused("shuffled", "\n".join(shuffled), "not contiguous", verifies=True)
+    refused("garbage", "not json\n", "line 1: not a JSON object")
+    respaced = [*lines[:3], json.dumps(json.loads(lines[3])), *lines[4:]]
+    refused("respaced", "\n".join(respaced), "v4: the line is not canonical JSON")
+    renamed = json.loads(lines[4])
+    renamed["tenant"] = "other"
+    refused(
+        "tenant",
+        "\n".join([*lines[:4], chain.canonical_json(renamed), *lines[5:]]),
+        f"v5: tenant 'other' and job '{renamed['job']}' do not name this job_uuid",
+    )
 
-    exporting.import_file(target, write(tmp_path / "good.jsonl", text))
+    good = write(tmp_path / "good.jsonl", text)
+    assert verifier.verify(good).verified
+    exporting.import_file(target, good)
     assert not log.is_empty(target)
 
 
