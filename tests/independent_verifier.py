@@ -283,14 +283,11 @@ def anchored(h: dict[str, Any], jobs: Any, failing: dict[str, int | None], selec
                 wanted = h.get("tenant") == selection["tenant"]
         if not wanted:
             return
-    v = h["version"]
-    ok = (
-        entries is not None
-        and 1 <= v <= len(entries)
-        and entries[v - 1][1].get("chain_hash") == h["chain_hash"]
-    )
-    if not ok and (failing.get(h["job_uuid"]) is None or v < failing[h["job_uuid"]]):  # type: ignore[operator]
-        failing[h["job_uuid"]] = v
+    v, held = h["version"], len(entries or [])
+    ok = 1 <= v <= held and entries[v - 1][1].get("chain_hash") == h["chain_hash"]
+    at = min(v, held + 1)  # rolled back: the first version the export lacks
+    if not ok and (failing.get(h["job_uuid"]) is None or at < failing[h["job_uuid"]]):  # type: ignore[operator]
+        failing[h["job_uuid"]] = at
 
 
 def arguments(argv: list[str] | None = None) -> argparse.Namespace:

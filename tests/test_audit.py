@@ -6,13 +6,14 @@ from __future__ import annotations
 import io
 import json
 from dataclasses import replace
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
 from uuid import UUID
 
 import pytest
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from projections import JobViews
 
 from jobledger import (
@@ -24,6 +25,7 @@ from jobledger import (
     UnknownWorkflowError,
     chain,
     linear_workflow,
+    verifier,
 )
 from jobledger.adapters.clock import FakeClock
 from jobledger.adapters.event_store import EventSourcedJobStore
@@ -40,11 +42,13 @@ from jobledger.audit.errors import (
 from jobledger.audit.replay import Resolver, replay_job
 from jobledger.audit.time_travel import fold
 from jobledger.engine import SignalOutcome
-from jobledger.errors import ApprovalAlreadyDecidedError
+from jobledger.errors import ApprovalAlreadyDecidedError, BrokenHistoryError
 from jobledger.identity import job_uuid
 from jobledger.job import Job
 from jobledger.registry import FunctionRegistry
+from jobledger.signing import Ed25519Signer, Keyring, SigningKey, Window
 from jobledger.workflows import DefinitionRegistry, WorkflowDefinition, resolve
+from tests import independent_verifier
 from tests.support.audit import (
     MISSION_V1,
     RawEvents,
@@ -54,6 +58,7 @@ from tests.support.audit import (
     mission,
 )
 from tests.support.engines import EngineFactory, default_registry
+from tests.support.evidence import edit_event, fix_manifest, rehash
 
 T = "acme"
 
@@ -476,6 +481,115 @@ def three_jobs(make_engine: EngineFactory) -> Engine:
     return engine
 
 
+@pytest.fixture
+def signed_jobs(make_engine: EngineFactory) -> tuple[Engine, tamper.Signatures]:
+    """The three jobs of ``three_jobs``, each event signed, and the keyring to verify by."""
+    registry = FunctionRegistry()
+    steps = [Resolution("run_interaction_task", JobStatus.QUEUED) for _ in range(3)]
+    steps.append(Resolution("run_interaction_task", JobStatus.COMPLETED))
+    registry.register("agent4", 1, linear_workflow(steps))
+    key = SigningKey("k1", Ed25519PrivateKey.generate(), Window(datetime(2000, 1, 1, tzinfo=UTC)))
+    signer = Ed25519Signer([key])
+    engine = make_engine(registry=registry, config={"max_steps_per_tick": 1}, signer=signer)
+    for job in ("j1", "j2", "j3"):
+        engine.submit(T, job, "agent4")
+    engine.run_until_idle()
+    return engine, tamper.Signatures(Keyring(signer.public_keys()))
+
+
+def test_rows_moved_between_jobs_are_caught_by_verify_load_and_export(
+    signed_jobs: tuple[Engine, tamper.Signatures], store_url: str, tmp_path: Path
+) -> None:
+    """Two jobs' rows swapped by an UPDATE of originator_id: each row is still the bytes
+    hashed and signed, but they name the other job, and nothing reads them as this one's."""
+    engine, signatures = signed_jobs
+    store = store_of(engine)
+    one, two = job_uuid(T, "j1"), job_uuid(T, "j2")
+    assert tamper.verify_store(store, signatures=signatures).intact
+    RawEvents(store_url).swap_jobs(one, two)
+
+    report = tamper.verify_store(store, signatures=signatures)
+    found = {check.job_uuid: check.broken for check in report.broken}
+    assert set(found) == {one, two}
+    for mine, theirs in ((one, "j2"), (two, "j1")):
+        broken = found[mine]
+        assert broken is not None
+        assert (broken.version, broken.event_type, broken.kind) == (1, "Job.Submitted", "moved")
+        assert f"{T}/{theirs}" in broken.reason and "another job" in broken.reason
+    with pytest.raises(BrokenHistoryError, match=f"{T}/j1 is broken"):
+        engine.job(T, "j1")  # (folded from its snapshot on: the first row read is refused)
+    with pytest.raises(BrokenHistoryError, match="broken at v1"):
+        engine.store.events(one)
+
+    for selection in (exporting.Selection(), exporting.Selection(T), exporting.Selection(T, "j2")):
+        out = io.StringIO()
+        summary = exporting.export_jobs(store, out, selection, FakeClock().now())
+        assert len(summary.broken) == (1 if selection.job_id else 2), selection
+        assert all("moved" in why for why in summary.broken)
+        path = write(tmp_path / "moved.jsonl", out.getvalue())
+        checked = verifier.verify(path)
+        assert not checked.verified
+        assert any("moved" in problem.reason for problem in checked.problems), checked.problems
+
+
+def test_one_row_moved_into_another_job_is_caught_at_its_version(
+    signed_jobs: tuple[Engine, tamper.Signatures], store_url: str
+) -> None:
+    engine, signatures = signed_jobs
+    one, three = job_uuid(T, "j1"), job_uuid(T, "j3")
+    RawEvents(store_url).swap_jobs(one, three, version=5)
+    report = tamper.verify_store(store_of(engine), signatures=signatures)
+    found = {check.job_uuid: check.broken for check in report.broken}
+    assert set(found) == {one, three}
+    assert all(b is not None and (b.version, b.kind) == (5, "moved") for b in found.values())
+    with pytest.raises(BrokenHistoryError, match="broken at v5"):
+        engine.store.events(one)  # (a load folds from a snapshot past v5)
+    assert len(engine.store.events(job_uuid(T, "j2"))) == 9  # the others still read
+
+
+def test_verify_and_the_standalone_verifier_name_the_same_first_bad_version(
+    signed_jobs: tuple[Engine, tamper.Signatures], store_url: str, tmp_path: Path
+) -> None:
+    """One order of checks in both tools: the first version that fails, whichever check
+    it fails (chain, signature or anchor), and a rolled-back history fails at the first
+    anchored version it lacks."""
+    engine, signatures = signed_jobs
+    assert isinstance(signatures.keyring, Keyring)
+    store, raw = store_of(engine), RawEvents(store_url)
+    anchors = tmp_path / "anchors.jsonl"
+    tamper.take_anchor(store, FileAnchorSink(anchors), FakeClock().now())
+    one, two, three = (job_uuid(T, job) for job in ("j1", "j2", "j3"))
+    # j2: v2 unsigned (its signature cut off the row), v8 edited.
+    row = raw.rows(two)[1]
+    raw.set_state(two, 2, row.topic, row.state[: row.state.index(b',"signature":')] + b"}")
+    raw.replace_in_state(two, 8, "+00:00", "+01:00")
+    # j3 rolled back to v1..v7 (anchored at v9); j1 deleted whole.
+    assert raw.delete(three, 8, and_after=True) == 2
+    assert raw.delete(one, 1, and_after=True) == 9
+
+    report = tamper.verify_store(store, read_anchors(anchors), signatures=signatures)
+    ours = {c.job_uuid: (c.broken.version, c.broken.kind) for c in report.broken if c.broken}
+    assert ours == {one: (1, "deleted"), two: (2, "unsigned"), three: (8, "truncated")}
+
+    keyring = write(tmp_path / "keyring.json", json.dumps(signatures.keyring.document()))
+    export = tmp_path / "export.jsonl"
+    export.write_text(exported(engine))
+    for check in (standalone, independent):
+        failing = check(export, keyring, anchors)
+        assert failing == {str(one): 1, str(two): 2, str(three): 8}, check
+
+
+def standalone(export: Path, keyring: Path, anchors: Path) -> dict[str, int]:
+    report = verifier.verify(export, verifier.read_keyring(keyring), [anchors])
+    return {job: found.failure.version for job, found in report.jobs.items() if found.failure}
+
+
+def independent(export: Path, keyring: Path, anchors: Path) -> dict[str, int]:
+    args = [str(export), "--keyring", str(keyring), "--anchors", str(anchors)]
+    failing, _ = independent_verifier.run(independent_verifier.arguments(args))
+    return {job: version for job, version in failing.items() if version is not None}
+
+
 def only_broken(engine: Engine, anchors: Path | None = None) -> tamper.JobCheck:
     report = tamper.verify_store(
         store_of(engine), read_anchors(anchors) if anchors is not None else None
@@ -680,9 +794,11 @@ def test_import_refuses_a_file_that_does_not_verify_and_writes_nothing(
     lines = text.splitlines()
     target = store_of(make_engine(store_url=fresh_store_url))
 
-    def refused(name: str, content: str, match: str) -> None:
+    def refused(name: str, content: str, match: str, *, verifies: bool = False) -> None:
         path = tmp_path / f"{name}.jsonl"
         path.write_text(content)
+        # Import refuses all that jobledger-verify refuses (and, to write, a little more).
+        assert verifier.verify(path).verified is verifies, name
         with pytest.raises(ImportRefusedError, match=match):
             exporting.import_file(target, path)
         assert log.is_empty(target)
@@ -690,20 +806,39 @@ def test_import_refuses_a_file_that_does_not_verify_and_writes_nothing(
     edited = lines[:]
     edited[2] = edited[2].replace('"s1":true', '"s1":false')
     assert edited[2] != lines[2]
-    refused("edited", "\n".join(edited), "the chain does not verify at v3")
+    refused("edited", "\n".join(edited), "v3: the chain hash does not match the event")
     refused("truncated", "\n".join(lines[:-1]), "no manifest")
-    refused("short", "\n".join(lines[:8] + lines[9:]), "chain does not verify at v9|manifest")
+    refused(
+        "short",
+        "\n".join(lines[:8] + lines[9:]),
+        "manifest: counts 3 jobs and 27 events; the file holds 3 and 26",
+    )
     manifest = json.loads(lines[-1])
     manifest["heads"][str(job_uuid(T, "j1"))]["chain_hash"] = "0" * 64
-    refused("manifest", "\n".join([*lines[:-1], chain.canonical_json(manifest)]), "head hashes")
+    refused("manifest", "\n".join([*lines[:-1], chain.canonical_json(manifest)]), "heads differ")
     extra = json.loads(lines[1])
     extra["data"]["sneaky"] = 1
-    refused("field", "\n".join([lines[0], chain.canonical_json(extra), *lines[2:]]), "sneaky")
+    extended = [lines[0], chain.canonical_json(extra), *lines[2:]]
+    refused("field", "\n".join(extended), "v2: the chain hash does not match")
+    j1 = str(job_uuid(T, "j1"))
+    sneaky = rehash(edit_event(lines, j1, 2, lambda e: e["data"].update(sneaky=1)), j1, 2, None)
+    refused("rehashed", "\n".join(fix_manifest(sneaky)), "sneaky", verifies=True)
     shuffled = [lines[0], lines[9], *lines[1:9], *lines[10:]]
-    refused("shuffled", "\n".join(shuffled), "not contiguous")
-    refused("garbage", "not json\n", "not JSON")
+    refused("shuffled", "\n".join(shuffled), "not contiguous", verifies=True)
+    refused("garbage", "not json\n", "line 1: not a JSON object")
+    respaced = [*lines[:3], json.dumps(json.loads(lines[3])), *lines[4:]]
+    refused("respaced", "\n".join(respaced), "v4: the line is not canonical JSON")
+    renamed = json.loads(lines[4])
+    renamed["tenant"] = "other"
+    refused(
+        "tenant",
+        "\n".join([*lines[:4], chain.canonical_json(renamed), *lines[5:]]),
+        f"v5: tenant 'other' and job '{renamed['job']}' do not name this job_uuid",
+    )
 
-    exporting.import_file(target, write(tmp_path / "good.jsonl", text))
+    good = write(tmp_path / "good.jsonl", text)
+    assert verifier.verify(good).verified
+    exporting.import_file(target, good)
     assert not log.is_empty(target)
 
 

@@ -165,7 +165,8 @@ def test_verify_and_import_catch_tampering(sqlite_cli: Cli, tmp_path: Path) -> N
     (tmp_path / "forged.jsonl").write_text("\n".join(lines) + "\n")
     copy = f"sqlite:///{tmp_path}/copy.db"
     message = cli.fails(1, "import", "forged.jsonl", "--store", copy)
-    assert "the chain does not verify at v3" in message and "nothing written" in message
+    assert "v3: the chain hash does not match the event" in message
+    assert "nothing written" in message
     assert cli.json("verify", "--all", "--store", copy)["jobs"] == 0
 
 

@@ -373,8 +373,10 @@ def check_manifest(manifest: dict[str, Any] | None, report: Report) -> None:
     elif claimed != heads:
         differ = [u for u in sorted(set(heads) | set(claimed)) if heads.get(u) != claimed.get(u)]
         report.problems.append(Problem("manifest", f"heads differ for {', '.join(differ)}"))
-    if manifest.get("broken") != []:
-        report.problems.append(Problem("manifest", "the exporter found broken chains"))
+    broken = manifest.get("broken")
+    if broken != []:
+        found = "; ".join(map(str, broken)) if isinstance(broken, list) else repr(broken)
+        report.problems.append(Problem("manifest", f"the exporter found broken chains: {found}"))
 
 
 def head_of(job: Job) -> dict[str, Any]:
@@ -460,20 +462,19 @@ class Selection:
 def check_anchored_head(
     head: dict[str, Any], report: Report, selected: Selection, where: str
 ) -> None:
-    """The export must still hold the anchored version with the anchored hash."""
+    """The export must still hold the anchored version with the anchored hash. A job
+    cut back (or missing whole) fails at the first version it lacks, as a gap would."""
     version = head["version"]
     job = report.jobs.get(head["job_uuid"])
     if job is None:
-        if selected.holds(head):
-            report.jobs[head["job_uuid"]] = job = Job.named_by(head)
-            job.fail(version, f"anchored at v{version} ({where}) but not in the export")
-        return
-    if version < 1 or version > len(job.lines):
-        job.fail(
-            version,
-            f"anchored at v{version} ({where}); the export ends at v{len(job.lines)} (rolled back)",
-        )
-    elif job.lines[version - 1].get("chain_hash") != head["chain_hash"]:
+        if not selected.holds(head):
+            return
+        report.jobs[head["job_uuid"]] = job = Job.named_by(head)
+    held = len(job.lines)
+    if version > held:
+        ends = f"the export ends at v{held} (rolled back)" if held else "not in the export"
+        job.fail(held + 1, f"anchored at v{version} ({where}); {ends}")
+    elif version < 1 or job.lines[version - 1].get("chain_hash") != head["chain_hash"]:
         job.fail(version, f"anchored v{version} ({where}) had another chain hash (rewritten)")
 
 

@@ -209,6 +209,20 @@ class RawEvents:
                     [rows[theirs].topic, rows[theirs].state, self._id(job_uuid), mine],
                 )
 
+    def swap_jobs(self, first: UUID, second: UUID, version: int | None = None) -> None:
+        """Each job's rows (or only its row at ``version``) take the other job's
+        originator_id, by UPDATEs in one transaction: the rows' bodies stay as written."""
+        only = "" if version is None else " AND originator_version = ?"
+        at = [] if version is None else [version]
+        parked = UUID(int=0)
+        with self.cursor() as curs:
+            for source, target in ((first, parked), (second, first), (parked, second)):
+                curs.execute(
+                    self._sql("UPDATE {t} SET originator_id = ? WHERE originator_id = ?" + only),
+                    [self._id(target), self._id(source), *at],
+                )
+                assert curs.rowcount >= 1
+
     def delete(self, job_uuid: UUID, version: int, *, and_after: bool = False) -> int:
         comparison = ">=" if and_after else "="
         with self.cursor() as curs:

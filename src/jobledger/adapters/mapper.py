@@ -29,6 +29,7 @@ from eventsourcing.utils import get_topic, resolve_topic
 
 from jobledger import chain, event_decoding
 from jobledger.adapters import sealing
+from jobledger.identity import job_uuid
 from jobledger.job import Job
 from jobledger.ports import FieldSealer
 
@@ -59,6 +60,17 @@ class SealedMapper(Mapper[UUID]):
         )
 
     def to_domain_event(self, stored_event: StoredEvent) -> DomainEventProtocol[UUID]:
+        event = self.decode(stored_event)
+        if isinstance(event, Job.Event):
+            # A row moved to another job is never that job's event: refused here, for
+            # every reader (load, history, stream, verify, export).
+            row_job = stored_event.originator_id
+            why = moved(row_job if isinstance(row_job, UUID) else UUID(row_job), event)
+            if why is not None:
+                raise MovedRowError(stored_event, why)
+        return event
+
+    def decode(self, stored_event: StoredEvent) -> DomainEventProtocol[UUID]:
         state = bytes(stored_event.state)
         try:
             if sealing.is_row(state):
@@ -87,6 +99,39 @@ class SealedMapper(Mapper[UUID]):
         event = event_decoding.make(cls, self.sealer.open(typed))
         chain.attach(event, sealed)
         return event
+
+
+class MovedRowError(MapperDeserialisationError):
+    """A stored row holds another job's event: its body (hashed and signed) names
+    another job than the row it is stored under."""
+
+    def __init__(self, stored_event: StoredEvent, why: str) -> None:
+        super().__init__(_undecodable(stored_event, why).args[0])
+        self.why = why
+
+
+def moved(row_job: UUID, event: Job.Event) -> str | None:
+    """Why the event is not the job's it is stored under, or None: the job it names
+    (the body's ``originator_id``, which its chain hash and signature cover) and, in a
+    ``Submitted``, the tenant and job that give it, must both be the row's job."""
+    fields = vars(event)
+    named = fields.get("originator_id")
+    if named != row_job:
+        other = (
+            f"{event.tenant_id}/{event.job_id} ({named})"
+            if isinstance(event, Job.Submitted)
+            else f"job {named}"
+        )
+        return (
+            f"the row stored under job {row_job} holds v{fields.get('originator_version')} "
+            f"of another job, {other}: rows were moved between jobs"
+        )
+    if isinstance(event, Job.Submitted) and job_uuid(event.tenant_id, event.job_id) != row_job:
+        return (
+            f"the row stored under job {row_job} submits another job, "
+            f"{event.tenant_id}/{event.job_id}: rows were moved between jobs"
+        )
+    return None
 
 
 def _type_enums(stored_event: StoredEvent, state: dict[str, Any], enums: Any) -> None:

@@ -16,12 +16,14 @@ originator_version: version, timestamp, **data}, "type": "Job." + type})``, and 
 signature over ``jobledger.event/1\n<signer>\n<chain_hash>`` with the keyring.
 
 Import reads /1 (the same lines, unsigned) and /2. It refuses, writing nothing, a file
-that is malformed, whose chains or manifest do not verify, or a target store that is not
-empty. It then writes the very same events (ids, versions, timestamps, the bytes hashed,
-chain hashes and signatures as exported: nothing is sealed, hashed or signed again) job by
-job, with the at-most-once keys their events consumed (the submit key, token nonces,
-signal ids, approval ids; a step's key is its record itself), so nothing can be done
-twice after an import that was done once before it.
+that does not verify as ``jobledger-verify`` checks it (``jobledger.verifier``, called
+here: every line canonical and naming its job, the chains, the manifest, the family),
+that does not rebuild into stored events, or a target store that is not empty. It then
+writes the very same events (ids, versions, timestamps, the bytes hashed, chain hashes
+and signatures as exported: nothing is sealed, hashed or signed again) job by job, with
+the at-most-once keys their events consumed (the submit key, token nonces, signal ids,
+approval ids; a step's key is its record itself), so nothing can be done twice after an
+import that was done once before it.
 """
 
 from __future__ import annotations
@@ -36,20 +38,18 @@ from uuid import UUID
 
 from eventsourcing.persistence import IntegrityError
 
-from jobledger import chain, event_decoding
+from jobledger import chain, event_decoding, verifier
 from jobledger.adapters.event_store import EventSourcedJobStore
 from jobledger.adapters.store_errors import store_errors
 from jobledger.audit.errors import ImportRefusedError
 from jobledger.audit.log import events_of, is_empty, job_uuids, read_jobs
-from jobledger.audit.tamper import check_job
+from jobledger.audit.tamper import JobCheck, check_job
 from jobledger.errors import UnknownJobError
 from jobledger.identity import job_uuid as job_uuid_of
 from jobledger.job import Job
 from jobledger.keys import ConsumedKey, KeyKind
 
 EXPORT_FORMAT: Final = "jobledger.export/2"
-READ_FORMATS: Final = ("jobledger.export/1", EXPORT_FORMAT)
-"""/1 is /2 without signatures (and without sealed values): its lines import as they are."""
 
 Progress = Callable[[int, int], None]
 
@@ -148,16 +148,18 @@ def export_lines(
             raise UnknownJobError(selection.tenant_id, selection.job_id)
         check = check_job(job_uuid, records)
         if selection.tenant_id is not None and check.tenant_id != selection.tenant_id:
+            # A job its stored events do not place (its Submitted does not decode, or is
+            # another job's) is broken in every tenant's export, as in verify's report,
+            # but none of its lines leave: they may be another tenant's.
+            if check.tenant_id is None and check.broken is not None:
+                broken.append(_broken(check))
             continue
         job_events = events_of(records)
         for event in job_events:
             yield chain.canonical_json(event_document(event, check.tenant_id, check.job_id)) + "\n"
         events += len(job_events)
         if check.broken is not None:
-            broken.append(
-                f"{check.label}: v{check.broken.version} {check.broken.event_type}: "
-                f"{check.broken.reason}"
-            )
+            broken.append(_broken(check))
         if job_events:
             last = job_events[-1]
             heads[str(job_uuid)] = {
@@ -178,6 +180,12 @@ def export_lines(
     }
     yield chain.canonical_json(manifest) + "\n"
     return ExportSummary(len(heads), events, tuple(broken))
+
+
+def _broken(check: JobCheck) -> str:
+    assert check.broken is not None
+    found = check.broken
+    return f"{check.label}: v{found.version} {found.event_type}: {found.kind}: {found.reason}"
 
 
 # ---- import ---------------------------------------------------------------------------------
@@ -220,9 +228,11 @@ def import_file(
 
 
 def _check_file(source: Path) -> tuple[int, int]:
-    """Pass one: every line parses, every chain verifies, the manifest agrees."""
-    heads: dict[str, dict[str, Any]] = {}
-    events = 0
+    """Pass one: the file verifies as jobledger-verify checks it (every line canonical,
+    every job's lines, versions and chain, the manifest, the family), and each history
+    rebuilds into events this store can hold."""
+    _verify(source)
+    jobs = events = 0
     for lines in _job_groups(source):
         job_events = [_event(document, source, lines.first_line) for document in lines.documents]
         where = f"{source}: job {lines.tenant_id}/{lines.job_id}"
@@ -231,33 +241,38 @@ def _check_file(source: Path) -> tuple[int, int]:
             raise ImportRefusedError(f"{where}: the history does not start with Submitted")
         if (first.tenant_id, first.job_id) != (lines.tenant_id, lines.job_id):
             raise ImportRefusedError(f"{where}: its lines name another job than its events")
-        if job_uuid_of(lines.tenant_id, lines.job_id) != lines.job_uuid:
-            raise ImportRefusedError(f"{where}: job_uuid is not the job's identity")
+        # The rows as they will be written (rebuilt from the lines) must hold too.
         broken = chain.verify(job_events)
         if broken is not None:
             raise ImportRefusedError(
                 f"{where}: the chain does not verify at v{broken.version} "
                 f"({broken.event_type}): {broken.reason} (nothing written)"
             )
-        last = job_events[-1]
-        heads[str(lines.job_uuid)] = {
-            "tenant": lines.tenant_id,
-            "job": lines.job_id,
-            "version": last.originator_version,
-            "chain_hash": last.chain_hash,
-        }
+        jobs += 1
         events += len(job_events)
-    manifest = _manifest(source)
-    if manifest.get("jobs") != len(heads) or manifest.get("events") != events:
-        raise ImportRefusedError(
-            f"{source}: the manifest counts {manifest.get('jobs')} jobs and "
-            f"{manifest.get('events')} events; the file holds {len(heads)} and {events}"
-        )
-    if manifest.get("heads") != heads:
-        raise ImportRefusedError(f"{source}: the manifest's head hashes do not match the events")
-    if manifest.get("broken"):
-        raise ImportRefusedError(f"{source}: exported from a store with broken chains")
-    return len(heads), events
+    return jobs, events
+
+
+def _verify(source: Path) -> None:
+    """The standalone verifier's checks, shared (no keyring: the signatures are kept as
+    they are, and checked by verify against a keyring)."""
+    try:
+        report = verifier.verify(source)
+    except verifier.UnreadableError as error:
+        raise ImportRefusedError(f"cannot read {error}") from None
+    if report.verified:
+        return
+    found = [
+        f"job {job.label()} v{job.failure.version}: {job.failure.reason}"
+        for job in report.jobs.values()
+        if job.failure is not None
+    ]
+    found += [f"{problem.where}: {problem.reason}" for problem in report.problems]
+    more = f" (and {len(found) - 1} more)" if len(found) > 1 else ""
+    raise ImportRefusedError(
+        f"{source} does not verify (as jobledger-verify checks it): {found[0]}{more}; "
+        "nothing written"
+    )
 
 
 def _lines(source: Path) -> Iterator[tuple[int, dict[str, Any]]]:
@@ -277,22 +292,6 @@ def _lines(source: Path) -> Iterator[tuple[int, dict[str, Any]]]:
                 yield number, document
     except (OSError, UnicodeDecodeError) as error:
         raise ImportRefusedError(f"cannot read {source}: {error}") from None
-
-
-def _manifest(source: Path) -> dict[str, Any]:
-    manifest: dict[str, Any] | None = None
-    for number, document in _lines(source):
-        if manifest is not None:
-            raise ImportRefusedError(f"{source} line {number}: a line after the manifest")
-        if document.get("record") == "manifest":
-            manifest = document
-    if manifest is None:
-        raise ImportRefusedError(f"{source}: no manifest line (the file is incomplete)")
-    if manifest.get("format") not in READ_FORMATS:
-        raise ImportRefusedError(
-            f"{source}: format {manifest.get('format')!r} is not one of {', '.join(READ_FORMATS)}"
-        )
-    return manifest
 
 
 def _job_groups(source: Path) -> Iterator[_JobLines]:

@@ -15,6 +15,7 @@ from eventsourcing.persistence import StoredEvent
 from eventsourcing.utils import get_topic
 
 from jobledger.adapters.event_store import EventSourcedJobStore, LedgerPartition
+from jobledger.adapters.mapper import MovedRowError
 from jobledger.adapters.store_errors import store_errors
 from jobledger.job import Job
 
@@ -33,6 +34,8 @@ class StoredRecord:
     topic: str
     event: Job.Event | None
     error: str | None = None
+    moved: str | None = None
+    """Why the row, which decodes, is another job's event (then ``event`` is None)."""
 
     @property
     def event_type(self) -> str:
@@ -127,6 +130,8 @@ def _decode(partition: LedgerPartition, row: Any) -> StoredRecord:
         event = partition.mapper.to_domain_event(
             StoredEvent(originator_id=job_uuid, originator_version=version, topic=topic, state=data)
         )
+    except MovedRowError as error:
+        return StoredRecord(job_uuid, version, topic, None, moved=error.why)
     except Exception as error:
         return StoredRecord(job_uuid, version, topic, None, f"does not decode: {error}")
     if not isinstance(event, Job.Event):

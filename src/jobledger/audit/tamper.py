@@ -9,6 +9,9 @@ What each kind of tampering looks like:
 - ``reordered``: an event sits at another version than the one its hash was made for
   (found by trying the other stored events at the broken position);
 - ``undecodable``: a row no longer decodes as a job event;
+- ``moved``: a row holds another job's event (its body, which the chain hash and the
+  signature cover, names another job than the row is stored under): rows were moved
+  between jobs, each still as written;
 - ``truncated``: the newest events are gone, back to an internally consistent state
   (only an anchor shows it: the anchored version is missing);
 - ``rewritten``: the chain holds, but the hash at an anchored version is not the one
@@ -107,15 +110,16 @@ def check_job(
     anchored: tuple[Head, Anchor] | None = None,
     signatures: Signatures | None = None,
 ) -> JobCheck:
-    """Recompute one job's chain from its stored rows (in version order), check each
-    event's signature (with ``signatures``), then hold its newest anchored head against
-    them."""
+    """Recompute one job's chain from its stored rows (in version order), each event's
+    signature checked as it comes (with ``signatures``), and hold its newest anchored
+    head against them. The finding is the first version that fails, whichever check it
+    fails: the order of docs/evidence-format.md, which jobledger-verify follows too."""
     tenant_id, job_id = _names(records, anchored)
-    broken = _chain_break(records)
-    if broken is None and signatures is not None:
-        broken = _signature_break(records, signatures)
-    if broken is None and anchored is not None:
-        broken = _anchor_break(records, *anchored)
+    broken = _chain_break(records, signatures)
+    if anchored is not None:
+        pinned = _anchor_break(records, *anchored)
+        if pinned is not None and (broken is None or pinned.version < broken.version):
+            broken = pinned
     head = None
     if records and records[-1].event is not None:
         last = records[-1]
@@ -199,13 +203,19 @@ def take_anchor(
 # ---- the checks --------------------------------------------------------------------------------
 
 
-def _chain_break(records: Sequence[StoredRecord]) -> Finding | None:
+def _chain_break(
+    records: Sequence[StoredRecord], signatures: Signatures | None = None
+) -> Finding | None:
+    """The first stored event that is missing, does not decode, is not the link after
+    the one before it, or (with ``signatures``) is not signed as it should be."""
     previous = chain.GENESIS
     expected = 1
     for index, record in enumerate(records):
         if record.version != expected:
             return _gap(expected, record)
         event = record.event
+        if record.moved is not None:
+            return Finding(record.version, record.event_type, "moved", record.moved)
         if event is None:
             return Finding(
                 record.version, record.event_type, "undecodable", f"the stored event {record.error}"
@@ -213,30 +223,32 @@ def _chain_break(records: Sequence[StoredRecord]) -> Finding | None:
         stored = _stored_hash(event)
         if stored is None or not chain.holds_at(previous, event, record.version):
             return _mismatch(records, index, previous)
+        unsigned = _signature_break(record, event, signatures) if signatures else None
+        if unsigned is not None:
+            return unsigned
         previous = stored
         expected += 1
     return None
 
 
-def _signature_break(records: Sequence[StoredRecord], signatures: Signatures) -> Finding | None:
-    """The first event (of an intact chain) whose writer the keyring does not vouch for."""
-    for record in records:
-        event = record.event
-        assert event is not None  # the chain verified
-        sealed = chain.attached(event)
-        signer, signature = (sealed.signer, sealed.signature) if sealed else (None, None)
-        event_type = type(event).__qualname__
-        if signature is None:
-            cutoff = signatures.unsigned_before
-            if cutoff is not None and event.timestamp < cutoff:
-                continue
-            why = "the event is not signed" + (
-                f" (and is not older than {cutoff.isoformat()})" if cutoff is not None else ""
-            )
-            return Finding(record.version, event_type, "unsigned", why)
-        failed = signatures.keyring.check(signer, signature, event.chain_hash, event.timestamp)
-        if failed is not None:
-            return Finding(record.version, event_type, "signature", failed)
+def _signature_break(
+    record: StoredRecord, event: Job.Event, signatures: Signatures
+) -> Finding | None:
+    """Whether the keyring vouches for the writer of this (well-linked) event."""
+    sealed = chain.attached(event)
+    signer, signature = (sealed.signer, sealed.signature) if sealed else (None, None)
+    event_type = type(event).__qualname__
+    if signature is None:
+        cutoff = signatures.unsigned_before
+        if cutoff is not None and event.timestamp < cutoff:
+            return None
+        why = "the event is not signed" + (
+            f" (and is not older than {cutoff.isoformat()})" if cutoff is not None else ""
+        )
+        return Finding(record.version, event_type, "unsigned", why)
+    failed = signatures.keyring.check(signer, signature, event.chain_hash, event.timestamp)
+    if failed is not None:
+        return Finding(record.version, event_type, "signature", failed)
     return None
 
 
@@ -285,12 +297,14 @@ def _mismatch(records: Sequence[StoredRecord], index: int, previous: str) -> Fin
 
 
 def _anchor_break(records: Sequence[StoredRecord], head: Head, anchor: Anchor) -> Finding | None:
+    """The anchored version must still be stored, with the anchored hash. A history cut
+    back (or deleted whole) fails at the first anchored version it lacks."""
     pinned = f"anchored at v{head.version} on {anchor.anchored_at.isoformat()}"
     if anchor.line_number:
         pinned += f" (anchor line {anchor.line_number})"
     if not records:
         return Finding(
-            head.version,
+            1,
             "(missing)",
             "deleted",
             f"{pinned}, but the store holds no event of the job: it was deleted",
@@ -304,16 +318,16 @@ def _anchor_break(records: Sequence[StoredRecord], head: Head, anchor: Anchor) -
             f"{pinned}, but the store holds only v1..v{last.version}: the history was "
             "truncated or rolled back",
         )
-    record = records[head.version - 1]
-    assert record.event is not None  # the chain verified
-    if _stored_hash(record.event) != head.chain_hash:
+    record = next((r for r in records if r.version == head.version), None)
+    stored = _stored_hash(record.event) if record and record.event else None
+    if record is not None and stored != head.chain_hash:
         return Finding(
             head.version,
             record.event_type,
             "rewritten",
             f"{pinned} with another chain hash: the history up to there was rewritten",
         )
-    return None
+    return None  # (a version missing below the last is the chain's finding, lower)
 
 
 def _names(

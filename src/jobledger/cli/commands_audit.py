@@ -686,8 +686,8 @@ def import_(
     """Load an export into an EMPTY store, chains and all.
 
     Appends the same events (ids, versions, times, chain hashes) and the at-most-once
-    keys they consumed. Refuses, writing nothing, a file whose chains or manifest do not
-    verify, or a store that is not empty.
+    keys they consumed. Refuses, writing nothing, a file that jobledger-verify would not
+    verify (without a keyring), or a store that is not empty.
     """
     configure_one_shot(log_level, log_format)
     with open_engine(store, config, purpose="import", mode="create") as engine:
