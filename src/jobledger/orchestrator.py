@@ -283,6 +283,7 @@ class Orchestrator:
             return self.await_children(run, now)
         if not job.holds_claim(run.claim_id, now) and not job.is_claimable(now):
             return self.stand_aside(job, run, now)
+        self.check_pinned(job)
         if self.lease_kept_elsewhere(job, run, now):
             return Outcome.CLAIM_LOST
         if self.park_over_budget(job, now):
@@ -560,6 +561,26 @@ class Orchestrator:
         )
         self.schedule(job, job.due_at or resume_at, f"ceiling:{_epoch_ms(resume_at)}", now)
         return True
+
+    def has_pinned(self, job: Job) -> bool:
+        """Whether this worker has the definition the job is pinned to. Asked before
+        anything claims the job for this worker (a tick's claim or lease take-over, the
+        claim a resume folds in): one that can never run it must not hold it."""
+        return self.registry.has(job.workflow_type, job.workflow_version)
+
+    def check_pinned(self, job: Job) -> None:
+        """Refuse a job this worker has no definition for (a rolling deploy) before its
+        lease or claim is taken, whatever woke it: the job is left as it is."""
+        if self.has_pinned(job):
+            return
+        kind = job.workflow_type
+        known = ", ".join(f"v{v}" for t, v in self.registry.known() if t == kind)
+        raise self.blocked(
+            job,
+            WorkflowNotDeployedError(
+                f"unknown workflow {kind!r} v{job.workflow_version} (known: {known or 'none'})"
+            ),
+        )
 
     def check_deployment(self, job: Job, resolution: Resolution) -> None:
         """Refuse before the side effect, not after: a step with no executor to run it,
