@@ -19,11 +19,13 @@ from jobledger.adapters.ops import MemoryOps
 from jobledger.adapters.store_url import parse_store_url
 from jobledger.audit.export import consumed_keys
 from jobledger.errors import JobNotWaitingError, TokenMismatchError, WorkflowNotDeployedError
-from jobledger.ports import ApprovalRequest, IssuedToken, Tick
+from jobledger.identity import job_uuid
+from jobledger.ports import ApprovalRequest, ApprovalSpec, IssuedToken, Tick
 from jobledger.reconciler import Reconciler
 from jobledger.runner import EmbeddedRunner
 from jobledger.views import JobView
 from tests.support.engines import CountingExecutor, EngineFactory, agent_steps
+from tests.support.notifiers import Inbox as InboxOfJobs
 
 HOUR = 3_600_000
 DAY = 24 * HOUR
@@ -108,6 +110,81 @@ def test_a_continuation_on_a_worker_that_lost_the_version_is_not_failed(
     engine.use_registry(five(1, 2))
     engine.run_until_idle()
     assert engine.job("t", "j").status is JobStatus.COMPLETED
+
+
+def pinned(*versions: int) -> FunctionRegistry:
+    """v2 (and only v2) opens an event wait, then an approval, then runs a step."""
+    registry = FunctionRegistry()
+    for version in versions:
+        gate = [
+            Resolution("wait_event", JobStatus.WAITING_EVENT, wait_event_name="reply"),
+            Resolution("await_approval", JobStatus.AWAITING_APPROVAL, approval=ApprovalSpec()),
+        ]
+        registry.register("pinned", version, linear_workflow([*gate, *agent_steps(1)]))
+    return registry
+
+
+def resumed_by(how: str, worker: Engine, inbox: InboxOfJobs) -> None:
+    if how == "signal":
+        worker.signal("t", "j", "reply", signal_id="s1")
+    elif how == "token":
+        worker.resume(inbox.tokens["j"].token)
+    else:
+        worker.decide("t", "j", inbox.approvals["j"].approval_id, "approve", "alice")
+
+
+@pytest.mark.parametrize("how", ["signal", "token", "approval"])
+def test_a_worker_without_the_pinned_version_never_claims_the_job_it_wakes(
+    make_engine: EngineFactory, executor: CountingExecutor, how: str
+) -> None:
+    """A signal, a token or a decision sent through a worker that lacks the job's pinned
+    version lands, and the job it wakes is left queued for a worker that has it: no
+    claim of one that can never run it (issue 29, item 12)."""
+    inbox = InboxOfJobs()
+    new = make_engine(registry=pinned(1, 2), notifier=inbox)
+    new.submit("t", "j", "pinned", workflow_version=2)
+    new.run_until_idle()
+    if how == "approval":
+        new.signal("t", "j", "reply", signal_id="s1")
+        new.run_until_idle()
+    old = make_engine(registry=pinned(1))
+
+    resumed_by(how, old, inbox)
+    woken = old.job("t", "j")
+    old.run_until_idle()  # its tick: blocked, not run
+
+    job = old.job("t", "j")
+    assert (woken.status, woken.worker_id) == (JobStatus.QUEUED, None)
+    assert (job.status, job.version) == (JobStatus.QUEUED, woken.version)
+    # A worker that has v2 takes it at once: no claim_lost while a lease lapses.
+    report = new.tick("t", "j")
+    after = JobStatus.COMPLETED if how == "approval" else JobStatus.AWAITING_APPROVAL
+    assert (report.outcome, report.status) == (Outcome.ADVANCED, after)
+    assert executor.calls == ({"t/j:step:3": 1} if how == "approval" else {})
+
+
+def test_a_worker_without_the_pinned_version_never_takes_over_a_lapsed_lease(
+    make_engine: EngineFactory, clock: FakeClock
+) -> None:
+    """The take-over of a job whose worker died mid-step starts by taking its lease row:
+    a worker that lacks the version must not take it (it would keep the job from the
+    workers that have it until that lease lapsed too)."""
+    new = make_engine(registry=five(1, 2))
+    new.submit("t", "j", "five", workflow_version=2)
+    dead = new.store.load(job_uuid("t", "j"))
+    assert dead is not None
+    lease = clock.now() + timedelta(seconds=15)
+    dead.claim(worker_id="gone", claim_id="c0", lease_until=lease, reason="create", now=clock.now())
+    new.store.append(dead)
+    clock.advance(timedelta(minutes=1))
+    old = make_engine(registry=five(1))
+
+    with pytest.raises(WorkflowNotDeployedError, match=r"'five' v2 \(known: v1\)"):
+        old.tick("t", "j")
+
+    assert [e.event_type for e in old.history("t", "j")] == ["Submitted", "Claimed"]
+    report = new.tick("t", "j")
+    assert (report.outcome, report.status) == (Outcome.ADVANCED, JobStatus.COMPLETED)
 
 
 # ---- 6. time limits follow the wait -----------------------------------------------------

@@ -33,6 +33,7 @@ from jobledger.adapters.kafka.settings import KafkaSettings
 from jobledger.adapters.kafka.worker import KafkaWorker
 from jobledger.adapters.local_queue import LocalQueue
 from jobledger.adapters.log_spend import LogSpend
+from jobledger.adapters.ops import MemoryOps
 from jobledger.audit import log as audit_log
 from jobledger.audit import time_travel
 from jobledger.cli.session import Exit, exit_code
@@ -40,15 +41,17 @@ from jobledger.errors import (
     ConcurrencyError,
     ConfigError,
     DuplicateKeyError,
+    StepError,
     StoreUnreachableError,
     TokenReplayedError,
     VersionConflict,
 )
 from jobledger.identity import job_uuid, key_uuid
+from jobledger.job import Job
 from jobledger.keys import ConsumedKey, KeyKind
-from jobledger.ports import Tick
+from jobledger.ports import StepRequest, Tick
 from tests.support.engines import CountingExecutor, EngineFactory, default_registry
-from tests.support.outage import Outage
+from tests.support.outage import DiskFull, Outage
 
 CEILING = {"cost_ceiling_usd": "100"}
 
@@ -125,6 +128,14 @@ def test_each_retry_of_an_infrastructure_error_waits_longer_with_jitter(
     assert delays == sorted(delays) and delays[0] < delays[-1]
 
 
+def test_a_store_away_for_hours_is_still_retried_at_the_cap() -> None:
+    """Thousands of retries (30 s apart: about nine hours) must not overflow the back-off
+    and crash the worker's loop."""
+    backoff = retry.INFRASTRUCTURE
+    for attempt in (1025, 10_000):
+        assert backoff.cap_seconds / 2 <= backoff.delay(attempt) <= backoff.cap_seconds
+
+
 def test_the_kafka_worker_rewinds_a_tick_whose_spend_check_hit_an_outage_and_never_dead_letters(
     make_engine: EngineFactory, executor: CountingExecutor, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -154,6 +165,117 @@ def test_the_kafka_worker_rewinds_a_tick_whose_spend_check_hit_an_outage_and_nev
     assert worker.process(record) is True
     assert dead == [] and worker.stats.ticks == 1
     assert engine.job("t", "j").status is JobStatus.COMPLETED
+
+
+# ---- a full disk under a live runner ------------------------------------------------------
+
+
+def run_through_a_full_disk(
+    engine: Engine, disk: DiskFull, clock: FakeClock, ops: MemoryOps, seconds: int
+) -> int:
+    """Tick the runner, a second apart, for ``seconds`` of a full disk, then free it and
+    run to the end. Returns how many ticks the full disk made fail."""
+    for _ in range(seconds):
+        engine.run_until_idle()
+        clock.advance(timedelta(seconds=1))
+    disk.free()
+    refused = sum(
+        e.eventType == "job.tick.ended" and e.metadata["outcome"] == "store_error"
+        for e in ops.events
+    )
+    engine.run_until_idle(wait_for_timers=True)
+    return refused
+
+
+@pytest.mark.parametrize("seconds", [10, 60], ids=["lease-live", "lease-lapsed"])
+def test_a_step_whose_record_a_full_disk_refused_is_recorded_later_and_never_run_again(
+    make_engine: EngineFactory,
+    executor: CountingExecutor,
+    clock: FakeClock,
+    ops: MemoryOps,
+    monkeypatch: pytest.MonkeyPatch,
+    seconds: int,
+) -> None:
+    """The disk fills while steps run (no worker dies): each step's result is kept in
+    the worker and its append retried until it lands, not the step run again on every
+    retry (issue 29, item 4); whether the steps' leases outlive the full disk or not,
+    while no other worker takes the jobs over."""
+    engine = make_engine(config={"concurrency": 4})
+    jobs = [f"j{n}" for n in range(8)]
+    for job_id in jobs:
+        engine.submit("t", job_id, "agent3")
+    disk = DiskFull(event_store(engine), monkeypatch)
+    executor.fail_with = lambda request: disk.fill_once()  # at the first side effect
+
+    refused = run_through_a_full_disk(engine, disk, clock, ops, seconds)
+
+    assert refused >= 10 and disk.filled
+    assert [engine.job("t", job_id).status for job_id in jobs] == [JobStatus.COMPLETED] * 8
+    assert len(executor.calls) == 3 * len(jobs)
+    assert set(executor.calls.values()) == {1}, executor.calls
+
+
+def test_a_step_error_whose_retry_a_full_disk_refused_is_not_run_again_either(
+    make_engine: EngineFactory,
+    executor: CountingExecutor,
+    clock: FakeClock,
+    ops: MemoryOps,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """What a step did includes the error it raised: the retry it schedules is kept and
+    appended, the failing attempt is not run again for each refused append."""
+    engine = make_engine(config={"concurrency": 4})
+    jobs = [f"j{n}" for n in range(4)]
+    for job_id in jobs:
+        engine.submit("t", job_id, "agent3")
+    disk = DiskFull(event_store(engine), monkeypatch)
+
+    def first_attempts_fail(request: StepRequest) -> Exception | None:
+        disk.fill_once()
+        if executor.calls[request.idempotency_key] == 1:
+            return StepError("the service is busy", retryable=True, kind="busy")
+        return None
+
+    executor.fail_with = first_attempts_fail
+
+    refused = run_through_a_full_disk(engine, disk, clock, ops, 10)
+
+    assert refused >= 10
+    assert [engine.job("t", job_id).status for job_id in jobs] == [JobStatus.COMPLETED] * 4
+    assert len(executor.calls) == 3 * len(jobs)
+    assert set(executor.calls.values()) == {2}, executor.calls  # the failure, its one retry
+
+
+def test_a_kept_step_whose_job_another_worker_took_over_is_dropped_not_recorded(
+    make_engine: EngineFactory,
+    executor: CountingExecutor,
+    clock: FakeClock,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The documented at-least-once case: the full disk outlasted the lease and another
+    worker took the job over and ran the step again (same key). The first worker's kept
+    result is dropped when its retry finds the job moved on: one record of the step."""
+    first = make_engine()
+    first.submit("t", "j", "agent3")
+    disk = DiskFull(event_store(first), monkeypatch)
+    executor.fail_with = lambda request: disk.fill_once()
+    first.run_until_idle()  # step 1 ran; its record was refused, its retry is queued
+    disk.free()
+    clock.advance(timedelta(minutes=1))  # the lease lapsed
+
+    second = make_engine(config={"max_steps_per_tick": 1})
+    assert second.tick("t", "j").steps_executed == 1  # took over, ran step 1 again
+    first.run_until_idle(wait_for_timers=True)  # its retry: the job moved on
+
+    assert first.job("t", "j").status is JobStatus.COMPLETED
+    assert executor.calls == {"t/j:step:1": 2, "t/j:step:2": 1, "t/j:step:3": 1}
+    recorded = [
+        (e.step_number, e.worker_id)
+        for e in first.store.events(job_uuid("t", "j"))
+        if isinstance(e, Job.StepRecorded)
+    ]
+    assert recorded[0] == (1, "w1")  # the second worker's, once
+    assert [number for number, _ in recorded] == [1, 2, 3, 4]
 
 
 # ---- every entry point of the store adapters ----------------------------------------------

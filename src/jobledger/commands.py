@@ -365,7 +365,7 @@ class JobCommands(Admitting):
                 token_sha256=token_sha256,
                 payload=data,
                 now=self.clock.now(),
-                claim=woken.claim(),
+                claim=woken.claim(job),
             )
             return [self._key(job, KeyKind.TOKEN, claims.nonce)]
 
@@ -467,7 +467,7 @@ class JobCommands(Admitting):
                 event_name=event_name,
                 payload=data,
                 now=self.clock.now(),
-                claim=woken.claim(),
+                claim=woken.claim(job),
             )
             outcome = SignalOutcome.RESUMED if resumed else SignalOutcome.BUFFERED
             return [self._key(job, KeyKind.SIGNAL, signal_id)]
@@ -659,15 +659,18 @@ class JobCommands(Admitting):
         legacy = self.store.find_key(job.id, key_uuid(job.tenant_id, kind, key))
         return legacy is not None and legacy.job_uuid == job.id
 
-    def _wake_claim(self) -> Claim | None:
+    def _wake_claim(self, job: Job) -> Claim | None:
         """The claim of the tick a resume wakes, to fold into the resume (so the tick need
         not append one: resume -> next step recorded is two commits, not three). Only
         when that tick goes to this process's own queue and this engine can run its step:
         the claim id rides in the in-process tick, which no one else is handed. A tick
-        for another process (Kafka), or an engine that runs no steps (a one-shot command),
-        leaves the job queued for whoever takes it, as before: a claim there would keep
-        every other worker off the job until its lease lapsed."""
+        for another process (Kafka), an engine that runs no steps (a one-shot command),
+        or a job pinned to a version this worker lacks leaves the job queued for whoever
+        takes it, as before: a claim there would keep every other worker off the job
+        until its lease lapsed."""
         if self.deps.local_queue is None or self.deps.executor is None:
+            return None
+        if not self.orchestrator.has_pinned(job):
             return None
         lease = timedelta(milliseconds=self.config.lease_ms)
         return Claim(self.config.worker_id, uuid4().hex, self.clock.now() + lease)
@@ -756,12 +759,12 @@ class _Wake:
     """The claim a command folds into a resume, minted once per attempt (a lost race
     decides again, with a fresh lease), and remembered for the tick it wakes."""
 
-    def __init__(self, mint: Callable[[], Claim | None]) -> None:
+    def __init__(self, mint: Callable[[Job], Claim | None]) -> None:
         self._mint = mint
         self.claim_id: str | None = None
 
-    def claim(self) -> Claim | None:
-        claim = self._mint()
+    def claim(self, job: Job) -> Claim | None:
+        claim = self._mint(job)
         self.claim_id = None if claim is None else claim.claim_id
         return claim
 

@@ -69,6 +69,7 @@ from jobledger.ports import (
 from jobledger.status import JobStatus
 from jobledger.tracing import Attributes, Span, Tracer
 from jobledger.transition import StepOutcome, Transition
+from jobledger.unrecorded import RanStep, UnrecordedSteps
 from jobledger.views import JobView
 
 log = logging.getLogger(__name__)
@@ -197,6 +198,8 @@ class Orchestrator:
         self.step_rates = wiring.step_rates
         self.policy = Policy(config)
         self.tick_appends: TickAppends = self.store
+        self.unrecorded = UnrecordedSteps()
+        """Steps run here whose record the store refused, until their retry records them."""
         self.async_steps = SharedLoop()
         """Replaced by the engine's group commit when it runs many ticks at once."""
         # Without a Leases port a claim is only its Claimed event's lease (no heartbeat).
@@ -280,6 +283,7 @@ class Orchestrator:
             return self.await_children(run, now)
         if not job.holds_claim(run.claim_id, now) and not job.is_claimable(now):
             return self.stand_aside(job, run, now)
+        self.check_pinned(job)
         if self.lease_kept_elsewhere(job, run, now):
             return Outcome.CLAIM_LOST
         if self.park_over_budget(job, now):
@@ -312,27 +316,45 @@ class Orchestrator:
         self, job: Job, run: _Run, now: datetime, decided: dict[str, tracing.Attribute]
     ) -> Outcome | None:
         """Resolve, run and record the job's next step (or end the tick without one);
-        what the resolution decided goes in ``decided``, for the step span."""
-        resolution = self.resolve(job, run, now)
-        if resolution is None:
-            return Outcome.FAILED
-        decided["jobledger.step.type"] = resolution.step_type
-        decided["jobledger.next_status"] = str(resolution.next_status)
-        run.span.event("jobledger.resolution", NO_ATTRIBUTES)
-        if resolution.is_costly and self.defer_for_ceiling(job, now):
-            return Outcome.DEFERRED
-        self.check_deployment(job, resolution)
-        if self.refuses_to_spawn(job, resolution):
-            return Outcome.FAILED
-        self.pace(job)
-        if resolution.has_side_effect and not job.holds_claim(run.claim_id, now):
-            self.claim(job, run, now)
-        executed = self.execute(job, run, resolution)
-        if isinstance(executed, Outcome):
-            return executed
-        token = self.issue_token(job, resolution)
-        self.record(run, resolution, executed, token)
-        return self.follow_up(run.job, run, resolution, token)
+        what the resolution decided goes in ``decided``, for the step span. A step this
+        worker ran but could not record is recorded, not run again."""
+        ran = self.unrecorded.take(job, run.claim_id)
+        if ran is None:
+            resolution = self.resolve(job, run, now)
+            if resolution is None:
+                return Outcome.FAILED
+            run.span.event("jobledger.resolution", NO_ATTRIBUTES)
+            if resolution.is_costly and self.defer_for_ceiling(job, now):
+                return Outcome.DEFERRED
+            self.check_deployment(job, resolution)
+            if self.refuses_to_spawn(job, resolution):
+                return Outcome.FAILED
+            self.pace(job)
+            if resolution.has_side_effect and not job.holds_claim(run.claim_id, now):
+                self.claim(job, run, now)
+            ran = RanStep.of(job, run.claim_id, resolution, self.execute(job, run, resolution))
+        else:
+            self.report(job, "job.step.kept_result", stepNumber=ran.step_number)
+        decided["jobledger.step.type"] = ran.resolution.step_type
+        decided["jobledger.next_status"] = str(ran.resolution.next_status)
+        return self.conclude(job, run, ran)
+
+    def conclude(self, job: Job, run: _Run, ran: RanStep) -> Outcome | None:
+        """Record what the step did: its result, or its error's retry or failure. When
+        the store refuses that record after a side effect ran (a full disk), the step is
+        kept for the tick's retry (which inherits the claim) to record."""
+        resolution = ran.resolution
+        try:
+            if isinstance(ran.done, Exception):
+                return self.step_failed(job, resolution, ran.done)
+            if ran.token is None:
+                ran.token = self.issue_token(job, resolution)
+            self.record(run, resolution, ran.done, ran.token)
+        except StoreUnavailableError:
+            if resolution.has_side_effect:
+                self.unrecorded.keep(job.id, ran)
+            raise
+        return self.follow_up(run.job, run, resolution, ran.token)
 
     # ---- loading and standing aside --------------------------------------------------
 
@@ -540,6 +562,26 @@ class Orchestrator:
         self.schedule(job, job.due_at or resume_at, f"ceiling:{_epoch_ms(resume_at)}", now)
         return True
 
+    def has_pinned(self, job: Job) -> bool:
+        """Whether this worker has the definition the job is pinned to. Asked before
+        anything claims the job for this worker (a tick's claim or lease take-over, the
+        claim a resume folds in): one that can never run it must not hold it."""
+        return self.registry.has(job.workflow_type, job.workflow_version)
+
+    def check_pinned(self, job: Job) -> None:
+        """Refuse a job this worker has no definition for (a rolling deploy) before its
+        lease or claim is taken, whatever woke it: the job is left as it is."""
+        if self.has_pinned(job):
+            return
+        kind = job.workflow_type
+        known = ", ".join(f"v{v}" for t, v in self.registry.known() if t == kind)
+        raise self.blocked(
+            job,
+            WorkflowNotDeployedError(
+                f"unknown workflow {kind!r} v{job.workflow_version} (known: {known or 'none'})"
+            ),
+        )
+
     def check_deployment(self, job: Job, resolution: Resolution) -> None:
         """Refuse before the side effect, not after: a step with no executor to run it,
         or a wait with no way to mint its resume token, is a deployment error that must
@@ -632,7 +674,9 @@ class Orchestrator:
 
     # ---- the side effect -------------------------------------------------------------
 
-    def execute(self, job: Job, run: _Run, resolution: Resolution) -> StepOutcome | Outcome:
+    def execute(self, job: Job, run: _Run, resolution: Resolution) -> StepOutcome | Exception:
+        """Run the side effect (if the step has one): what it returned, merged with the
+        resolution's output, or the error it raised (or its result's wrong shape)."""
         step_number = job.current_step + 1
         key = job.step_key(step_number)
         started_at = self.clock.now()
@@ -665,11 +709,11 @@ class Orchestrator:
                         else returned
                     )
             except Exception as error:
-                return self.step_failed(job, resolution, error)
+                return error
         try:
             return self.merge(resolution, result, started_at)
         except InvalidPayloadError as error:
-            return self.step_failed(job, resolution, error)
+            return error
 
     def heartbeat(self, job: Job, run: _Run) -> AbstractContextManager[None]:
         """Keep the claim alive while the side effect runs, however long it takes."""
@@ -780,12 +824,14 @@ class Orchestrator:
         )
         run.steps += 1
         # Carry the next step's claim in this same commit: one durable write per step.
+        # Its lease runs from now, not from the step's end: a record that lands late
+        # (kept through a full disk) must not hand the next step a lapsed lease.
         goes_on = run.steps < self.config.max_steps_per_tick
         continuation = (
             Claim(
                 self.config.worker_id,
                 run.claim_id,
-                at + timedelta(milliseconds=self.config.lease_ms),
+                self.clock.now() + timedelta(milliseconds=self.config.lease_ms),
             )
             if goes_on
             else None

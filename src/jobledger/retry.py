@@ -22,7 +22,10 @@ class Backoff:
 
     def ceiling(self, attempt: int) -> float:
         """The longest wait after failed attempt number ``attempt`` (from 1)."""
-        return min(self.cap_seconds, self.base_seconds * 2.0 ** max(0, attempt - 1))
+        # Bounded: a store away for hours is retried thousands of times, and 2.0 ** 1024
+        # overflows a float; 2 ** 64 bases is past any cap already.
+        doublings = min(max(0, attempt - 1), 64)
+        return min(self.cap_seconds, self.base_seconds * 2.0**doublings)
 
     def delay(self, attempt: int) -> float:
         ceiling = self.ceiling(attempt)

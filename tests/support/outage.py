@@ -17,6 +17,7 @@ import eventsourcing.utils
 import psycopg
 import pytest
 
+from jobledger.adapters.backends.base import LEASE_TABLE
 from jobledger.adapters.event_store import EventSourcedJobStore
 
 
@@ -83,3 +84,66 @@ class Outage:
     def end(self) -> None:
         self.down = False
         self.ended = True
+
+
+class DiskFull:
+    """The disk fills: every write is refused as a full disk refuses it, reads go on.
+
+    On SQLite the driver's own ``database or disk is full`` is raised where the library
+    takes the writer's connection (every write, the lease rows' included, takes it). On
+    PostgreSQL the server itself refuses: a trigger on the event and lease tables raises
+    SQLSTATE 53100 (``disk_full``), which reaches the library's recorder as psycopg's
+    ``DiskFull`` through its real insert path, retries included."""
+
+    def __init__(self, store: EventSourcedJobStore, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.store = store
+        self.full = self.filled = False
+        self.refused = 0
+        """SQLite writes refused while full (the server counts its own)."""
+        monkeypatch.setattr(eventsourcing.utils, "sleep", lambda _: None)  # as in Outage
+        if store.backend.kind == "sqlite":
+            for partition in store.partitions:
+                pool = getattr(partition.factory, "datastore").pool  # noqa: B009 - untyped
+                monkeypatch.setattr(pool, "get_connection", self._guard(pool.get_connection))
+
+    def _guard(self, get: Callable[..., Any]) -> Callable[..., Any]:
+        def guarded(*args: Any, **kwargs: Any) -> Any:
+            if self.full and kwargs.get("is_writer"):
+                self.refused += 1
+                raise sqlite3.OperationalError("database or disk is full")
+            return get(*args, **kwargs)
+
+        return guarded
+
+    def fill_once(self) -> None:
+        """Fill the disk, unless it was filled before (and maybe freed since)."""
+        if self.filled:
+            return
+        self.filled = self.full = True
+        if self.store.backend.kind != "sqlite":
+            self._server(_FILL)
+
+    def free(self) -> None:
+        self.full = False
+        if self.store.backend.kind != "sqlite":
+            self._server(_FREE)
+
+    def _server(self, statements: str) -> None:
+        backend = self.store.backend
+        tables = [p.events_table for p in self.store.partitions] + [LEASE_TABLE]
+        with backend.transaction() as curs:
+            for table in tables:
+                curs.execute(
+                    statements.format(schema=backend.table(""), table=backend.table(table))
+                )
+
+
+_FILL = """
+CREATE OR REPLACE FUNCTION {schema}jobledger_test_disk_full() RETURNS trigger
+LANGUAGE plpgsql AS $$ BEGIN
+  RAISE EXCEPTION 'could not extend file: No space left on device' USING ERRCODE = 'disk_full';
+END $$;
+CREATE TRIGGER jobledger_test_disk_full BEFORE INSERT OR UPDATE ON {table}
+FOR EACH STATEMENT EXECUTE FUNCTION {schema}jobledger_test_disk_full();
+"""
+_FREE = "DROP TRIGGER IF EXISTS jobledger_test_disk_full ON {table};"
