@@ -13,7 +13,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
-from uuid import UUID
+from uuid import UUID, uuid4
 
 from eventsourcing.persistence import OperationalError
 from eventsourcing.sqlite import SQLiteCursor, SQLiteDatastore, SQLiteTransaction
@@ -135,6 +135,16 @@ class SQLiteBackend(StoreBackend):
     def table_exists(self, curs: Cursor, name: str) -> bool:
         curs.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (name,))
         return curs.fetchone() is not None
+
+
+def scratch_backend() -> SQLiteBackend:
+    """A SQLite database of this process's own, in memory, gone when the process ends:
+    for tables a store opened to read cannot take (its views, folded there from its log).
+    It is never locked across processes: none but this one can see it."""
+    name = f"file:jobledger-scratch-{uuid4().hex}?mode=memory&cache=shared"
+    backend = SQLiteBackend(StoreLocation("sqlite", {"SQLITE_DBNAME": name}))
+    backend.attach(SQLiteDatastore(name))
+    return backend
 
 
 class _ImmediateTransaction(SQLiteTransaction):
