@@ -122,11 +122,16 @@ class SQLiteBackend(StoreBackend):
         """A deleted row's bytes are zeroed in its page, not left in the free space."""
         curs.execute("PRAGMA secure_delete = ON")
 
-    def scrub(self, name: str) -> None:
+    def scrub(self, name: str) -> bool:
         """The write-ahead log still holds the pages as they were before the delete: a
-        checkpoint copies the zeroed pages into the file and truncates the log."""
+        checkpoint copies the zeroed pages into the file and truncates the log. A reader
+        whose snapshot predates the delete keeps both: the checkpoint waits for it as
+        long as the connection's busy timeout, then answers busy (its first column)."""
         with self.datastore.get_connection(commit=True) as connection:
-            connection.cursor().execute("PRAGMA wal_checkpoint(TRUNCATE)")
+            cursor = connection.cursor()
+            cursor.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+            busy, _, _ = cursor.fetchone()
+        return not busy
 
     def columns(self, curs: Cursor, name: str) -> set[str]:
         curs.execute(f"PRAGMA table_info({name})")
