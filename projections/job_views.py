@@ -25,12 +25,13 @@ from jobledger.adapters.backends import (
     Cursor,
     Migration,
     StoreBackend,
+    scratch_backend,
 )
 from jobledger.adapters.backends.migrations import COMPONENT, STORE_MIGRATIONS
 from jobledger.adapters.event_store import EventSourcedJobStore, LedgerPartition
 from jobledger.adapters.follower import Lag, LogFollower, Progress, TrackedReader
 from jobledger.adapters.store_errors import store_errors
-from jobledger.errors import InvalidPayloadError
+from jobledger.errors import InvalidPayloadError, StoreUnavailableError
 from jobledger.job import Job
 from jobledger.ports import BlockedNote
 from jobledger.schedule import Schedule
@@ -94,11 +95,33 @@ class JobViews(TrackedReader):
     def __init__(self, store: EventSourcedJobStore) -> None:
         super().__init__(store)
         self.follower = LogFollower(store, self, batch=BATCH)
+        self.notes: StoreBackend = self.backend
+        """Where the blocked notes are (not a view of the log: see projections.blocked)."""
         # A store opened to read gets no lock and no DDL, unless the views are behind this
-        # release (never made, say): then there is no way to list without making them.
+        # release (never made, say): then they are made, where the store lets a reader.
         current = self.backend.check_schema(SCHEMA, self.migrations()) == _latest(self)
-        if not (store.read_only and current):
+        if store.read_only and current:
+            return
+        try:
             self.create_tables()
+        except StoreUnavailableError:
+            if not store.read_only:
+                raise
+            self._fold_apart()
+
+    @store_errors("folding the views from the log")
+    def _fold_apart(self) -> None:
+        """The views of a store that cannot take them or bring them up to date (read-only
+        media, a session that may only read): made in a scratch database of this
+        process's own, which a catch-up folds from the whole log. The store's blocked
+        notes are read where they are, if it has them."""
+        log.info("the store cannot take its views: they are folded from its log in memory")
+        scratch = scratch_backend()
+        if not self.backend.has_tables(blocked.TABLE):
+            self.notes = scratch
+        self.backend = scratch  # before migrating: a migration may forget positions
+        scratch.migrate(COMPONENT, STORE_MIGRATIONS)
+        scratch.migrate(SCHEMA, self.migrations())
 
     # ---- schema ----------------------------------------------------------------------
 
@@ -159,7 +182,15 @@ class JobViews(TrackedReader):
 
     @store_errors("catching the views up")
     def catch_up(self, progress: Progress | None = None) -> int:
-        """Apply everything appended so far; returns how many notifications were read."""
+        """Apply everything appended so far; returns how many notifications were read.
+        A store opened to read whose views are behind and cannot be written has them
+        folded apart (an outage fails there again, as it would have here)."""
+        try:
+            return self.follower.catch_up(progress)
+        except StoreUnavailableError:
+            if not self.store.read_only or self.backend is not self.store.backend:
+                raise
+        self._fold_apart()
         return self.follower.catch_up(progress)
 
     @store_errors("rebuilding the views")
@@ -328,17 +359,17 @@ class JobViews(TrackedReader):
     @store_errors("noting a blocked job")
     def note_blocked(self, note: BlockedNote) -> None:
         """The BlockedNotes port: a worker says why it left a job untouched."""
-        with self.backend.transaction() as curs:
-            blocked.save(self.backend, curs, note)
+        with self.notes.transaction() as curs:
+            blocked.save(self.notes, curs, note)
 
     @store_errors("reading the blocked jobs")
     def blocked_notes(self, rows: Sequence[StatusRow]) -> dict[str, BlockedNote]:
         """The notes that still apply to these jobs (by job uuid)."""
-        return blocked.current(self.backend, [(r.job_uuid, r.version) for r in rows])
+        return blocked.current(self.notes, [(r.job_uuid, r.version) for r in rows])
 
     @store_errors("reading a blocked job")
     def blocked_note(self, job_uuid: str, version: int) -> BlockedNote | None:
-        return blocked.current(self.backend, [(job_uuid, version)]).get(job_uuid)
+        return blocked.current(self.notes, [(job_uuid, version)]).get(job_uuid)
 
     @store_errors("reading the tenant's spend")
     def tenant_day_spend_usd(self, tenant_id: str, day_start: datetime) -> Decimal:

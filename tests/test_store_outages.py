@@ -34,6 +34,7 @@ from jobledger.adapters.kafka.worker import KafkaWorker
 from jobledger.adapters.local_queue import LocalQueue
 from jobledger.adapters.log_spend import LogSpend
 from jobledger.adapters.ops import MemoryOps
+from jobledger.api import problems
 from jobledger.audit import log as audit_log
 from jobledger.audit import time_travel
 from jobledger.cli.session import Exit, exit_code
@@ -42,6 +43,7 @@ from jobledger.errors import (
     ConfigError,
     DuplicateKeyError,
     StepError,
+    StoreCorruptError,
     StoreUnreachableError,
     TokenReplayedError,
     VersionConflict,
@@ -460,6 +462,59 @@ def test_a_command_that_finds_the_store_busy_exits_4_and_succeeds_when_run_again
     again = subprocess.run(command, capture_output=True, text=True, env=env, timeout=60)
     assert again.returncode == Exit.OK, again.stderr
     assert "buffered" in again.stdout
+
+
+def damage(path: Path, *, at: str) -> None:
+    """Overwrite bytes of the SQLite file as a bad sector would: in the middle of the
+    events table's first page (``at="page"``), or the file's header (``at="header"``)."""
+    conn = sqlite3.connect(path)
+    (root,) = conn.execute(
+        "SELECT rootpage FROM sqlite_master WHERE name = 'jobledger_p0_events'"
+    ).fetchone()
+    (page_size,) = conn.execute("PRAGMA page_size").fetchone()
+    conn.close()
+    with path.open("r+b") as file:
+        file.seek((root - 1) * page_size + 8 if at == "page" else 0)
+        file.write(b"\xff" * 64)
+
+
+@pytest.mark.parametrize("at", ["page", "header"])
+def test_a_damaged_sqlite_file_is_broken_exit_3_not_try_again(tmp_path: Path, at: str) -> None:
+    """A malformed page (``database disk image is malformed``) or a file that is no longer
+    a database fails the same way however often it is tried: every command says the store
+    is damaged and exits 3, the engine raises StoreCorruptError, the API answers 503
+    without Retry-After. (SQLite only: a PostgreSQL page cannot be damaged from here.)"""
+    url = f"sqlite:///{tmp_path}/jobs.db"
+    engine = Engine.open(url, registry=default_registry())
+    for n in range(3):
+        engine.submit("t", f"j{n}", "agent3", input={"pad": "x" * 3000})
+    engine.close()
+    damage(tmp_path / "jobs.db", at=at)
+    source = Path(jobledger.__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": str(source)}
+    for args in (
+        ["show", "t", "j1"],
+        ["history", "t", "j1"],
+        ["list"],
+        ["verify", "--all"],
+        ["export", "--all"],
+        ["signal", "t", "j1", "ev", "--id", "s1"],
+    ):
+        command = [sys.executable, "-m", "jobledger.cli", *args, "--store", url]
+        done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=60)
+        assert done.returncode == Exit.UNAVAILABLE, (args, done.returncode, done.stderr)
+        assert "the store is damaged" in done.stderr, (args, done.stderr)
+        assert "restore it from a backup" in done.stderr, (args, done.stderr)
+
+    with pytest.raises(StoreCorruptError) as raised:
+        damaged = Engine.open(url, registry=default_registry())
+        try:
+            damaged.job("t", "j1")
+        finally:
+            damaged.close()
+    assert exit_code(raised.value) is Exit.UNAVAILABLE
+    problem = problems.of_error(raised.value)
+    assert problem.status == 503 and "Retry-After" not in problem.headers
 
 
 @pytest.mark.parametrize(

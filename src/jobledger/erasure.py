@@ -106,6 +106,19 @@ class KeyState:
     """A data subject's key, shared by the subject's jobs (False: one job's own key)."""
     erased_at: datetime | None
     """When it was destroyed by an erasure; None when it never was."""
+    shredded: bool
+    """Its bytes are gone from the database's files too (False: never erased, or its
+    shred is pending)."""
+
+
+@dataclass(frozen=True)
+class Erasure:
+    """What the key store recorded of a data subject's erasure."""
+
+    key_ids: tuple[str, ...]
+    erased_at: datetime
+    shredded: bool
+    """Every key's bytes are gone from the database's files (False: a shred is pending)."""
 
 
 class SubjectKeys(Protocol):
@@ -123,17 +136,25 @@ class SubjectKeys(Protocol):
     def jobs_of(self, key_ids: Sequence[str]) -> dict[str, list[str]]:
         """The jobs sealed with each of these keys, held or destroyed."""
 
-    def erased_at(self, tenant_id: str, subject: str) -> datetime | None:
-        """When the subject's keys were erased; None when they never were."""
+    def erasure(self, tenant_id: str, subject: str) -> Erasure | None:
+        """The erasure of the subject's keys; None when they never were erased."""
 
-    def destroy(self, tenant_id: str, subject: str, key_ids: Sequence[str], at: datetime) -> None:
-        """Delete the keys for good and note that the subject was erased."""
+    def destroy(self, tenant_id: str, subject: str, key_ids: Sequence[str], at: datetime) -> bool:
+        """Delete the keys for good, note that the subject was erased, and shred them
+        (:meth:`shred`): whether that is done."""
 
     def key_state(self, tenant_id: str, key_id: str) -> KeyState:
         """Whether the tenant's key ``key_id`` is held, whose it is, when it was erased."""
 
-    def destroy_job_key(self, tenant_id: str, job_id: str, key_id: str, at: datetime) -> None:
-        """Delete a job's own key for good and note that the job was erased."""
+    def destroy_job_key(self, tenant_id: str, job_id: str, key_id: str, at: datetime) -> bool:
+        """Delete a job's own key for good, note that the job was erased, and shred it
+        (:meth:`shred`): whether that is done."""
+
+    def shred(self, at: datetime) -> bool:
+        """Rid the database's files of the bytes of every key destroyed and not yet
+        shredded, waiting a bounded time for other connections' transactions that keep
+        the old pages. True when done; False when one still does (pending: the next
+        call finishes it)."""
 
 
 def unreadable_fields(

@@ -77,6 +77,14 @@ class StoreUnreachableError(StoreUnavailableError):
     Nothing was attempted; unlike a store lost mid-operation, retrying at once rarely helps."""
 
 
+class StoreCorruptError(StoreUnavailableError):
+    """The store's database is damaged (SQLite: a malformed page, or a file that is not
+    a database; PostgreSQL: data or an index reported corrupted). Broken, not
+    temporary: the same read fails the same way, so a command exits 3, not 4. A
+    service still backs off and retries, as for an unreachable store, until the file
+    is restored from a backup."""
+
+
 class BrokenHistoryError(JobLedgerError):
     """A job's stored events cannot be folded: one is missing, or no longer decodes.
     Nothing is written on top of it; ``jobledger verify`` says what happened there."""

@@ -25,7 +25,7 @@ from jobledger.adapters.backends.migrations import COMPONENT, STORE_MIGRATIONS
 from jobledger.adapters.leases import LeaseTable
 from jobledger.adapters.mapper import SealedMapper
 from jobledger.adapters.sealing import SealingPipeline
-from jobledger.adapters.store_errors import STORE_ERRORS, store_errors
+from jobledger.adapters.store_errors import STORE_ERRORS, damaged, store_error, store_errors
 from jobledger.adapters.store_url import StoreLocation
 from jobledger.errors import (
     BrokenHistoryError,
@@ -163,6 +163,8 @@ class EventSourcedJobStore:
                 # The heartbeat-renewed leases: one table per store, in its own database.
                 self.leases = LeaseTable(self.backend)
         except STORE_ERRORS as error:
+            if damaged(error):
+                raise store_error(error, f"opening the {location.kind} store") from None
             raise StoreUnreachableError(f"cannot open the {location.kind} store: {error}") from None
 
     def _require_tables(self) -> None:

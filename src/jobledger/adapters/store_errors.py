@@ -3,8 +3,9 @@
 Whatever the database or the library raises while an adapter works (a lost connection,
 a timeout, a locked file, a dropped table, a closed pool) leaves the adapter as
 :class:`StoreUnavailableError`: an infrastructure error that callers retry with
-back-off, never a refusal, never a reason to fail a job or dead-letter a tick. Only a
-uniqueness violation is let through as it is: the adapters read it as a duplicate key
+back-off, never a refusal, never a reason to fail a job or dead-letter a tick. A damaged
+database is :class:`StoreCorruptError`, the one kind of it that a retry cannot mend. Only
+a uniqueness violation is let through as it is: the adapters read it as a duplicate key
 or a lost race, which is an answer, not an outage.
 """
 
@@ -13,11 +14,12 @@ from __future__ import annotations
 import sqlite3
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Final
 
 import psycopg
 from eventsourcing.persistence import ConnectionPoolClosedError, IntegrityError, PersistenceError
 
-from jobledger.errors import StoreUnavailableError
+from jobledger.errors import StoreCorruptError, StoreUnavailableError
 
 STORE_ERRORS: tuple[type[Exception], ...] = (
     PersistenceError,  # the library's translation of the drivers' errors
@@ -32,16 +34,46 @@ CONFLICTS: tuple[type[Exception], ...] = (
     sqlite3.IntegrityError,
     psycopg.IntegrityError,
 )
+SQLITE_DAMAGED: Final = frozenset({11, 26})
+"""SQLITE_CORRUPT (``database disk image is malformed``), SQLITE_NOTADB (``file is not a
+database``): primary result codes, which an extended code carries in its low byte."""
+POSTGRES_DAMAGED: Final = frozenset({"XX001", "XX002"})
+"""data_corrupted, index_corrupted."""
+DAMAGED_HINT: Final = "a retry fails the same way: restore it from a backup"
+
+
+def damaged(error: BaseException) -> bool:
+    """Whether ``error``, or a driver's error it was raised from, says the database
+    itself is damaged (the library wraps the driver's error as its cause)."""
+    seen: BaseException | None = error
+    while seen is not None:
+        if isinstance(seen, sqlite3.DatabaseError):
+            code = getattr(seen, "sqlite_errorcode", None)
+            if code is not None and code & 0xFF in SQLITE_DAMAGED:
+                return True
+        if isinstance(seen, psycopg.Error) and seen.sqlstate in POSTGRES_DAMAGED:
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
+def store_error(error: Exception, doing: str) -> StoreUnavailableError:
+    """What a store error raised while ``doing`` leaves an adapter as."""
+    detail = str(error) or type(error).__name__
+    if damaged(error):
+        return StoreCorruptError(
+            f"the store is damaged (found while {doing}: {detail}); {DAMAGED_HINT}"
+        )
+    return StoreUnavailableError(f"store error while {doing}: {detail}")
 
 
 @contextmanager
 def store_errors(doing: str) -> Iterator[None]:
-    """Translate store errors raised inside into StoreUnavailableError. Usable as a
-    decorator: ``@store_errors("loading a job")``."""
+    """Translate store errors raised inside into StoreUnavailableError (or, for a damaged
+    database, StoreCorruptError). Usable as a decorator: ``@store_errors("loading a job")``."""
     try:
         yield
     except CONFLICTS:
         raise
     except STORE_ERRORS as error:
-        detail = str(error) or type(error).__name__
-        raise StoreUnavailableError(f"store error while {doing}: {detail}") from error
+        raise store_error(error, doing) from error

@@ -5,15 +5,19 @@ Three tables of the ``erasure`` component (migrated like the store's own, on ope
 subject of a tenant (subject NULL: a job's own key); ``jobledger_subject_jobs`` (key id,
 job uuid), which jobs hold values sealed with a key, noted before the job is written so
 erasure finds every one; ``jobledger_erasures`` (key id, tenant, sha256 of the subject -
-or, for a job's own key, of the job - erased at), so a second erase of a subject or job
-is told it was done, without keeping the subject's name.
+or, for a job's own key, of the job - erased at, shredded at), so a second erase of a
+subject or job is told it was done, without keeping the subject's name, or finishes its
+shred.
 
 Key bytes are stored base64url, wrapped (AES-256-GCM, the key id as associated data) by
 a master key from the configuration when one is set, so a copy of the database alone does
 not open the values. Deleting a key leaves no copy the database can reach: on SQLite the
 delete runs with ``secure_delete`` on (its bytes are zeroed in the page) and a checkpoint
 then truncates the write-ahead log; on PostgreSQL a ``VACUUM FULL`` of the key table
-rewrites it without the dead row.
+rewrites it without the dead row. That shred is what ``shredded_at`` records: another
+connection's read transaction can keep the old pages past the wait (SQLite's checkpoint
+is busy; PostgreSQL's vacuum waits for the table's lock, or keeps the dead row for the
+reader's snapshot), and then it is left pending, for the next erasure to finish.
 """
 
 from __future__ import annotations
@@ -31,7 +35,7 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from jobledger.adapters.backends import StoreBackend
 from jobledger.adapters.backends.base import Cursor, Migration
 from jobledger.adapters.store_errors import store_errors
-from jobledger.erasure import KeyState
+from jobledger.erasure import Erasure, KeyState
 
 COMPONENT: Final = "erasure"
 KEYS: Final = "jobledger_subject_keys"
@@ -65,7 +69,20 @@ def _tables(b: StoreBackend, curs: Cursor) -> None:
     )
 
 
-MIGRATIONS: Final = (Migration(1, "the data subjects' keys, their jobs, the erasures", _tables),)
+def _shredded(b: StoreBackend, curs: Cursor) -> None:
+    """When each destroyed key's bytes were gone from the database's files. An erasure
+    made before it is not known to be shredded: the next erasure shreds it again. Like
+    version 1, it adopts a store that has it already without a schema row saying so."""
+    if "shredded_at" not in b.columns(curs, ERASURES):
+        curs.execute(
+            b.sql(f"ALTER TABLE {b.table(ERASURES)} ADD COLUMN shredded_at {b.timestamp_type}")
+        )
+
+
+MIGRATIONS: Final = (
+    Migration(1, "the data subjects' keys, their jobs, the erasures", _tables),
+    Migration(2, "when each erased key was shredded from the database's files", _shredded),
+)
 
 
 class MasterKeyError(ValueError):
@@ -151,17 +168,21 @@ class SubjectKeyTable:
                 found[key_id] = [row["job_id"] for row in rows]
         return found
 
-    def erased_at(self, tenant_id: str, subject: str) -> datetime | None:
+    def erasure(self, tenant_id: str, subject: str) -> Erasure | None:
         with store_errors("reading the erasures"):
             rows = self.backend.fetch(
-                f"SELECT MAX(erased_at) AS erased_at FROM {self.backend.table(ERASURES)} "
-                "WHERE tenant_id = :tenant_id AND subject_sha256 = :digest",
+                f"SELECT key_id, erased_at, shredded_at FROM {self.backend.table(ERASURES)} "
+                "WHERE tenant_id = :tenant_id AND subject_sha256 = :digest ORDER BY key_id",
                 {"tenant_id": tenant_id, "digest": subject_sha256(tenant_id, subject)},
             )
-        return _timestamp(rows[0]["erased_at"] if rows else None)
+        if not rows:
+            return None
+        erased_at = max(_moment(row["erased_at"]) for row in rows)
+        shredded = all(row["shredded_at"] is not None for row in rows)
+        return Erasure(tuple(row["key_id"] for row in rows), erased_at, shredded)
 
-    def destroy(self, tenant_id: str, subject: str, key_ids: Sequence[str], at: datetime) -> None:
-        self._destroy(tenant_id, subject_sha256(tenant_id, subject), key_ids, at)
+    def destroy(self, tenant_id: str, subject: str, key_ids: Sequence[str], at: datetime) -> bool:
+        return self._destroy(tenant_id, subject_sha256(tenant_id, subject), key_ids, at)
 
     def key_state(self, tenant_id: str, key_id: str) -> KeyState:
         b = self.backend
@@ -169,16 +190,40 @@ class SubjectKeyTable:
         found = {"key_id": key_id, "tenant_id": tenant_id}
         with store_errors("reading the subject key table"):
             held = b.fetch(f"SELECT subject FROM {b.table(KEYS)} {where}", found)
-            erased = b.fetch(f"SELECT erased_at FROM {b.table(ERASURES)} {where}", found)
-        erased_at = erased[0]["erased_at"] if erased else None
+            erased = b.fetch(
+                f"SELECT erased_at, shredded_at FROM {b.table(ERASURES)} {where}", found
+            )
         return KeyState(
             held=bool(held),
             subject=bool(held) and held[0]["subject"] is not None,
-            erased_at=_timestamp(erased_at),
+            erased_at=_timestamp(erased[0]["erased_at"] if erased else None),
+            shredded=bool(erased) and erased[0]["shredded_at"] is not None,
         )
 
-    def destroy_job_key(self, tenant_id: str, job_id: str, key_id: str, at: datetime) -> None:
-        self._destroy(tenant_id, job_sha256(tenant_id, job_id), [key_id], at, own=True)
+    def destroy_job_key(self, tenant_id: str, job_id: str, key_id: str, at: datetime) -> bool:
+        return self._destroy(tenant_id, job_sha256(tenant_id, job_id), [key_id], at, own=True)
+
+    def shred(self, at: datetime) -> bool:
+        """Scrub the key table, then note ``at`` as the shred of every erasure that was
+        pending before it began (one recorded later may have missed it: it has its own)."""
+        b = self.backend
+        with store_errors("reading the erasures"):
+            pending = b.fetch(
+                f"SELECT key_id FROM {b.table(ERASURES)} WHERE shredded_at IS NULL", {}
+            )
+        with store_errors("scrubbing the deleted keys"):
+            if not b.scrub(KEYS):
+                return False
+        with store_errors("noting the shred"), b.transaction() as curs:
+            for row in pending:
+                curs.execute(
+                    b.sql(
+                        f"UPDATE {b.table(ERASURES)} SET shredded_at = :at "
+                        "WHERE key_id = :key_id AND shredded_at IS NULL"
+                    ),
+                    {"key_id": row["key_id"], "at": b.ts(at)},
+                )
+        return True
 
     def _destroy(
         self,
@@ -188,9 +233,10 @@ class SubjectKeyTable:
         at: datetime,
         *,
         own: bool = False,
-    ) -> None:
+    ) -> bool:
         """Delete the keys and record their erasure under ``digest``, in one transaction;
-        ``own``: only a job's own key (never a subject's, which other jobs share)."""
+        ``own``: only a job's own key (never a subject's, which other jobs share). Then
+        shred: whether that is done."""
         b = self.backend
         only_own = " AND subject IS NULL" if own else ""
         with store_errors("erasing keys"), b.transaction() as curs:
@@ -209,8 +255,7 @@ class SubjectKeyTable:
                     ),
                     {"key_id": key_id, "tenant_id": tenant_id, "digest": digest, "at": b.ts(at)},
                 )
-        with store_errors("scrubbing the deleted keys"):
-            b.scrub(KEYS)
+        return self.shred(at)
 
     # ---- for the cipher ------------------------------------------------------------------
 
@@ -293,6 +338,10 @@ def job_sha256(tenant_id: str, job_id: str) -> str:
 
 
 def _timestamp(stored: str | datetime | None) -> datetime | None:
+    return None if stored is None else _moment(stored)
+
+
+def _moment(stored: str | datetime) -> datetime:
     """A timestamp column as read: text on SQLite, a datetime on PostgreSQL."""
     return datetime.fromisoformat(stored) if isinstance(stored, str) else stored
 

@@ -13,7 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from jobledger.api.approvals import ApprovalCard
 from jobledger.cli.output import jsonable, open_wait, pending_approval
-from jobledger.erasing import ErasureReport
+from jobledger.erasing import ErasureReport, Shred
 from jobledger.ports import BlockedNote
 from jobledger.views import FamilyView, HistoryEntry, JobView
 
@@ -227,6 +227,9 @@ class Erasure(BaseModel):
     already_erased: list[str]
     """The jobs that had recorded it already (an erasure interrupted and run again)."""
     erased_at: datetime
+    shred: Shred
+    """``done``: the keys' bytes are gone from the database's files; ``pending`` (202):
+    another connection's read transaction still keeps them there: ask again to finish."""
 
     @classmethod
     def of(cls, report: ErasureReport) -> Erasure:
@@ -236,6 +239,7 @@ class Erasure(BaseModel):
             erased=list(report.erased),
             already_erased=list(report.already),
             erased_at=report.erased_at,
+            shred=report.shred,
         )
 
 

@@ -131,7 +131,9 @@ class Problem(Exception):
 
 def status_of(error: errors.JobLedgerError | PersistenceError) -> int:
     """The HTTP status of an engine error, by the CLI's exit-code classes."""
-    if isinstance(error, errors.ConfigError | errors.StoreUnreachableError):
+    if isinstance(
+        error, errors.ConfigError | errors.StoreUnreachableError | errors.StoreCorruptError
+    ):
         return 503
     if isinstance(error, errors.BrokenHistoryError):
         return 503
@@ -154,7 +156,10 @@ def of_error(error: errors.JobLedgerError | PersistenceError) -> Problem:
         detail = f"store error: {detail}"
     temporary = isinstance(
         error, errors.StoreUnavailableError | errors.ConcurrencyError | PersistenceError
-    ) and not isinstance(error, errors.DuplicateKeyError | errors.StoreUnreachableError)
+    ) and not isinstance(
+        error,
+        errors.DuplicateKeyError | errors.StoreUnreachableError | errors.StoreCorruptError,
+    )
     headers = {"Retry-After": str(RETRY_AFTER_SECONDS)} if temporary else None
     return Problem(status, detail, error=type(error).__name__, headers=headers)
 

@@ -1,8 +1,8 @@
 """The ``jobledger`` command line: typer commands over :class:`jobledger.Engine`.
 
 Exit codes scripts can trust: 0 ok; 1 a refused operation or a validation problem;
-2 a usage error; 3 the store is unreachable, its URL is bad, or the configuration is
-unusable; 4 temporary, try again (the store failed mid-command, or the job was
+2 a usage error; 3 the store is unreachable, its URL is bad, it is damaged, or the
+configuration is unusable; 4 temporary, try again (the store failed mid-command, or the job was
 contended for longer than the command's back-off). Errors print ``error: <message>``
 on stderr, without a traceback.
 """

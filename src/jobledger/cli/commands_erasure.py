@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from typing import Annotated
 
 import typer
@@ -9,7 +10,7 @@ import typer
 from jobledger.cli import output
 from jobledger.cli.logs import OneShotLogFormatOption, OneShotLogLevelOption, configure_one_shot
 from jobledger.cli.params import Tenant
-from jobledger.cli.session import ConfigOption, JsonFlag, StoreOption, open_engine
+from jobledger.cli.session import ConfigOption, Exit, JsonFlag, StoreOption, open_engine
 from jobledger.erasing import ErasureReport
 
 
@@ -47,7 +48,9 @@ def erase(
     still verifies.
 
     Interrupted, it is run again to finish; one already erased is refused (exit 1), and so
-    is --job on a job sealed with its data subject's key (erase the subject).
+    is --job on a job sealed with its data subject's key (erase the subject). When another
+    connection's read transaction keeps the key's bytes in the database's files past a
+    bounded wait, it says the shred is pending and exits 4: run it again to finish.
     """
     configure_one_shot(log_level, log_format)
     if (subject is None) == (job is None):
@@ -60,12 +63,25 @@ def erase(
             report = engine.erase_job(tenant, job, by=by, reason=reason)
     if json:
         output.print_json(as_json(report))
-        return
+    else:
+        _print(report)
+    if report.shred == "pending":
+        sys.stderr.write(
+            "error: the keys are deleted, but their bytes are still in the database's files "
+            "(another connection holds a read transaction that keeps the old pages): run "
+            "this erase again to finish\n"
+        )
+        raise typer.Exit(Exit.TEMPORARY)
+
+
+def _print(report: ErasureReport) -> None:
     out = output.console()
     jobs = len(report.erased) + len(report.already)
+    done = "destroyed" if report.shred == "done" else "deleted"
     out.print(
         f"erased: {jobs} job(s) of tenant {report.tenant_id}, "
-        f"{len(report.key_ids)} key(s) destroyed at {output.when(report.erased_at)}"
+        f"{len(report.key_ids)} key(s) {done} at {output.when(report.erased_at)}"
+        + ("" if report.shred == "done" else "; shred pending")
     )
     for job_id in report.erased:
         out.print(f"  {job_id}: Erased recorded")
@@ -81,4 +97,5 @@ def as_json(report: ErasureReport) -> dict[str, object]:
         "erased": list(report.erased),
         "already_erased": list(report.already),
         "erased_at": report.erased_at,
+        "shred": report.shred,
     }

@@ -23,6 +23,7 @@ from jobledger.errors import (
     ConfigError,
     DuplicateKeyError,
     JobLedgerError,
+    StoreCorruptError,
     StoreUnavailableError,
     StoreUnreachableError,
 )
@@ -41,7 +42,8 @@ class Exit(IntEnum):
     USAGE = 2
     """Bad arguments or options (typer's own exit code)."""
     UNAVAILABLE = 3
-    """The store is unreachable or its URL is bad, or the configuration is unusable."""
+    """The store is unreachable, its URL is bad or its database damaged, a job's history is
+    broken, or the configuration is unusable."""
     TEMPORARY = 4
     """Try again: the store failed mid-command (the change may or may not have landed;
     the retry sees what the store holds), or other writers kept winning the race for
@@ -49,7 +51,9 @@ class Exit(IntEnum):
 
 
 def exit_code(error: JobLedgerError | PersistenceError) -> Exit:
-    if isinstance(error, ConfigError | StoreUnreachableError | BrokenHistoryError):
+    if isinstance(
+        error, ConfigError | StoreUnreachableError | StoreCorruptError | BrokenHistoryError
+    ):
         return Exit.UNAVAILABLE
     if isinstance(error, DuplicateKeyError):
         return Exit.REFUSED  # a used key is an answer, not a race to run again

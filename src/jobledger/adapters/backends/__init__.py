@@ -13,7 +13,7 @@ from jobledger.adapters.backends.base import (
     Waiter,
 )
 from jobledger.adapters.backends.postgres import PostgresBackend
-from jobledger.adapters.backends.sqlite import SQLiteBackend
+from jobledger.adapters.backends.sqlite import SQLiteBackend, scratch_backend
 from jobledger.adapters.store_url import StoreLocation
 
 BACKENDS: dict[str, type[StoreBackend]] = {
@@ -36,4 +36,5 @@ __all__ = [
     "TrackingConflict",
     "Waiter",
     "backend_for",
+    "scratch_backend",
 ]

@@ -187,9 +187,11 @@ class StoreBackend(ABC):
         where the database can."""
 
     @abstractmethod
-    def scrub(self, name: str) -> None:
+    def scrub(self, name: str) -> bool:
         """After deleting rows of table ``name`` for good: rid the database's files of
-        the copies it keeps beyond the live pages."""
+        the copies it keeps beyond the live pages, waiting at most the store's lock
+        timeout for other connections. True when done; False when another connection's
+        transaction still keeps them (a later call finishes it)."""
 
     # ---- waiting for new events ----------------------------------------------------------
 

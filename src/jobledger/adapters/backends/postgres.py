@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import re
 import threading
+import time
 import zlib
 from collections.abc import Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
@@ -13,9 +15,25 @@ import psycopg
 from eventsourcing.persistence import InterfaceError, OperationalError, StoredEvent
 from eventsourcing.postgres import PostgresApplicationRecorder, PostgresDatastore
 from eventsourcing.utils import retry
-from psycopg.sql import SQL, Composed, Identifier
+from psycopg.sql import SQL, Composed, Identifier, Literal
 
 from jobledger.adapters.backends.base import PARAM, Cursor, StoreBackend, Waiter
+
+SCRUB_LOCK_TIMEOUT_SECONDS = 5
+"""How long a scrub waits for other transactions when the store sets no lock timeout (as
+long as SQLite's busy timeout by default)."""
+SCRUB_RETRY_SECONDS = 0.2
+KEPT = re.compile(r"(\d+)")
+
+
+def _none_kept(notices: Sequence[tuple[str, str]], name: str) -> bool:
+    """Whether VACUUM VERBOSE's report on table ``name`` (its notices' primary message and
+    detail) says it kept no dead row: the detail begins ``N dead row versions cannot be
+    removed yet``. A report not found, or not read, is not taken for one that says none."""
+    for primary, detail in notices:
+        if name in primary and (found := KEPT.match(detail)):
+            return int(found.group(1)) == 0
+    return False
 
 
 class PostgresBackend(StoreBackend):
@@ -126,12 +144,35 @@ class PostgresBackend(StoreBackend):
     def secure_delete(self, curs: Cursor) -> None:
         """Nothing: PostgreSQL has no such setting; :meth:`scrub` rewrites the table."""
 
-    def scrub(self, name: str) -> None:
+    def scrub(self, name: str) -> bool:
         """A deleted row stays in the table's files as a dead tuple until a vacuum; VACUUM
         FULL writes the live rows to new files and drops the old ones (the server's WAL
-        and its backups keep their copies: wrap the keys with a master key for those)."""
+        and its backups keep their copies: wrap the keys with a master key for those).
+        It waits for the table's lock (another transaction that read the table holds
+        one) at most the store's lock timeout, and it copies a dead row that a running
+        transaction's snapshot may still see (its report says how many it kept): then it
+        is run again, until that timeout has passed."""
+        seconds = self.datastore.lock_timeout or SCRUB_LOCK_TIMEOUT_SECONDS
+        deadline = time.monotonic() + seconds
+        vacuum = SQL("VACUUM (FULL, VERBOSE) {}").format(SQL(self.table(name)))
+        notices: list[tuple[str, str]] = []
         with psycopg.connect(self.conninfo(), autocommit=True) as conn:
-            conn.execute(SQL("VACUUM FULL {}").format(SQL(self.table(name))))
+            # A notice's fields are only readable during the callback.
+            conn.add_notice_handler(
+                lambda d: notices.append((d.message_primary or "", d.message_detail or ""))
+            )
+            conn.execute(SQL("SET lock_timeout = {}").format(Literal(f"{seconds}s")))
+            while True:
+                notices.clear()
+                try:
+                    conn.execute(vacuum)
+                except psycopg.errors.LockNotAvailable:
+                    return False
+                if _none_kept(notices, name):
+                    return True
+                if time.monotonic() >= deadline:
+                    return False
+                time.sleep(SCRUB_RETRY_SECONDS)
 
     def reader(self) -> AbstractContextManager[Any]:
         return self.datastore.transaction(commit=False)

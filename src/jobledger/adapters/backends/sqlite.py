@@ -13,7 +13,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
-from uuid import UUID
+from uuid import UUID, uuid4
 
 from eventsourcing.persistence import OperationalError
 from eventsourcing.sqlite import SQLiteCursor, SQLiteDatastore, SQLiteTransaction
@@ -128,11 +128,16 @@ class SQLiteBackend(StoreBackend):
         """A deleted row's bytes are zeroed in its page, not left in the free space."""
         curs.execute("PRAGMA secure_delete = ON")
 
-    def scrub(self, name: str) -> None:
+    def scrub(self, name: str) -> bool:
         """The write-ahead log still holds the pages as they were before the delete: a
-        checkpoint copies the zeroed pages into the file and truncates the log."""
+        checkpoint copies the zeroed pages into the file and truncates the log. A reader
+        whose snapshot predates the delete keeps both: the checkpoint waits for it as
+        long as the connection's busy timeout, then answers busy (its first column)."""
         with self.datastore.get_connection(commit=True) as connection:
-            connection.cursor().execute("PRAGMA wal_checkpoint(TRUNCATE)")
+            cursor = connection.cursor()
+            cursor.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+            busy, _, _ = cursor.fetchone()
+        return not busy
 
     def columns(self, curs: Cursor, name: str) -> set[str]:
         curs.execute(f"PRAGMA table_info({name})")
@@ -141,6 +146,16 @@ class SQLiteBackend(StoreBackend):
     def table_exists(self, curs: Cursor, name: str) -> bool:
         curs.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (name,))
         return curs.fetchone() is not None
+
+
+def scratch_backend() -> SQLiteBackend:
+    """A SQLite database of this process's own, in memory, gone when the process ends:
+    for tables a store opened to read cannot take (its views, folded there from its log).
+    It is never locked across processes: none but this one can see it."""
+    name = f"file:jobledger-scratch-{uuid4().hex}?mode=memory&cache=shared"
+    backend = SQLiteBackend(StoreLocation("sqlite", {"SQLITE_DBNAME": name}))
+    backend.attach(SQLiteDatastore(name))
+    return backend
 
 
 class _ImmediateTransaction(SQLiteTransaction):
