@@ -18,7 +18,7 @@ import pytest
 from jobledger import Engine
 from jobledger.api.auth import Principal, Role
 from jobledger.api.console import routes
-from jobledger.api.console.session import COOKIE, LIFETIME, SessionCodec
+from jobledger.api.console.session import COOKIE, LIFETIME, SessionCodec, Sessions
 from jobledger.identity import job_uuid
 from jobledger.workflows import DefinitionRegistry, parse_definition
 from tests.support.audit import RawEvents
@@ -232,23 +232,58 @@ def test_a_changed_action_hash_is_refused_as_stale(server: ApiServer, engine: En
     assert decisions(engine) == []
 
 
-def test_sign_out_ends_the_session(server: ApiServer) -> None:
+def test_sign_out_ends_the_session_on_the_server_so_a_copied_cookie_stops_working(
+    server: ApiServer,
+) -> None:
     client = signed_in(server, api_key("acme", "auditor"))
+    copy = browser(server)
+    copy.cookies.set(COOKIE, client.cookies[COOKIE], path="/console")
+    assert copy.get("/console/jobs").status_code == 200
     page = client.get("/console/jobs")
     assert client.post("/console/sign-out", data={"csrf": "guessed"}).status_code == 400
     answer = client.post("/console/sign-out", data={"csrf": csrf(page)})
     assert answer.headers["location"] == "/console/sign-in"
     assert client.get("/console/jobs").headers["location"] == "/console/sign-in"
+    # The cookie as it was before signing out (copied, or kept by a browser that ignored
+    # the deletion) is no session either: the server ended it.
+    assert copy.get("/console/jobs").headers["location"] == "/console/sign-in"
 
 
 def test_a_session_ends_when_it_expires() -> None:
+    sessions = Sessions()
     codec = SessionCodec(b"s" * 32)
     now = datetime(2026, 1, 1, tzinfo=UTC)
     principal = Principal("ann", frozenset({"acme"}), frozenset({Role.APPROVER}))
-    cookie = codec.encode(codec.new(principal, now))
-    assert codec.decode(cookie, now + LIFETIME - timedelta(seconds=1)) is not None
-    assert codec.decode(cookie, now + LIFETIME) is None
-    assert SessionCodec(b"t" * 32).decode(cookie, now) is None  # another server's secret
+    session = sessions.start(principal, now)
+    cookie = codec.encode(session)
+    found = codec.session_id(cookie, now + LIFETIME - timedelta(seconds=1))
+    assert found == session.id
+    assert sessions.get(found, now + LIFETIME - timedelta(seconds=1)) == session
+    assert sessions.get(session.id, now + LIFETIME) is None
+    assert codec.session_id(cookie, now + LIFETIME) is None
+    assert SessionCodec(b"t" * 32).session_id(cookie, now) is None  # another server's secret
+
+
+def test_sign_in_is_rate_limited_by_the_apis_own_limiter(engine: Engine, tmp_path: Path) -> None:
+    """Each attempt spends from the address's bucket (guesses are each a new credential)
+    and from the credential's, the API's buckets: the console and the API share them."""
+    with start_api(engine, tmp_path, rate_limit_per_minute=1, rate_limit_burst=3) as server:
+        client = browser(server)
+        guesses = []
+        for number in range(3):
+            form = client.get("/console/sign-in")
+            data = {"credential": f"jlk-guess-{number}", "csrf": csrf(form)}
+            guesses.append(client.post("/console/sign-in", data=data))
+        assert [answer.status_code for answer in guesses] == [401, 401, 401]
+        form = client.get("/console/sign-in")
+        good = {"credential": api_key("acme", "approver"), "csrf": csrf(form)}
+        limited = client.post("/console/sign-in", data=good)
+        assert limited.status_code == 429, limited.text
+        assert "rate limit of 1 requests a minute reached" in limited.text
+        assert int(limited.headers["retry-after"]) >= 1
+        assert not any(c.startswith(COOKIE + "=") for c in limited.headers.get_list("set-cookie"))
+        # The API's own requests without a credential, from the same address: the same bucket.
+        assert server.client().get("/v1/jobs/acme").status_code == 429
 
 
 def test_the_job_page_says_where_an_edited_history_breaks_its_chain(
