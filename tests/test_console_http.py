@@ -8,7 +8,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
-from html import escape
+from html import escape, unescape
 from pathlib import Path
 from urllib.parse import unquote
 
@@ -51,6 +51,25 @@ def csrf(page: httpx.Response) -> str:
     found = re.search(r'name="csrf" value="([^"]+)"', page.text)
     assert found is not None, "no CSRF token on the page"
     return found.group(1)
+
+
+def decide_form(page: httpx.Response) -> dict[str, str]:
+    """The hidden fields of the page's first decision form, as a browser sends them."""
+    form = re.search(
+        r'<form method="post" action="/console/approval" class="decide">(.*?)</form>',
+        page.text,
+        re.S,
+    )
+    assert form is not None, "no decision form on the page"
+    hidden = re.findall(r'<input type="hidden" name="([^"]+)" value="([^"]*)">', form.group(1))
+    return {name: unescape(value) for name, value in hidden}
+
+
+def approval_page(client: httpx.Client) -> httpx.Response:
+    params = {"tenant": "acme", "job": "pay-1", "approval": APPROVAL}
+    page = client.get("/console/approval", params=params)
+    assert page.status_code == 200, page.text
+    return page
 
 
 def signed_in(server: ApiServer, credential: str) -> httpx.Client:
@@ -171,15 +190,8 @@ def test_a_decision_without_the_sessions_csrf_token_decides_nothing(
 ) -> None:
     client = signed_in(server, token(sub="ann", roles="approver"))
     page = client.get("/console/approvals")
-    action = re.search(r'name="action_sha256" value="([0-9a-f]{64})"', page.text)
-    assert action is not None
-    form = {
-        "tenant": "acme",
-        "job": "pay-1",
-        "approval": APPROVAL,
-        "action_sha256": action.group(1),
-        "decision": "approve",
-    }
+    form = {**decide_form(page), "decision": "approve"}
+    del form["csrf"]
     for forged in ({}, {"csrf": "guessed"}):
         answer = client.post("/console/approval", data={**form, **forged})
         assert answer.status_code == 400
@@ -189,15 +201,8 @@ def test_a_decision_without_the_sessions_csrf_token_decides_nothing(
 
 
 def test_only_an_approver_the_request_names_decides(server: ApiServer, engine: Engine) -> None:
-    requested = engine.history("acme", "pay-1")[-1]
-    assert requested.event_type == "ApprovalRequested"
-    page_form = {
-        "tenant": "acme",
-        "job": "pay-1",
-        "approval": APPROVAL,
-        "decision": "approve",
-        "action_sha256": requested.data["action_sha256"],
-    }
+    # The form as Ann's page has it, posted by others (their pages show no buttons).
+    page_form = {**decide_form(approval_page(signed_in(server, approver()))), "decision": "approve"}
     for credential, why in (
         (api_key("acme", "operator"), "not an approver of this tenant"),
         (token(sub="carol", roles="approver"), "carol&#39; may not decide"),
@@ -215,20 +220,76 @@ def test_only_an_approver_the_request_names_decides(server: ApiServer, engine: E
 
 def test_a_changed_action_hash_is_refused_as_stale(server: ApiServer, engine: Engine) -> None:
     client = signed_in(server, token(sub="ann", roles="approver"))
-    page = client.get("/console/approvals")
+    form = decide_form(client.get("/console/approvals"))
     answer = client.post(
-        "/console/approval",
-        data={
-            "csrf": csrf(page),
-            "tenant": "acme",
-            "job": "pay-1",
-            "approval": APPROVAL,
-            "action_sha256": "0" * 64,
-            "decision": "approve",
-        },
+        "/console/approval", data={**form, "action_sha256": "0" * 64, "decision": "approve"}
     )
     assert answer.status_code == 409
     assert "the action to approve changed since it was shown" in answer.text
+    assert decisions(engine) == []
+
+
+def approver(sub: str = "ann") -> str:
+    return token(sub=sub, roles="approver")
+
+
+def outcome(page: httpx.Response, decision: str) -> str:
+    """The text of what the page says ``decision`` does."""
+    found = re.search(
+        rf'<section class="outcome" data-decision="{decision}">(.*?)</section>', page.text, re.S
+    )
+    assert found is not None, f"the page does not say what {decision} does"
+    return unescape(re.sub(r"<[^>]+>", " ", found.group(1)))
+
+
+def test_the_approval_page_says_what_approving_and_rejecting_do(server: ApiServer) -> None:
+    page = approval_page(signed_in(server, approver()))
+    assert "A person checks the payout before the money goes." in page.text
+    on_approve, on_reject = outcome(page, "approve"), outcome(page, "reject")
+    assert "step pay (run_interaction_task) runs next" in on_approve
+    assert "Send the vendor the amount." in on_approve
+    assert '"amount": 100' in on_approve and '"task": "pay"' in on_approve
+    assert "step refused: the job fails: the payout was refused" in on_reject
+
+
+def test_a_decision_made_on_a_page_that_no_longer_says_what_it_does_is_refused(
+    server: ApiServer, engine: Engine
+) -> None:
+    client = signed_in(server, approver())
+    shown = decide_form(approval_page(client))
+    # The definitions are read again (SIGHUP) while the page is open: approving now pays more.
+    changed = PAYOUT.replace("amount: 100}", "amount: 100000}")
+    engine.use_registry(DefinitionRegistry([parse_definition(changed, "payout.yaml")]))
+    stale = client.post("/console/approval", data={**shown, "decision": "approve"})
+    assert stale.status_code == 409
+    assert "what this approval does changed since the page was shown" in stale.text
+    assert '"amount": 100000' in outcome(stale, "approve")  # the page shows it as it is now
+    assert decisions(engine) == []
+    fresh = client.post("/console/approval", data={**decide_form(stale), "decision": "approve"})
+    assert fresh.status_code == 303, fresh.text
+    assert decisions(engine) == ["ann"]
+
+
+def test_an_auditor_sees_no_decision_buttons_and_a_decision_posted_anyway_is_refused(
+    server: ApiServer, engine: Engine
+) -> None:
+    form = decide_form(approval_page(signed_in(server, approver())))
+    for credential in (api_key("acme", "auditor"), approver("carol")):
+        client = signed_in(server, credential)
+        page = approval_page(client)
+        assert "Send the vendor the amount." in outcome(page, "approve")  # it reads all of it
+        assert 'name="decision"' not in page.text and 'class="decide"' not in page.text
+        assert "You may read this approval but not decide it" in page.text
+        assert 'name="decision"' not in client.get("/console/approvals").text
+        job = client.get("/console/job", params={"tenant": "acme", "job": "pay-1"}).text
+        assert ">decide</a>" not in job and ">the approval</a>" in job
+    auditor = signed_in(server, api_key("acme", "auditor"))
+    token_now = csrf(auditor.get("/console/jobs"))
+    answer = auditor.post(
+        "/console/approval", data={**form, "csrf": token_now, "decision": "approve"}
+    )
+    assert answer.status_code == 409 and "not an approver of this tenant" in answer.text
+    assert 'name="decision"' not in answer.text
     assert decisions(engine) == []
 
 

@@ -303,6 +303,7 @@ def _add_approvals(api: APIRouter) -> None:
         job: str = Form(),
         approval: str = Form(),
         action_sha256: str = Form(),
+        shown_sha256: str = Form(""),
         decision: str = Form(),
         comment: str = Form(""),
         csrf: str = Form(""),
@@ -317,6 +318,9 @@ def _add_approvals(api: APIRouter) -> None:
             return c.not_found(request, session)
         if not session.principal.may(Role.APPROVER, tenant):
             return _refused(c, request, session, card, "you are not an approver of this tenant")
+        if shown_sha256 != card.shown_sha256:
+            why = "what this approval does changed since the page was shown: read it again below"
+            return _refused(c, request, session, card, why)
         try:
             c.engine.decide(
                 tenant,
@@ -398,7 +402,10 @@ def _add_jobs(api: APIRouter) -> None:
             context = _job_context(c, tenant, job, version)
         except (_NotFound, UnknownJobError):
             return c.not_found(request, session)
-        return c.render("job.html", request, session, **context)
+        pending = context["doc"].get("pending_approval") or {}
+        approvers = pending.get("approvers") or ()
+        decides = approval_requests.offers_decision(session.principal, tenant, approvers)
+        return c.render("job.html", request, session, decides=decides, **context)
 
     @api.get("/job/events")
     def job_live(request: Request, c: Of, tenant: str, job: str, after: int = 0) -> Response:
