@@ -3,7 +3,9 @@ service, on SQLite and PostgreSQL; it stops cleanly with the runner, open stream
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -15,7 +17,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from jobledger.api.auth import Role
+from jobledger.api.auth import Role, key_sha256
 from tests.support import pythonpath
 from tests.support.cli import JOBLEDGER, announced, run_jobledger
 from tests.support.http import api_key, write_keys_file
@@ -171,3 +173,98 @@ def test_run_http_without_a_way_to_authenticate_refuses_to_start(home: Path) -> 
     done = run_jobledger("run", "--http", "127.0.0.1:0", cwd=home)
     assert done.returncode == 3
     assert done.stderr.startswith("error: run --http needs a way to authenticate callers")
+
+
+# ---- SIGHUP: the key files again -----------------------------------------------------------
+
+
+def keep_keys(home: Path, *keys: str, added: dict[str, object] | None = None) -> None:
+    """Rewrite the keys file with only ``keys`` of the test's (and ``added``): the others
+    are revoked."""
+    write_keys_file(home / "keys.json")
+    entries = json.loads((home / "keys.json").read_text())["keys"]
+    kept = [entry for entry in entries if entry["sha256"] in {key_sha256(k) for k in keys}]
+    (home / "keys.json").write_text(json.dumps({"keys": kept + ([added] if added else [])}))
+
+
+def console_session(url: str, credential: str) -> httpx.Client:
+    client = httpx.Client(base_url=url, timeout=30)
+    form = client.get("/console/sign-in").text
+    found = re.search(r'name="csrf" value="([^"]+)"', form)
+    assert found is not None
+    data = {"credential": credential, "csrf": found.group(1)}
+    assert client.post("/console/sign-in", data=data).status_code == 303
+    assert client.get("/console/approvals").status_code == 200
+    return client
+
+
+def reloaded(process: subprocess.Popen[str]) -> str:
+    return announced(process, r"(SIGHUP: API keys reloaded.*)", "no reload of the keys file")
+
+
+def warned(process: subprocess.Popen[str], pattern: str) -> str:
+    """The first stderr line of ``process`` (its log) that has ``pattern``."""
+    assert process.stderr is not None
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        line = process.stderr.readline()
+        if not line:
+            break
+        if re.search(pattern, line):
+            return line
+    raise AssertionError(f"the log never said {pattern!r}")
+
+
+def bearer(key: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {key}"}
+
+
+def test_sighup_to_serve_reloads_the_keys_file_a_revoked_key_stops_working_and_its_sessions_end(
+    home: Path,
+) -> None:
+    operator, approver = api_key("acme", Role.OPERATOR), api_key("acme", Role.APPROVER)
+    auditor, new = api_key("acme", Role.AUDITOR), "jlk-acme-issued-after-the-start"
+    with started(home, "serve", "--port", "0") as (process, url):
+        api = httpx.Client(base_url=url, timeout=30)
+        assert api.get("/v1/jobs/acme", headers=bearer(operator)).status_code == 200
+        assert api.get("/v1/jobs/acme", headers=bearer(new)).status_code == 401
+        revoked = console_session(url, approver)
+        kept = console_session(url, auditor)
+
+        issued = {"sha256": key_sha256(new), "subject": "new", "tenants": ["acme"]}
+        keep_keys(home, auditor, added={**issued, "roles": ["operator"]})
+        process.send_signal(signal.SIGHUP)
+        assert "2 key(s)" in reloaded(process)
+
+        assert api.get("/v1/jobs/acme", headers=bearer(operator)).status_code == 401
+        assert api.get("/v1/jobs/acme", headers=bearer(new)).status_code == 200
+        ended = revoked.get("/console/approvals")
+        assert ended.status_code == 303 and ended.headers["location"] == "/console/sign-in"
+        assert kept.get("/console/approvals").status_code == 200
+
+        # A file that does not parse is refused whole: the keys in use are kept.
+        (home / "keys.json").write_text("{not json")
+        process.send_signal(signal.SIGHUP)
+        assert "is not JSON" in warned(process, "SIGHUP: API keys NOT reloaded, keeping those")
+        assert api.get("/v1/jobs/acme", headers=bearer(new)).status_code == 200
+        assert kept.get("/console/approvals").status_code == 200
+        process.send_signal(signal.SIGTERM)
+        _, err = process.communicate(timeout=30)
+    assert process.returncode == 0, err
+    assert "Traceback" not in err
+
+
+def test_sighup_to_run_http_reloads_the_keys_file_and_the_definitions(home: Path) -> None:
+    operator = api_key("acme", Role.OPERATOR)
+    with started(home, "run", "--http", "127.0.0.1:0") as (process, url):
+        api = httpx.Client(base_url=url, headers=bearer(operator), timeout=30)
+        assert api.get("/v1/jobs/acme").status_code == 200
+        keep_keys(home, api_key("acme", Role.AUDITOR))
+        process.send_signal(signal.SIGHUP)
+        definitions = r"(SIGHUP: definitions reloaded.*)"
+        assert "chores v1" in announced(process, definitions, "no reload of the definitions")
+        reloaded(process)
+        assert api.get("/v1/jobs/acme").status_code == 401
+        process.send_signal(signal.SIGTERM)
+        _, err = process.communicate(timeout=60)
+    assert process.returncode == 0, err

@@ -39,11 +39,16 @@ steps:
   prepare: {kind: run_interaction_task, params: {task: prepare}, next: review}
   review:
     kind: await_approval
+    description: A person checks the payout before the money goes.
     approvers: [ann, bob]
     expires: {days: 1}
     on_approve: pay
     on_reject: refused
-  pay: {kind: run_interaction_task, params: {task: pay, amount: 100}, next: done}
+  pay:
+    kind: run_interaction_task
+    description: Send the vendor the amount.
+    params: {task: pay, amount: 100}
+    next: done
   done: {kind: complete}
   refused: {kind: fail, reason: the payout was refused}
 """
@@ -197,6 +202,45 @@ def test_a_stale_approval_page_refuses_the_decision(engine: Engine, page: Page) 
     assert not page.all("button.approve")
     decisions = [e for e in engine.history("acme", "pay-1") if e.event_type == "ApprovalDecided"]
     assert [d.data["decided_by"] for d in decisions] == ["bob"]
+
+
+def test_the_approval_page_says_what_each_decision_does_and_a_stale_one_is_refused(
+    engine: Engine, page: Page
+) -> None:
+    awaiting(engine)
+    page.sign_in(approver())
+    page.find("section.approval h2 a").click()
+    page.wait(lambda: page.all("button.approve"), "the approval page")
+    page.shot("what-each-decision-does")
+    assert "A person checks the payout before the money goes." in page.text("section.approval")
+    on_approve = page.find("section.outcome[data-decision=approve]").text
+    assert "step pay (run_interaction_task) runs next" in on_approve
+    assert "Send the vendor the amount." in on_approve and '"amount": 100' in on_approve
+    on_reject = page.find("section.outcome[data-decision=reject]").text
+    assert "the job fails: the payout was refused" in on_reject
+    # The definitions are read again while the page is open: approving now pays more.
+    changed = PAYOUT.replace("amount: 100}", "amount: 100000}")
+    engine.use_registry(DefinitionRegistry([parse_definition(changed, "payout.yaml")]))
+    page.find("button.approve").click()
+    page.wait(lambda: page.all("#refusal"), "the refusal")
+    page.shot("changed-since-shown")
+    assert "changed since the page was shown" in page.text("#refusal")
+    assert '"amount": 100000' in page.find("section.outcome[data-decision=approve]").text
+    assert not any(e.event_type == "ApprovalDecided" for e in engine.history("acme", "pay-1"))
+    page.find("button.approve").click()  # on what the page shows now
+    page.wait(lambda: page.all("#timeline"), "the job page")
+    assert engine.history("acme", "pay-1")[-1].event_type == "ApprovalDecided"
+
+
+def test_an_auditor_reads_the_approval_without_decision_buttons(engine: Engine, page: Page) -> None:
+    awaiting(engine)
+    page.sign_in(token(sub="ida", tenants="acme", roles="auditor"))
+    page.open(f"/console/approval?tenant=acme&job=pay-1&approval={APPROVAL}")
+    page.shot("auditor-approval")
+    assert "Send the vendor the amount." in page.text("section.outcome[data-decision=approve]")
+    assert "may read this approval but not decide it" in page.text("#read-only")
+    assert not page.all("button.approve") and not page.all("button.reject")
+    assert page.severe_console_errors() == []
 
 
 def test_an_expired_approval_says_so_and_refuses(

@@ -8,7 +8,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
-from html import escape
+from html import escape, unescape
 from pathlib import Path
 from urllib.parse import unquote
 
@@ -18,7 +18,7 @@ import pytest
 from jobledger import Engine
 from jobledger.api.auth import Principal, Role
 from jobledger.api.console import routes
-from jobledger.api.console.session import COOKIE, LIFETIME, SessionCodec
+from jobledger.api.console.session import COOKIE, LIFETIME, SessionCodec, Sessions
 from jobledger.identity import job_uuid
 from jobledger.workflows import DefinitionRegistry, parse_definition
 from tests.support.audit import RawEvents
@@ -51,6 +51,25 @@ def csrf(page: httpx.Response) -> str:
     found = re.search(r'name="csrf" value="([^"]+)"', page.text)
     assert found is not None, "no CSRF token on the page"
     return found.group(1)
+
+
+def decide_form(page: httpx.Response) -> dict[str, str]:
+    """The hidden fields of the page's first decision form, as a browser sends them."""
+    form = re.search(
+        r'<form method="post" action="/console/approval" class="decide">(.*?)</form>',
+        page.text,
+        re.S,
+    )
+    assert form is not None, "no decision form on the page"
+    hidden = re.findall(r'<input type="hidden" name="([^"]+)" value="([^"]*)">', form.group(1))
+    return {name: unescape(value) for name, value in hidden}
+
+
+def approval_page(client: httpx.Client) -> httpx.Response:
+    params = {"tenant": "acme", "job": "pay-1", "approval": APPROVAL}
+    page = client.get("/console/approval", params=params)
+    assert page.status_code == 200, page.text
+    return page
 
 
 def signed_in(server: ApiServer, credential: str) -> httpx.Client:
@@ -171,15 +190,8 @@ def test_a_decision_without_the_sessions_csrf_token_decides_nothing(
 ) -> None:
     client = signed_in(server, token(sub="ann", roles="approver"))
     page = client.get("/console/approvals")
-    action = re.search(r'name="action_sha256" value="([0-9a-f]{64})"', page.text)
-    assert action is not None
-    form = {
-        "tenant": "acme",
-        "job": "pay-1",
-        "approval": APPROVAL,
-        "action_sha256": action.group(1),
-        "decision": "approve",
-    }
+    form = {**decide_form(page), "decision": "approve"}
+    del form["csrf"]
     for forged in ({}, {"csrf": "guessed"}):
         answer = client.post("/console/approval", data={**form, **forged})
         assert answer.status_code == 400
@@ -189,15 +201,8 @@ def test_a_decision_without_the_sessions_csrf_token_decides_nothing(
 
 
 def test_only_an_approver_the_request_names_decides(server: ApiServer, engine: Engine) -> None:
-    requested = engine.history("acme", "pay-1")[-1]
-    assert requested.event_type == "ApprovalRequested"
-    page_form = {
-        "tenant": "acme",
-        "job": "pay-1",
-        "approval": APPROVAL,
-        "decision": "approve",
-        "action_sha256": requested.data["action_sha256"],
-    }
+    # The form as Ann's page has it, posted by others (their pages show no buttons).
+    page_form = {**decide_form(approval_page(signed_in(server, approver()))), "decision": "approve"}
     for credential, why in (
         (api_key("acme", "operator"), "not an approver of this tenant"),
         (token(sub="carol", roles="approver"), "carol&#39; may not decide"),
@@ -215,40 +220,131 @@ def test_only_an_approver_the_request_names_decides(server: ApiServer, engine: E
 
 def test_a_changed_action_hash_is_refused_as_stale(server: ApiServer, engine: Engine) -> None:
     client = signed_in(server, token(sub="ann", roles="approver"))
-    page = client.get("/console/approvals")
+    form = decide_form(client.get("/console/approvals"))
     answer = client.post(
-        "/console/approval",
-        data={
-            "csrf": csrf(page),
-            "tenant": "acme",
-            "job": "pay-1",
-            "approval": APPROVAL,
-            "action_sha256": "0" * 64,
-            "decision": "approve",
-        },
+        "/console/approval", data={**form, "action_sha256": "0" * 64, "decision": "approve"}
     )
     assert answer.status_code == 409
     assert "the action to approve changed since it was shown" in answer.text
     assert decisions(engine) == []
 
 
-def test_sign_out_ends_the_session(server: ApiServer) -> None:
+def approver(sub: str = "ann") -> str:
+    return token(sub=sub, roles="approver")
+
+
+def outcome(page: httpx.Response, decision: str) -> str:
+    """The text of what the page says ``decision`` does."""
+    found = re.search(
+        rf'<section class="outcome" data-decision="{decision}">(.*?)</section>', page.text, re.S
+    )
+    assert found is not None, f"the page does not say what {decision} does"
+    return unescape(re.sub(r"<[^>]+>", " ", found.group(1)))
+
+
+def test_the_approval_page_says_what_approving_and_rejecting_do(server: ApiServer) -> None:
+    page = approval_page(signed_in(server, approver()))
+    assert "A person checks the payout before the money goes." in page.text
+    on_approve, on_reject = outcome(page, "approve"), outcome(page, "reject")
+    assert "step pay (run_interaction_task) runs next" in on_approve
+    assert "Send the vendor the amount." in on_approve
+    assert '"amount": 100' in on_approve and '"task": "pay"' in on_approve
+    assert "step refused: the job fails: the payout was refused" in on_reject
+
+
+def test_a_decision_made_on_a_page_that_no_longer_says_what_it_does_is_refused(
+    server: ApiServer, engine: Engine
+) -> None:
+    client = signed_in(server, approver())
+    shown = decide_form(approval_page(client))
+    # The definitions are read again (SIGHUP) while the page is open: approving now pays more.
+    changed = PAYOUT.replace("amount: 100}", "amount: 100000}")
+    engine.use_registry(DefinitionRegistry([parse_definition(changed, "payout.yaml")]))
+    stale = client.post("/console/approval", data={**shown, "decision": "approve"})
+    assert stale.status_code == 409
+    assert "what this approval does changed since the page was shown" in stale.text
+    assert '"amount": 100000' in outcome(stale, "approve")  # the page shows it as it is now
+    assert decisions(engine) == []
+    fresh = client.post("/console/approval", data={**decide_form(stale), "decision": "approve"})
+    assert fresh.status_code == 303, fresh.text
+    assert decisions(engine) == ["ann"]
+
+
+def test_an_auditor_sees_no_decision_buttons_and_a_decision_posted_anyway_is_refused(
+    server: ApiServer, engine: Engine
+) -> None:
+    form = decide_form(approval_page(signed_in(server, approver())))
+    for credential in (api_key("acme", "auditor"), approver("carol")):
+        client = signed_in(server, credential)
+        page = approval_page(client)
+        assert "Send the vendor the amount." in outcome(page, "approve")  # it reads all of it
+        assert 'name="decision"' not in page.text and 'class="decide"' not in page.text
+        assert "You may read this approval but not decide it" in page.text
+        assert 'name="decision"' not in client.get("/console/approvals").text
+        job = client.get("/console/job", params={"tenant": "acme", "job": "pay-1"}).text
+        assert ">decide</a>" not in job and ">the approval</a>" in job
+    auditor = signed_in(server, api_key("acme", "auditor"))
+    token_now = csrf(auditor.get("/console/jobs"))
+    answer = auditor.post(
+        "/console/approval", data={**form, "csrf": token_now, "decision": "approve"}
+    )
+    assert answer.status_code == 409 and "not an approver of this tenant" in answer.text
+    assert 'name="decision"' not in answer.text
+    assert decisions(engine) == []
+
+
+def test_sign_out_ends_the_session_on_the_server_so_a_copied_cookie_stops_working(
+    server: ApiServer,
+) -> None:
     client = signed_in(server, api_key("acme", "auditor"))
+    copy = browser(server)
+    copy.cookies.set(COOKIE, client.cookies[COOKIE], path="/console")
+    assert copy.get("/console/jobs").status_code == 200
     page = client.get("/console/jobs")
     assert client.post("/console/sign-out", data={"csrf": "guessed"}).status_code == 400
     answer = client.post("/console/sign-out", data={"csrf": csrf(page)})
     assert answer.headers["location"] == "/console/sign-in"
     assert client.get("/console/jobs").headers["location"] == "/console/sign-in"
+    # The cookie as it was before signing out (copied, or kept by a browser that ignored
+    # the deletion) is no session either: the server ended it.
+    assert copy.get("/console/jobs").headers["location"] == "/console/sign-in"
 
 
 def test_a_session_ends_when_it_expires() -> None:
+    sessions = Sessions()
     codec = SessionCodec(b"s" * 32)
     now = datetime(2026, 1, 1, tzinfo=UTC)
     principal = Principal("ann", frozenset({"acme"}), frozenset({Role.APPROVER}))
-    cookie = codec.encode(codec.new(principal, now))
-    assert codec.decode(cookie, now + LIFETIME - timedelta(seconds=1)) is not None
-    assert codec.decode(cookie, now + LIFETIME) is None
-    assert SessionCodec(b"t" * 32).decode(cookie, now) is None  # another server's secret
+    session = sessions.start(principal, now)
+    cookie = codec.encode(session)
+    found = codec.session_id(cookie, now + LIFETIME - timedelta(seconds=1))
+    assert found == session.id
+    assert sessions.get(found, now + LIFETIME - timedelta(seconds=1)) == session
+    assert sessions.get(session.id, now + LIFETIME) is None
+    assert codec.session_id(cookie, now + LIFETIME) is None
+    assert SessionCodec(b"t" * 32).session_id(cookie, now) is None  # another server's secret
+
+
+def test_sign_in_is_rate_limited_by_the_apis_own_limiter(engine: Engine, tmp_path: Path) -> None:
+    """Each attempt spends from the address's bucket (guesses are each a new credential)
+    and from the credential's, the API's buckets: the console and the API share them."""
+    with start_api(engine, tmp_path, rate_limit_per_minute=1, rate_limit_burst=3) as server:
+        client = browser(server)
+        guesses = []
+        for number in range(3):
+            form = client.get("/console/sign-in")
+            data = {"credential": f"jlk-guess-{number}", "csrf": csrf(form)}
+            guesses.append(client.post("/console/sign-in", data=data))
+        assert [answer.status_code for answer in guesses] == [401, 401, 401]
+        form = client.get("/console/sign-in")
+        good = {"credential": api_key("acme", "approver"), "csrf": csrf(form)}
+        limited = client.post("/console/sign-in", data=good)
+        assert limited.status_code == 429, limited.text
+        assert "rate limit of 1 requests a minute reached" in limited.text
+        assert int(limited.headers["retry-after"]) >= 1
+        assert not any(c.startswith(COOKIE + "=") for c in limited.headers.get_list("set-cookie"))
+        # The API's own requests without a credential, from the same address: the same bucket.
+        assert server.client().get("/v1/jobs/acme").status_code == 429
 
 
 def test_the_job_page_says_where_an_edited_history_breaks_its_chain(

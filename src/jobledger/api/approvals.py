@@ -4,15 +4,20 @@ for the API's inbox and the console's pages.
 
 Nothing here decides anything the engine decides: a decision goes to ``Engine.decide``
 and the engine's own checks (the open request, its action hash, its expiry, its
-approvers) refuse what they refuse. The one rule computed here is the action hash, and
-it is computed by the engine's own function (``transition.action_sha256``) to show the
-approver that what is shown is exactly what the request is bound to.
+approvers) refuse what they refuse. The rules computed here are two hashes. The action hash is
+computed by the engine's own function (``transition.action_sha256``) to show the approver
+that what is shown is exactly what the request is bound to. The card's ``shown_sha256``
+covers everything the card shows, what each decision leads to included (the next step,
+its params and description, from the workflow's definition as it is loaded now): a
+decision sent with it is made only if the card, built again, still hashes to it.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from datetime import datetime
 from typing import Any
 
@@ -20,11 +25,31 @@ from projections import JobViews
 
 from jobledger import transition
 from jobledger.api.auth import Principal, Role
-from jobledger.cli.output import personal_paths
+from jobledger.cli.output import jsonable, personal_paths
 from jobledger.engine import Engine
 from jobledger.errors import JobLedgerError
 from jobledger.views import HistoryEntry
+from jobledger.workflows.definition import AnyStep, Complete, Fail
 from jobledger.workflows.resolver import DefinitionRegistry, resolve_step
+
+DECISIONS = ("approve", "reject")
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """Where one decision takes the job: the step it goes to next, as the workflow's
+    definition says (the step's kind, params and description)."""
+
+    decision: str
+    """``approve`` or ``reject``."""
+    step: str | None
+    """The step the request names for this decision (None: the job fails on a rejection;
+    on an approval, the workflow's code goes on)."""
+    effect: str
+    """What happens, in words."""
+    description: str | None = None
+    params: Mapping[str, Any] | None = None
+    """The next step's params (None: it has none, or the registry cannot say)."""
 
 
 @dataclass(frozen=True)
@@ -42,6 +67,8 @@ class ApprovalCard:
     approvers: tuple[str, ...]
     expires_at: datetime | None
     requested_at: datetime
+    description: str | None
+    """The approval step's description in the definition."""
     params: Mapping[str, Any] | None
     """The step's params as its definition gives them (None: the registry cannot say)."""
     state: Mapping[str, Any]
@@ -55,9 +82,28 @@ class ApprovalCard:
     """Still the job's open request (else decided, expired or the job moved on)."""
     outcome: str | None
     """How it ended when not open: who decided what, or that it expired."""
+    outcomes: tuple[Outcome, ...] = ()
+    """What approving and what rejecting do, in that order."""
 
     def others(self, subject: str) -> list[str]:
         return [name for name in self.approvers if name != subject]
+
+    def decidable_by(self, principal: Principal) -> bool:
+        """Whether to offer ``principal`` the decision (only what to show: the engine
+        decides)."""
+        return offers_decision(principal, self.tenant_id, self.approvers)
+
+    @property
+    def shown_sha256(self) -> str:
+        """The hash of what the card shows of the action (not whether it is still open:
+        a request decided meanwhile is the engine's to refuse, saying so)."""
+        shown = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in NOT_SHOWN}
+        encoded = json.dumps(jsonable(shown), sort_keys=True, separators=(",", ":"), default=str)
+        return hashlib.sha256(encoded.encode()).hexdigest()
+
+
+NOT_SHOWN = frozenset({"hash_matches", "open", "outcome"})
+"""What ``shown_sha256`` leaves out: derived from the rest, or the request's status."""
 
 
 def inbox(engine: Engine, views: JobViews, principal: Principal) -> list[ApprovalCard]:
@@ -68,7 +114,7 @@ def inbox(engine: Engine, views: JobViews, principal: Principal) -> list[Approva
         row
         for row in views.pending_approvals()
         if principal.may(Role.APPROVER, str(row["tenant_id"]))
-        and _names(principal.subject, str(row["approvers"]))
+        and _names(principal.subject, str(row["approvers"]).split(","))
     ]
     cards = []
     for row in rows:
@@ -78,9 +124,15 @@ def inbox(engine: Engine, views: JobViews, principal: Principal) -> list[Approva
     return sorted(cards, key=lambda card: card.requested_at)
 
 
-def _names(subject: str, approvers: str) -> bool:
-    # Only what to list: whether the subject may decide is the engine's check, on decide.
-    listed = [name for name in approvers.split(",") if name]
+def offers_decision(principal: Principal, tenant_id: str, approvers: Sequence[str]) -> bool:
+    """Whether to offer ``principal`` the decision of a request of ``tenant_id`` that
+    lists ``approvers``: an approver of the tenant, listed (or the list is empty)."""
+    return principal.may(Role.APPROVER, tenant_id) and _names(principal.subject, approvers)
+
+
+def _names(subject: str, approvers: Sequence[str]) -> bool:
+    # Only what to show: whether the subject may decide is the engine's check, on decide.
+    listed = [name for name in approvers if name]
     return not listed or subject in listed
 
 
@@ -101,7 +153,9 @@ def approval(engine: Engine, tenant_id: str, job_id: str, approval_id: str) -> A
     )
     step_name = step.data.get("step_name") if step is not None else None
     view = engine.job_at(tenant_id, job_id, version=requested.version)
-    params = _params(engine, view.workflow_type, view.workflow_version, step_name, view.state)
+    steps = _steps(engine, view.workflow_type, view.workflow_version)
+    definition = steps.get(step_name) if step_name is not None else None
+    params = _params(step_name, definition, view.state)
     matches = None
     if params is not None:
         personal = personal_paths(history)
@@ -121,12 +175,17 @@ def approval(engine: Engine, tenant_id: str, job_id: str, approval_id: str) -> A
         approvers=tuple(requested.data.get("approvers") or ()),
         expires_at=requested.data.get("expires_at"),
         requested_at=requested.timestamp,
+        description=definition.description if definition is not None else None,
         params=params,
         state=view.state,
         output=step.data.get("output", {}) if step is not None else {},
         hash_matches=matches,
         open=now.pending_approval_id == approval_id and ended is None,
         outcome=ended or (None if now.pending_approval_id == approval_id else str(now.status)),
+        outcomes=tuple(
+            _outcome(decision, requested.data.get(f"on_{decision}"), steps, view.state)
+            for decision in DECISIONS
+        ),
     )
 
 
@@ -150,24 +209,47 @@ def _ending(history: Sequence[HistoryEntry], approval_id: str) -> str | None:
     return None
 
 
-def _params(
-    engine: Engine,
-    workflow_type: str,
-    version: int,
-    step_name: str | None,
-    state: Mapping[str, Any],
-) -> Mapping[str, Any] | None:
-    """The params the step's definition gives it, resolved by the engine's own resolver;
-    None when the registry is not declarative (a function registry's params are known
+def _steps(engine: Engine, workflow_type: str, version: int) -> Mapping[str, AnyStep]:
+    """The steps of the job's definition, as the engine's registry has it loaded now;
+    none when the registry is not declarative (a function registry's steps are known
     only to its code)."""
     registry = engine.registry
-    if not isinstance(registry, DefinitionRegistry) or step_name is None:
-        return None
+    if not isinstance(registry, DefinitionRegistry):
+        return {}
     try:
-        definition = registry.get(workflow_type, version)
+        return registry.get(workflow_type, version).steps
     except JobLedgerError:
+        return {}
+
+
+def _params(
+    name: str | None, step: AnyStep | None, state: Mapping[str, Any]
+) -> Mapping[str, Any] | None:
+    """The params the step's definition gives it, resolved by the engine's own resolver."""
+    if name is None or step is None:
         return None
-    step = definition.steps.get(step_name)
+    return resolve_step(name, step, state).params
+
+
+def _outcome(
+    decision: str, name: str | None, steps: Mapping[str, AnyStep], state: Mapping[str, Any]
+) -> Outcome:
+    if name is None:
+        if decision == "reject":
+            return Outcome(decision, None, "the job fails (rejected)")
+        return Outcome(decision, None, "the workflow goes on as its code decides")
+    step = steps.get(name)
     if step is None:
-        return None
-    return resolve_step(step_name, step, state).params
+        return Outcome(decision, name, f"step {name} runs next (its definition is not known here)")
+    if isinstance(step, Fail):
+        effect = f"step {name}: the job fails: {step.reason}"
+    elif isinstance(step, Complete):
+        effect = f"step {name}: the job completes"
+    else:
+        effect = f"step {name} ({step.kind}) runs next"
+    try:
+        params = _params(name, step, state)
+    except ValueError as error:  # a map step whose items the state does not hold (yet)
+        effect += f", but it cannot start on this state: {error}"
+        params = None
+    return Outcome(decision, name, effect, step.description, params or None)

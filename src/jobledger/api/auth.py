@@ -101,7 +101,11 @@ def key_sha256(key: str) -> str:
 
 
 class Authenticator:
-    """Turns a presented credential into a Principal, or raises AuthenticationError."""
+    """Turns a presented credential into a Principal, or raises AuthenticationError.
+
+    The API keys and the JWKS come from their files (``api_keys_file``, ``jwks_file``);
+    :meth:`reload` reads them again (the server does on SIGHUP), so a key removed from
+    its file stops working without a restart."""
 
     def __init__(
         self,
@@ -112,36 +116,65 @@ class Authenticator:
         audience: str | None = None,
         leeway: float = 30.0,
         api_keys: Iterable[ApiKey] = (),
+        api_keys_file: Path | None = None,
+        jwks_file: Path | None = None,
     ) -> None:
         self.secret = secret
         self.leeway = leeway
         self.jwks = jwks
         self.issuer = issuer
         self.audience = audience
-        self.api_keys: Mapping[str, ApiKey] = {entry.sha256: entry for entry in api_keys}
+        self.api_keys: Mapping[str, ApiKey] = _by_sha256(api_keys)
+        self.api_keys_file = api_keys_file
+        self.jwks_file = jwks_file
 
     @classmethod
     def from_settings(cls, settings: ApiSettings) -> Authenticator:
         secret = settings.jwt_secret.get_secret_value() if settings.jwt_secret else None
-        return cls(
+        authenticator = cls(
             secret=secret,
-            jwks=_read_jwks(settings.jwks_file) if settings.jwks_file is not None else None,
             issuer=settings.jwt_issuer,
             audience=settings.jwt_audience,
             leeway=settings.jwt_leeway_seconds,
-            api_keys=_read_keys(settings.api_keys_file) if settings.api_keys_file else (),
+            api_keys_file=settings.api_keys_file,
+            jwks_file=settings.jwks_file,
         )
+        authenticator.reload()
+        return authenticator
+
+    def reload(self) -> None:
+        """Read the key files again and swap them in (each request sees the old keys or the
+        new, never a mix of one file). A file that cannot be read or is invalid raises
+        ConfigError before anything is swapped: the keys in use are kept."""
+        api_keys = _by_sha256(_read_keys(self.api_keys_file)) if self.api_keys_file else None
+        jwks = _read_jwks(self.jwks_file) if self.jwks_file else None
+        if api_keys is not None:
+            self.api_keys = api_keys
+        if jwks is not None:
+            self.jwks = jwks
 
     @property
     def configured(self) -> bool:
         return self.secret is not None or self.jwks is not None or bool(self.api_keys)
 
     def authenticate(self, credential: str) -> Principal:
+        return self.identify(credential)[0]
+
+    def identify(self, credential: str) -> tuple[Principal, str | None]:
+        """The caller, and the sha256 of the API key that proved it (None: a JWT)."""
         if _looks_like_jwt(credential) and (self.secret is not None or self.jwks is not None):
-            return self._jwt(credential)
-        entry = self.api_keys.get(key_sha256(credential))
-        if entry is None:
+            return self._jwt(credential), None
+        sha256 = key_sha256(credential)
+        principal = self.key_holder(sha256)
+        if principal is None:
             raise AuthenticationError("unknown credential")
+        return principal, sha256
+
+    def key_holder(self, sha256: str) -> Principal | None:
+        """Whom the API key of this sha256 stands for, while its file lists it."""
+        entry = self.api_keys.get(sha256)
+        if entry is None:
+            return None
         return Principal(entry.subject, frozenset(entry.tenants), frozenset(entry.roles))
 
     def _jwt(self, token: str) -> Principal:
@@ -222,6 +255,10 @@ def _read_jwks(path: Path) -> jwt.PyJWKSet:
             f"JWKS file {str(path)!r}: keys {unusable} are not RS256 or ES256 (set their alg)"
         )
     return jwks
+
+
+def _by_sha256(api_keys: Iterable[ApiKey]) -> dict[str, ApiKey]:
+    return {entry.sha256: entry for entry in api_keys}
 
 
 def _read_keys(path: Path) -> list[ApiKey]:

@@ -39,19 +39,27 @@ def credential_of(request: Request) -> str | None:
 def principal(request: Request) -> Principal:
     """The authenticated caller, or the 401 problem (429 when over its rate)."""
     credential = credential_of(request)
-    limiter: RateLimiter = request.app.state.rate_limiter
+    spend_rate(request, credential)
     if credential is None:
-        host = request.client.host if request.client is not None else "unknown"
-        limiter.take(f"anonymous:{host}")
         raise _unauthorised("credentials are required: Authorization: Bearer <token or key>")
-    # The rate is per credential, checked before it is verified: a flood of forged
-    # tokens is limited too (each distinct forgery is its own bucket, and so is cheap).
-    limiter.take(hashlib.sha256(credential.encode()).hexdigest())
     authenticator: Authenticator = request.app.state.authenticator
     try:
         return authenticator.authenticate(credential)
     except AuthenticationError as error:
         raise _unauthorised(str(error)) from None
+
+
+def spend_rate(request: Request, credential: str | None) -> None:
+    """Spend one request of the credential's rate, or without one of the client address's;
+    raise the 429 problem when none is left (the console's sign-in spends from both)."""
+    limiter: RateLimiter = request.app.state.rate_limiter
+    if credential is None:
+        host = request.client.host if request.client is not None else "unknown"
+        limiter.take(f"anonymous:{host}")
+        return
+    # The rate is per credential, checked before it is verified: a flood of forged
+    # tokens is limited too (each distinct forgery is its own bucket, and so is cheap).
+    limiter.take(hashlib.sha256(credential.encode()).hexdigest())
 
 
 def _unauthorised(detail: str) -> Problem:

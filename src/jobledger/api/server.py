@@ -23,6 +23,7 @@ import uvicorn
 from starlette.types import ASGIApp
 
 from jobledger.api.app import create_app
+from jobledger.api.auth import Authenticator
 from jobledger.api.live import LogBell
 from jobledger.api.settings import ApiSettings
 from jobledger.engine import Engine
@@ -55,17 +56,29 @@ def listen(host: str, port: int) -> socket.socket:
 def serve_engine(engine: Engine, settings: ApiSettings) -> ApiServer:
     """The API over ``engine``, bound to the settings' host and port (not yet serving)."""
     app = create_app(engine, settings)
-    return ApiServer(app, settings.host, settings.port, bell=app.state.live)
+    return ApiServer(
+        app, settings.host, settings.port, bell=app.state.live, keys=app.state.authenticator
+    )
 
 
 class ApiServer:
     """uvicorn on a socket bound up front; ``run`` blocks (a thread's target), ``stop``
     may be called from any thread."""
 
-    def __init__(self, app: ASGIApp, host: str, port: int, *, bell: LogBell | None) -> None:
+    def __init__(
+        self,
+        app: ASGIApp,
+        host: str,
+        port: int,
+        *,
+        bell: LogBell | None,
+        keys: Authenticator | None = None,
+    ) -> None:
         self.app = app
         self.host = host
         self.bell = bell
+        self.keys = keys
+        """The app's authenticator, whose key files SIGHUP reads again (the CLI's handler)."""
         self.socket = listen(host, port)
         self.port: int = self.socket.getsockname()[1]
         """The port it listens on (the one the OS chose, for port 0)."""

@@ -15,6 +15,7 @@ from jobledger.cli import output
 from jobledger.cli.config_file import load_settings
 from jobledger.cli.logs import LogFormat, LogFormatOption, LogLevel, LogLevelOption
 from jobledger.cli.logs import configure as configure_logs
+from jobledger.cli.reloading import reload_on_sighup
 from jobledger.cli.session import ConfigOption, StoreOption, open_engine
 from jobledger.errors import ConfigError
 from jobledger.ports import Queue, Tick
@@ -85,7 +86,8 @@ def serve(
             f"auth: {', '.join(_auth_kinds(api))}",
             soft_wrap=True,
         )
-        server.run()
+        with reload_on_sighup(engine, None, server):
+            server.run()
         output.console().print("stopped cleanly")
 
 

@@ -10,11 +10,10 @@ from __future__ import annotations
 import logging
 import signal
 from collections.abc import Iterator
-from contextlib import contextmanager, nullcontext
+from contextlib import contextmanager
 from dataclasses import replace
 from datetime import datetime
 from enum import StrEnum
-from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import typer
@@ -39,9 +38,9 @@ from jobledger.cli.logs import (
 )
 from jobledger.cli.logs import configure as configure_logs
 from jobledger.cli.params import LARGEST, parse_bind, parse_moment
+from jobledger.cli.reloading import reload_on_sighup
 from jobledger.cli.session import ConfigOption, JsonFlag, StoreOption, open_engine
 from jobledger.engine import Engine
-from jobledger.errors import JobLedgerError
 from jobledger.ports import BlockedNote
 from jobledger.redaction import redact
 from jobledger.status import TERMINAL_STATUSES, UnknownStatusError, parse_statuses
@@ -448,35 +447,34 @@ def _serve(
     settings = load_settings(config, store)
     # A reconciler submits the jobs of due schedules: it resolves their workflows.
     fires_schedules = services.reconciler and settings.definitions is not None
-    with (
-        open_engine(
-            store,
-            config,
-            purpose=name,
-            definitions=runs_steps or fires_schedules,
-            executor=runs_steps,
-            mode=mode,
-            transport=transport,
-            metrics_port=metrics_port,
-            metrics=services.http is not None or None,
-        ) as engine,
-        _reload_on_sighup(engine, settings.definitions) if runs_steps else nullcontext(),
-    ):
+    with open_engine(
+        store,
+        config,
+        purpose=name,
+        definitions=runs_steps or fires_schedules,
+        executor=runs_steps,
+        mode=mode,
+        transport=transport,
+        metrics_port=metrics_port,
+        metrics=services.http is not None or None,
+    ) as engine:
         supervisor = Supervisor(engine, services)
-        output.console().print(_banner(name, engine, services, kafka))
-        for line in _setup(engine, settings, runs_steps):
-            output.console().print(f"  {line}", soft_wrap=True)
-        if supervisor.api is not None:
-            output.console().print(f"  http: {supervisor.api.url}", soft_wrap=True)
-        if supervisor.metrics is not None:
-            output.console().print(f"  metrics: {supervisor.metrics.url}", soft_wrap=True)
-        if services.anchors is not None:
-            output.console().print(f"  {services.anchors.describe()}", soft_wrap=True)
-        with _stop_on_signals(supervisor.stopping.set):
-            supervisor.run()
-        if runs_steps or kafka:
-            what = "messages" if kafka else "ticks"
-            output.console().print(f"stopped cleanly after {supervisor.handled} {what}")
+        definitions = settings.definitions if runs_steps else None
+        with reload_on_sighup(engine, definitions, supervisor.api):
+            output.console().print(_banner(name, engine, services, kafka))
+            for line in _setup(engine, settings, runs_steps):
+                output.console().print(f"  {line}", soft_wrap=True)
+            if supervisor.api is not None:
+                output.console().print(f"  http: {supervisor.api.url}", soft_wrap=True)
+            if supervisor.metrics is not None:
+                output.console().print(f"  metrics: {supervisor.metrics.url}", soft_wrap=True)
+            if services.anchors is not None:
+                output.console().print(f"  {services.anchors.describe()}", soft_wrap=True)
+            with _stop_on_signals(supervisor.stopping.set):
+                supervisor.run()
+            if runs_steps or kafka:
+                what = "messages" if kafka else "ticks"
+                output.console().print(f"stopped cleanly after {supervisor.handled} {what}")
 
 
 def _setup(engine: Engine, settings: Settings, runs_steps: bool) -> list[str]:
@@ -530,36 +528,6 @@ def _check_transport(transport: str) -> str:
             param_hint="--transport",
         )
     return transport
-
-
-@contextmanager
-def _reload_on_sighup(engine: Engine, directory: Path | None) -> Iterator[None]:
-    """SIGHUP reads the definitions again and swaps them in for the workers at once (a
-    rolling deploy adds a version without a restart). Invalid definitions are refused
-    whole and the ones in use are kept; either way the runner says so."""
-    if directory is None or not hasattr(signal, "SIGHUP"):
-        yield
-        return
-
-    def reload(*_: Any) -> None:
-        from jobledger.workflows import DefinitionRegistry
-
-        try:
-            registry = DefinitionRegistry.from_directory(directory)
-        except JobLedgerError as error:
-            log.warning(
-                "SIGHUP: definitions in %s NOT reloaded, keeping those in use: %s", directory, error
-            )
-            return
-        engine.use_registry(registry)
-        loaded = ", ".join(f"{kind} v{version}" for kind, version in registry.known())
-        output.console().print(f"SIGHUP: definitions reloaded from {directory}: {loaded or 'none'}")
-
-    previous = signal.signal(signal.SIGHUP, reload)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGHUP, previous)
 
 
 @contextmanager

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import secrets
 import threading
+from dataclasses import replace
 from datetime import UTC, datetime
 from decimal import Decimal
 from importlib import resources
@@ -31,8 +32,16 @@ from projections.job_views import JobQuery, cursor
 
 from jobledger.api import approvals as approval_requests
 from jobledger.api.auth import AuthenticationError, Authenticator, Principal, Role
-from jobledger.api.console.session import COOKIE, PRE_SIGN_IN_COOKIE, Session, SessionCodec
+from jobledger.api.console.session import (
+    COOKIE,
+    PRE_SIGN_IN_COOKIE,
+    Session,
+    SessionCodec,
+    Sessions,
+)
+from jobledger.api.deps import spend_rate
 from jobledger.api.live import LogBell, job_events
+from jobledger.api.problems import Problem
 from jobledger.api.schedule_models import ScheduleSummary
 from jobledger.api.settings import ApiSettings
 from jobledger.cli.output import (
@@ -99,6 +108,7 @@ class Console:
         self.codec = SessionCodec(
             secret.get_secret_value().encode() if secret is not None else secrets.token_bytes(32)
         )
+        self.sessions = Sessions()
         self.cookie_secure = settings.cookie_secure
         self.heartbeat_seconds = settings.sse_heartbeat_seconds
         self.bell: LogBell = state.live
@@ -120,7 +130,17 @@ class Console:
             self.views.catch_up()
 
     def session(self, request: Request) -> Session | None:
-        return self.codec.decode(request.cookies.get(COOKIE), self.now())
+        """The request's live session. One signed in with an API key has ended once the
+        keys file no longer lists the key (revoked), and acts with the roles it lists now."""
+        now = self.now()
+        session = self.sessions.get(self.codec.session_id(request.cookies.get(COOKIE), now), now)
+        if session is None or session.api_key is None:
+            return session
+        holder = self.authenticator.key_holder(session.api_key)
+        if holder is None:
+            self.sessions.end(session.id)
+            return None
+        return replace(session, principal=holder)
 
     def render(
         self, name: str, request: Request, session: Session | None, status: int = 200, **ctx: Any
@@ -189,13 +209,20 @@ def _add_sign_in(api: APIRouter) -> None:
     def sign_in(
         request: Request, c: Of, credential: str = Form(""), csrf: str = Form("")
     ) -> Response:
+        credential = credential.strip()
+        try:
+            # The address's bucket first: each guess is a credential of its own.
+            spend_rate(request, None)
+            spend_rate(request, credential)
+        except Problem as limited:
+            return _sign_in_form(c, request, f"Not signed in: {limited.detail}.", 429, limited)
         if not c.codec.pre_sign_in_matches(request.cookies.get(PRE_SIGN_IN_COOKIE), csrf, c.now()):
             return _sign_in_form(c, request, "The form expired; sign in again.", 400)
         try:
-            principal = c.authenticator.authenticate(credential.strip())
+            principal, api_key = c.authenticator.identify(credential)
         except AuthenticationError as error:
             return _sign_in_form(c, request, f"Not signed in: {error}.", 401)
-        session = c.codec.new(principal, c.now())
+        session = c.sessions.start(principal, c.now(), api_key)
         response = c.redirect(f"{PREFIX}/approvals")
         response.set_cookie(
             COOKIE,
@@ -214,14 +241,20 @@ def _add_sign_in(api: APIRouter) -> None:
         session = c.session(request)
         if session is not None and not session.csrf_matches(csrf):
             return _bad_form(c, request, session, "Not signed out")
+        if session is not None:
+            c.sessions.end(session.id)
         response = c.redirect(f"{PREFIX}/sign-in")
         response.delete_cookie(COOKIE, path=PREFIX, httponly=True, samesite="strict")
         return response
 
 
-def _sign_in_form(c: Console, request: Request, error: str | None, status: int) -> Response:
+def _sign_in_form(
+    c: Console, request: Request, error: str | None, status: int, problem: Problem | None = None
+) -> Response:
     token, cookie = c.codec.pre_sign_in(c.now())
     response = c.render("sign_in.html", request, None, status, csrf=token, error=error)
+    if problem is not None:
+        response.headers.update(problem.headers)
     response.set_cookie(
         PRE_SIGN_IN_COOKIE,
         cookie,
@@ -270,6 +303,7 @@ def _add_approvals(api: APIRouter) -> None:
         job: str = Form(),
         approval: str = Form(),
         action_sha256: str = Form(),
+        shown_sha256: str = Form(""),
         decision: str = Form(),
         comment: str = Form(""),
         csrf: str = Form(""),
@@ -284,6 +318,9 @@ def _add_approvals(api: APIRouter) -> None:
             return c.not_found(request, session)
         if not session.principal.may(Role.APPROVER, tenant):
             return _refused(c, request, session, card, "you are not an approver of this tenant")
+        if shown_sha256 != card.shown_sha256:
+            why = "what this approval does changed since the page was shown: read it again below"
+            return _refused(c, request, session, card, why)
         try:
             c.engine.decide(
                 tenant,
@@ -365,7 +402,10 @@ def _add_jobs(api: APIRouter) -> None:
             context = _job_context(c, tenant, job, version)
         except (_NotFound, UnknownJobError):
             return c.not_found(request, session)
-        return c.render("job.html", request, session, **context)
+        pending = context["doc"].get("pending_approval") or {}
+        approvers = pending.get("approvers") or ()
+        decides = approval_requests.offers_decision(session.principal, tenant, approvers)
+        return c.render("job.html", request, session, decides=decides, **context)
 
     @api.get("/job/events")
     def job_live(request: Request, c: Of, tenant: str, job: str, after: int = 0) -> Response:

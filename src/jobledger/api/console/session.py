@@ -1,9 +1,11 @@
-"""The console's session: the Principal a credential proved, in a signed cookie.
+"""The console's sessions: kept by the serving process, named by a signed cookie.
 
 The credential itself (an API key or a JWT) is checked once, at sign-in, by the API's
-Authenticator and never stored: the cookie holds only who signed in, what they may do, a
-CSRF token and an expiry, signed with HMAC-SHA256 under the API's session secret. A
-cookie that was changed, or signed under another secret, or expired, is no session.
+Authenticator and never stored. The server keeps each session (who signed in, what they
+may do, a CSRF token, an expiry and, for an API key, its sha256); the cookie holds only
+the session's random id and expiry, signed with HMAC-SHA256 under the API's session
+secret. Signing out ends the session here, so a copy of the cookie is no session either;
+a cookie that was changed, or signed under another secret, or expired, is none.
 """
 
 from __future__ import annotations
@@ -13,13 +15,15 @@ import hashlib
 import hmac
 import json
 import secrets
+import threading
+from collections import OrderedDict
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from jobledger.api.auth import Principal, Role
+from jobledger.api.auth import Principal
 
 COOKIE = "jobledger_console"
 PRE_SIGN_IN_COOKIE = "jobledger_console_csrf"
@@ -28,14 +32,60 @@ rides in its own short-lived signed cookie (double submit)."""
 LIFETIME = timedelta(hours=8)
 
 
+MAX_SESSIONS = 100_000
+"""Sessions kept at once; past it the oldest end first (sign-in is rate-limited, so only
+a long run of real sign-ins gets there)."""
+
+
 @dataclass(frozen=True)
 class Session:
+    id: str
     principal: Principal
     csrf: str
     expires_at: datetime
+    api_key: str | None = None
+    """The sha256 of the API key it was signed in with (None: a JWT): the session lasts
+    only while the keys file lists that key, and its roles are the key's as listed now."""
 
     def csrf_matches(self, submitted: str | None) -> bool:
         return submitted is not None and hmac.compare_digest(self.csrf, submitted)
+
+
+class Sessions:
+    """The live sessions of this process, oldest first. Thread-safe: the handlers run on
+    the server's thread pool."""
+
+    def __init__(self) -> None:
+        self._live: OrderedDict[str, Session] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def start(self, principal: Principal, now: datetime, api_key: str | None = None) -> Session:
+        """A session for ``principal`` that ends after LIFETIME (or at sign-out)."""
+        session = Session(
+            secrets.token_urlsafe(32), principal, secrets.token_urlsafe(32), now + LIFETIME, api_key
+        )
+        with self._lock:
+            # Every session lasts LIFETIME: the oldest are the first to expire.
+            while self._live and next(iter(self._live.values())).expires_at <= now:
+                self._live.popitem(last=False)
+            self._live[session.id] = session
+            while len(self._live) > MAX_SESSIONS:
+                self._live.popitem(last=False)
+        return session
+
+    def get(self, session_id: str | None, now: datetime) -> Session | None:
+        if session_id is None:
+            return None
+        with self._lock:
+            session = self._live.get(session_id)
+            if session is not None and session.expires_at <= now:
+                del self._live[session_id]
+                return None
+        return session
+
+    def end(self, session_id: str) -> None:
+        with self._lock:
+            self._live.pop(session_id, None)
 
 
 class _Signed(BaseModel):
@@ -43,14 +93,15 @@ class _Signed(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    csrf: str = Field(min_length=1)
     exp: int
 
 
-class _SessionBody(_Signed):
-    sub: str = Field(min_length=1)
-    tenants: list[str]
-    roles: list[Role]
+class _PreSignIn(_Signed):
+    csrf: str = Field(min_length=1)
+
+
+class _SessionRef(_Signed):
+    sid: str = Field(min_length=1)
 
 
 Body = TypeVar("Body", bound=_Signed)
@@ -64,28 +115,14 @@ class SessionCodec:
             raise ValueError("the console's session secret must be at least 32 bytes")
         self._secret = secret
 
-    def new(self, principal: Principal, now: datetime) -> Session:
-        """A session for ``principal`` that ends after LIFETIME."""
-        return Session(principal, secrets.token_urlsafe(32), now + LIFETIME)
-
     def encode(self, session: Session) -> str:
-        p = session.principal
-        return self._sign(
-            {
-                "sub": p.subject,
-                "tenants": sorted(p.tenants),
-                "roles": sorted(str(role) for role in p.roles),
-                "csrf": session.csrf,
-                "exp": int(session.expires_at.timestamp()),
-            }
-        )
+        return self._sign({"sid": session.id, "exp": int(session.expires_at.timestamp())})
 
-    def decode(self, cookie: str | None, now: datetime) -> Session | None:
-        body = self._verified(cookie, _SessionBody, now)
-        if body is None:
-            return None
-        principal = Principal(body.sub, frozenset(body.tenants), frozenset(body.roles))
-        return Session(principal, body.csrf, datetime.fromtimestamp(body.exp, now.tzinfo))
+    def session_id(self, cookie: str | None, now: datetime) -> str | None:
+        """The id of the session the cookie names, if its signature holds and it has not
+        expired (whether the session still lives is :class:`Sessions`' to say)."""
+        body = self._verified(cookie, _SessionRef, now)
+        return body.sid if body is not None else None
 
     def pre_sign_in(self, now: datetime) -> tuple[str, str]:
         """A CSRF token for the sign-in form and the signed cookie that vouches for it."""
@@ -94,7 +131,7 @@ class SessionCodec:
         return token, cookie
 
     def pre_sign_in_matches(self, cookie: str | None, submitted: str | None, now: datetime) -> bool:
-        body = self._verified(cookie, _Signed, now)
+        body = self._verified(cookie, _PreSignIn, now)
         return (
             body is not None and submitted is not None and hmac.compare_digest(body.csrf, submitted)
         )
