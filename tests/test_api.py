@@ -120,7 +120,7 @@ def test_submit_is_201_then_200_with_the_same_job_for_the_same_key(
         again = http.post("/v1/jobs/acme", json=request)
         by_header = http.post(
             "/v1/jobs/acme",
-            json={"workflow_type": "agent3"},
+            json={"workflow_type": "agent3", "input": {"n": 1}},
             headers={"Idempotency-Key": "order-7"},
         )
         mismatch = http.post(
@@ -135,6 +135,41 @@ def test_submit_is_201_then_200_with_the_same_job_for_the_same_key(
     assert by_header.status_code == 200 and by_header.json()["job_id"] == job
     assert "differ" in problem(mismatch, 400)["detail"]
     assert len(engine.history("acme", job)) == 1  # one Submitted, no second effect
+
+
+def test_a_key_reused_for_a_different_request_is_422_naming_the_first_job_and_the_change(
+    api: ApiServer, engine: Engine
+) -> None:
+    """As the IETF Idempotency-Key draft says: not the first job as if this request had
+    made it (it made nothing), but a refusal saying which job holds the key and why."""
+    request = {"workflow_type": "agent3", "input": {"n": 1}}
+    with api.as_role(Role.OPERATOR) as http:
+        first = http.post("/v1/jobs/acme", json=request, headers={"Idempotency-Key": "k-1"})
+        other_input = http.post(
+            "/v1/jobs/acme",
+            json={**request, "input": {"n": 2}},
+            headers={"Idempotency-Key": "k-1"},
+        )
+        other_job = http.post(
+            "/v1/jobs/acme",
+            json={**request, "job_id": "mine", "correlation_id": "c-9"},
+            headers={"Idempotency-Key": "k-1"},
+        )
+        replay = http.post("/v1/jobs/acme", json=request, headers={"Idempotency-Key": "k-1"})
+        jobs = http.get("/v1/jobs/acme").json()["jobs"]
+    job = first.json()["job_id"]
+    refused = problem(other_input, 422)
+    assert refused["error"] == "IdempotencyKeyReusedError"
+    assert refused["detail"] == (
+        f"idempotency key 'k-1' of tenant 'acme' was used for job '{job}' by another "
+        "request; this request differs in input"
+    )
+    assert problem(other_job, 422)["detail"].endswith(
+        f"differs in job_id 'mine' (the first: '{job}'), correlation_id 'c-9' (the first: None)"
+    )
+    assert replay.status_code == 200 and replay.json()["job_id"] == job
+    assert [row["job_id"] for row in jobs] == [job]
+    assert len(engine.history("acme", job)) == 1
 
 
 def test_submitting_a_job_again_differently_is_409(api: ApiServer) -> None:
@@ -431,6 +466,7 @@ def test_verify_holds_events_to_the_configured_keyring(
         errors.UnknownJobError("t", "j"),
         errors.UnknownWorkflowError("w"),
         errors.JobConflictError("c"),
+        errors.IdempotencyKeyReusedError("t", "k", "j", ("input",), "input"),
         errors.InvalidPayloadError("p"),
         errors.ConfigError("c"),
         errors.StoreMissingError("m"),
