@@ -25,7 +25,7 @@ from jobledger.errors import StoreUnavailableError
 from jobledger.identity import job_uuid
 from jobledger.signing import Ed25519Signer, Keyring, SigningKey, Window
 from tests.support.audit import RawEvents
-from tests.support.engines import EngineFactory, store_of
+from tests.support.engines import EngineFactory, store_of, writes
 from tests.support.http import APPROVER, ApiServer, api_key, api_registry, start_api, token
 
 PROBLEM = "application/problem+json"
@@ -120,7 +120,7 @@ def test_submit_is_201_then_200_with_the_same_job_for_the_same_key(
         again = http.post("/v1/jobs/acme", json=request)
         by_header = http.post(
             "/v1/jobs/acme",
-            json={"workflow_type": "agent3"},
+            json={"workflow_type": "agent3", "input": {"n": 1}},
             headers={"Idempotency-Key": "order-7"},
         )
         mismatch = http.post(
@@ -135,6 +135,41 @@ def test_submit_is_201_then_200_with_the_same_job_for_the_same_key(
     assert by_header.status_code == 200 and by_header.json()["job_id"] == job
     assert "differ" in problem(mismatch, 400)["detail"]
     assert len(engine.history("acme", job)) == 1  # one Submitted, no second effect
+
+
+def test_a_key_reused_for_a_different_request_is_422_naming_the_first_job_and_the_change(
+    api: ApiServer, engine: Engine
+) -> None:
+    """As the IETF Idempotency-Key draft says: not the first job as if this request had
+    made it (it made nothing), but a refusal saying which job holds the key and why."""
+    request = {"workflow_type": "agent3", "input": {"n": 1}}
+    with api.as_role(Role.OPERATOR) as http:
+        first = http.post("/v1/jobs/acme", json=request, headers={"Idempotency-Key": "k-1"})
+        other_input = http.post(
+            "/v1/jobs/acme",
+            json={**request, "input": {"n": 2}},
+            headers={"Idempotency-Key": "k-1"},
+        )
+        other_job = http.post(
+            "/v1/jobs/acme",
+            json={**request, "job_id": "mine", "correlation_id": "c-9"},
+            headers={"Idempotency-Key": "k-1"},
+        )
+        replay = http.post("/v1/jobs/acme", json=request, headers={"Idempotency-Key": "k-1"})
+        jobs = http.get("/v1/jobs/acme").json()["jobs"]
+    job = first.json()["job_id"]
+    refused = problem(other_input, 422)
+    assert refused["error"] == "IdempotencyKeyReusedError"
+    assert refused["detail"] == (
+        f"idempotency key 'k-1' of tenant 'acme' was used for job '{job}' by another "
+        "request; this request differs in input"
+    )
+    assert problem(other_job, 422)["detail"].endswith(
+        f"differs in job_id 'mine' (the first: '{job}'), correlation_id 'c-9' (the first: None)"
+    )
+    assert replay.status_code == 200 and replay.json()["job_id"] == job
+    assert [row["job_id"] for row in jobs] == [job]
+    assert len(engine.history("acme", job)) == 1
 
 
 def test_submitting_a_job_again_differently_is_409(api: ApiServer) -> None:
@@ -170,6 +205,100 @@ def test_a_body_that_is_not_json_is_400(api: ApiServer) -> None:
             "/v1/jobs/acme", content=b"{nope", headers={"content-type": "application/json"}
         )
     assert problem(response, 400)["error"] == "InvalidRequest"
+
+
+# ---- bad input at the door: a 400 saying what was wrong, never a 500 --------------------
+
+
+@pytest.mark.parametrize(
+    ("body", "says"),
+    [
+        (rb'{"workflow_type": "agent3", "input": {"a": "\ud800"}}', "U+D800"),
+        (rb'{"workflow_type": "agent3", "input": {"\udc00": 1}}', "U+DC00"),
+        (rb'{"workflow_type": "agent3", "input": {"a": ["\ud83d"]}}', "U+D83D"),
+    ],
+    ids=["value", "key", "half-a-pair"],
+)
+def test_a_lone_surrogate_in_the_body_is_400_and_the_connection_goes_on(
+    api: ApiServer, engine: Engine, body: bytes, says: str
+) -> None:
+    before = writes(engine)
+    with api.as_role(Role.OPERATOR) as http:
+        refused = http.post(
+            "/v1/jobs/acme", content=body, headers={"content-type": "application/json"}
+        )
+        after = http.get("/healthz")  # the same connection: it was not dropped
+    detail = problem(refused, 400)["detail"]
+    assert (
+        detail
+        == f"job input holds a lone surrogate ({says}), not text: a string must be valid Unicode"
+    )
+    assert after.status_code == 200
+    assert writes(engine) == before
+
+
+@pytest.mark.parametrize("job_id", [".", ".."])
+def test_a_dot_job_id_is_400_not_a_location_that_cannot_be_followed(
+    api: ApiServer, job_id: str
+) -> None:
+    with api.as_role(Role.OPERATOR) as http:
+        refused = http.post("/v1/jobs/acme", json={"workflow_type": "agent3", "job_id": job_id})
+        listed = http.get("/v1/jobs/acme").json()["jobs"]
+    assert problem(refused, 400)["detail"] == (
+        f"job_id must not be '.' or '..': a URL path resolves it away, got {job_id!r}"
+    )
+    assert listed == []
+
+
+@pytest.mark.parametrize(
+    ("path", "says"),
+    [
+        (b"/v1/jobs/acme/%%32%46", "a '%' that starts no %XX escape"),
+        (b"/v1/jobs/acme/100%", "a '%' that starts no %XX escape"),
+        (b"/v1/jobs/acme/%zz", "a '%' that starts no %XX escape"),
+        (b"/v1/jobs/acme/%FF", "not UTF-8 once its %XX escapes are decoded"),
+    ],
+    ids=["double", "trailing", "not-hex", "not-utf8"],
+)
+def test_a_path_whose_escapes_are_broken_is_400_not_decoded_twice(
+    api: ApiServer, engine: Engine, path: bytes, says: str
+) -> None:
+    """%%32%46 decoded once is the id '%2F'; the router decoded it again, to '/'. A '%'
+    that starts no escape is not a path (RFC 3986 2.1): refused, not guessed at."""
+    engine.submit("acme", "/", "agent3")
+    with api.as_role(Role.AUDITOR) as http:
+        answer = http.get(path.decode("latin-1"))
+        slash = http.get("/v1/jobs/acme/%2F")
+        percent = http.get("/v1/jobs/acme/%252F")
+    assert says in problem(answer, 400)["detail"]
+    assert slash.json()["job_id"] == "/"
+    assert problem(percent, 404)["detail"] == "no job '%2F' for tenant 'acme'"
+
+
+@pytest.mark.parametrize(
+    "last_event_id",
+    ["²".encode(), "٣".encode(), b"1" * 30, b"1_0", b"+1", b"-1", b"0x1", b"\xff"],
+    ids=[
+        "superscript",
+        "arabic-digit",
+        "30-digits",
+        "underscore",
+        "plus",
+        "negative",
+        "hex",
+        "byte",
+    ],
+)
+def test_a_last_event_id_that_is_not_a_version_is_400_not_a_cut_stream(
+    api: ApiServer, engine: Engine, last_event_id: bytes
+) -> None:
+    engine.submit("acme", "j1", "agent3")
+    with api.as_role(Role.AUDITOR) as http:
+        answer = http.get("/v1/jobs/acme/j1/events", headers={"Last-Event-ID": last_event_id})
+    detail = problem(answer, 400)["detail"]
+    assert detail.startswith("Last-Event-ID must be an event version") or detail.startswith(
+        "the job has no event v"
+    ), detail
 
 
 # ---- reading ---------------------------------------------------------------------------
@@ -431,6 +560,7 @@ def test_verify_holds_events_to_the_configured_keyring(
         errors.UnknownJobError("t", "j"),
         errors.UnknownWorkflowError("w"),
         errors.JobConflictError("c"),
+        errors.IdempotencyKeyReusedError("t", "k", "j", ("input",), "input"),
         errors.InvalidPayloadError("p"),
         errors.ConfigError("c"),
         errors.StoreMissingError("m"),

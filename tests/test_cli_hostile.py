@@ -66,6 +66,17 @@ def test_a_deep_or_huge_input_is_a_usage_error(sqlite_cli: Cli) -> None:
     assert not (sqlite_cli.tmp / "jobs.db").exists()
 
 
+@pytest.mark.parametrize("constant", ["NaN", "Infinity", "-Infinity"])
+def test_a_json_constant_that_is_not_json_is_a_usage_error(sqlite_cli: Cli, constant: str) -> None:
+    """Python's json reads NaN and Infinity; RFC 8259 has no such numbers: JSON that
+    does not parse, exit 2 as README says (it was exit 1, refused later by the engine)."""
+    says = one_line(
+        sqlite_cli, 2, "submit", "acme", "t1", "ticket", "--input", f'{{"a": {constant}}}'
+    )
+    assert f"Invalid value for '--input': {constant} is not a JSON number" in says
+    assert not (sqlite_cli.tmp / "jobs.db").exists()
+
+
 @pytest.mark.parametrize(
     ("option", "args"),
     [

@@ -373,7 +373,36 @@ def test_the_jobs_page_filters_counts_and_pages(engine: Engine, server: ApiServe
     nothing = client.get("/console/jobs", params={"workflow": "other"}).text
     assert "No jobs." in nothing
     bad = client.get("/console/jobs", params={"after": "not-a-cursor"})
-    assert bad.status_code == 200 and "not a listing cursor" in bad.text
+    assert bad.status_code == 400 and "not a listing cursor" in bad.text
+
+
+def test_an_unknown_status_filter_on_the_jobs_page_is_400_naming_it(server: ApiServer) -> None:
+    """Not "No jobs.": no job has a status that does not exist, and the page said so as
+    if the filter had been a real one."""
+    client = signed_in(server, api_key("acme", "auditor"))
+    page = client.get("/console/jobs", params={"status": "awaiting_approval,bogus"})
+    assert page.status_code == 400
+    assert 'role="alert">unknown status bogus; known: ' in page.text
+    assert "No jobs." not in page.text and "pay-1" not in page.text
+
+
+@pytest.mark.parametrize(
+    "last_event_id",
+    ["²".encode(), b"1" * 30, b"-1", b"9"],
+    ids=["superscript", "30-digits", "negative", "past-the-head"],
+)
+def test_a_last_event_id_that_is_not_one_of_the_jobs_versions_is_400_on_the_console_stream(
+    server: ApiServer, last_event_id: bytes
+) -> None:
+    client = signed_in(server, api_key("acme", "auditor"))
+    answer = client.get(
+        "/console/job/events",
+        params={"tenant": "acme", "job": "pay-1"},
+        headers={"Last-Event-ID": last_event_id},
+    )
+    assert answer.status_code == 400, answer.text
+    error = answer.json()["error"]
+    assert error.startswith(("Last-Event-ID must be an event version", "the job has no event v"))
 
 
 def test_the_jobs_page_pages_by_cursor(

@@ -145,6 +145,37 @@ def test_a_5000_digit_integer_payload_is_refused() -> None:
     assert str(raised.value) == "job input holds an integer of 5000 digits, over the limit of 4300"
 
 
+@pytest.mark.parametrize(
+    "value",
+    [{"a": "\ud800"}, {"\udc00": 1}, {"a": ["ok", {"b": "x\udfffy"}]}],
+    ids=["value", "key", "nested"],
+)
+def test_a_lone_surrogate_in_a_payload_is_refused(value: dict[str, Any]) -> None:
+    """What JSON's \\ud800 escape decodes to: not text, it cannot be stored as UTF-8 (the
+    chain's canonical bytes failed on it: a 500 over HTTP)."""
+    with pytest.raises(InvalidPayloadError) as raised:
+        json_object(value, what="job input", max_bytes=10**9)
+    assert str(raised.value).startswith("job input holds a lone surrogate (U+D")
+    assert "not text: a string must be valid Unicode" in str(raised.value)
+
+
+def test_a_surrogate_pair_is_text_and_accepted() -> None:
+    assert json_object({"a": "\U0001f600"}, what="job input", max_bytes=100) == {"a": "\U0001f600"}
+
+
+def test_a_lone_surrogate_in_input_or_free_text_is_refused_and_writes_nothing(
+    make_engine: EngineFactory,
+) -> None:
+    engine = make_engine()
+    engine.submit("t", "other", "agent3")
+    before = writes(engine)
+    with pytest.raises(InvalidPayloadError, match="job input holds a lone surrogate"):
+        engine.submit("t", "j", "agent3", input={"a": "\ud800"})
+    with pytest.raises(InvalidPayloadError, match="cancel reason holds a lone surrogate"):
+        engine.cancel("t", "other", "why\ud800", by="ops")
+    assert writes(engine) == before
+
+
 def test_a_deep_or_huge_input_is_refused_by_submit_and_writes_nothing(
     make_engine: EngineFactory,
 ) -> None:

@@ -155,7 +155,7 @@ def _redeliver_everything(engine: Engine, inbox: Inbox, jobs: list[str]) -> None
             assert engine.signal("acme", job, "go", signal_id=f"go-{job}") is (
                 SignalOutcome.DUPLICATE
             )
-        again = engine.submit("acme", f"other-{job}", "wait", idempotency_key=f"submit-{job}")
+        again = engine.submit("acme", None, "wait", idempotency_key=f"submit-{job}")
         assert again.job_id == job
 
 
@@ -282,7 +282,7 @@ def test_a_job_exported_before_the_change_keeps_its_keys_and_its_step_key_shape(
     assert "key_scheme" not in submitted  # recorded before it existed: hashed as written
 
     assert engine.signal("acme", "old", "noise", signal_id="evt-1") is SignalOutcome.DUPLICATE
-    assert engine.submit("acme", "x", "legacy", idempotency_key="submit-old").job_id == "old"
+    assert engine.submit("acme", None, "legacy", idempotency_key="submit-old").job_id == "old"
     assert engine.signal("acme", "old", "go", signal_id="go-1") is SignalOutcome.RESUMED
     engine.submit("acme", "new", "legacy")
     engine.run_until_idle()

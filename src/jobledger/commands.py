@@ -28,6 +28,7 @@ from jobledger.errors import (
     ConcurrencyError,
     ConfigError,
     DuplicateKeyError,
+    IdempotencyKeyReusedError,
     InvalidPayloadError,
     JobConflictError,
     JobLedgerError,
@@ -139,18 +140,37 @@ class JobCommands(Admitting):
         HTTP API answers 201 or 200): decided by the append itself, so two racing
         submits of one job can never both be told they created it."""
         _check_id("tenant_id", tenant_id)
-        job_id = job_id if job_id is not None else uuid4().hex
-        _check_id("job_id", job_id)
+        if job_id is not None:
+            _check_id("job_id", job_id)
         if priority is not None:
             check_priority(priority)
+        asked = _Asked(
+            job_id=job_id,
+            workflow_type=workflow_type,
+            workflow_version=workflow_version,
+            state=json_object(input, what="job input", max_bytes=self.config.max_payload_bytes),
+            mission_id=mission_id,
+            employee_id=employee_id,
+            correlation_id=correlation_id,
+            priority=priority,
+        )
+        job_id = job_id if job_id is not None else uuid4().hex
         if idempotency_key is not None:
             _check_id("idempotency_key", idempotency_key)
             marker = self._submit_key(tenant_id, idempotency_key)
             if marker is not None:
                 existing = self.store.load(marker.job_uuid)
                 if existing is not None:
+                    self._check_same_key(existing, asked, idempotency_key)
                     return Submission(JobView.of(existing), created=False)
                 # The key was reserved by a submit that died before creating its job.
+                if asked.job_id not in (None, marker.job_id):
+                    raise _key_reused(
+                        tenant_id,
+                        idempotency_key,
+                        marker.job_id,
+                        asked.job_id_differs(marker.job_id),
+                    )
                 job_id = marker.job_id
         version = self._workflow_version(workflow_type, workflow_version)
         personal, key_id = self._personal_data(
@@ -162,16 +182,13 @@ class JobCommands(Admitting):
             submission = self._submit_new(
                 tenant_id,
                 job_id,
-                workflow_type,
                 version,
-                input=input,
+                asked,
                 budget=budget,
                 idempotency_key=idempotency_key,
-                ids=(mission_id, employee_id, correlation_id),
                 personal=(personal, key_id),
                 trace_context=span.carrier,
                 parent=parent,
-                priority=priority,
             )
             span.set({"jobledger.created": submission.created})
         return submission
@@ -180,28 +197,25 @@ class JobCommands(Admitting):
         self,
         tenant_id: str,
         job_id: str,
-        workflow_type: str,
         version: int,
+        asked: _Asked,
         *,
-        input: Mapping[str, Any] | None,
         budget: Mapping[str, Any] | None,
         idempotency_key: str | None,
-        ids: tuple[str | None, str | None, str | None],
         personal: tuple[tuple[str, ...], str | None],
         trace_context: dict[str, str],
         parent: Mapping[str, Any] | None = None,
-        priority: int | None,
     ) -> Submission:
         """Write the job (in the trace the submit span began, recorded on it) and enqueue
         its first tick; or find it written already."""
-        mission_id, employee_id, correlation_id = ids
+        workflow_type = asked.workflow_type
         limit = self.config.max_payload_bytes
         job = Job.submit(
             tenant_id=tenant_id,
             job_id=job_id,
             workflow_type=workflow_type,
             workflow_version=version,
-            state=json_object(input, what="job input", max_bytes=limit),
+            state=asked.state,
             budget=parse_budget(
                 {
                     **self.registry.budget_defaults(workflow_type, version),
@@ -209,18 +223,18 @@ class JobCommands(Admitting):
                 },
                 now=self.clock.now(),
             ),
-            mission_id=mission_id,
-            employee_id=employee_id,
-            correlation_id=correlation_id,
+            mission_id=asked.mission_id,
+            employee_id=asked.employee_id,
+            correlation_id=asked.correlation_id,
             submit_key=idempotency_key,
             timestamp=self.clock.now(),
             personal_data=personal[0],
             personal_data_key=personal[1],
             trace_context=trace_context,
             parent=dict(parent) if parent is not None else None,
-            priority=priority,
+            priority=asked.priority,
         )
-        stored = self._create(job, idempotency_key)
+        stored = self._create(job, asked)
         if stored is job:
             self._report(job, "job.submitted", workflowType=workflow_type, workflowVersion=version)
             tick = Tick(tenant_id, job_id, "create", trace_context=trace_context or None)
@@ -285,21 +299,42 @@ class JobCommands(Admitting):
         key_id = key_uuid(tenant_id, KeyKind.SUBMIT, key)
         return self.store.find_key(key_id, key_id)
 
-    def _create(self, job: Job, idempotency_key: str | None) -> Job:
+    def _create(self, job: Job, asked: _Asked) -> Job:
         """Append Submitted (and its key); a job or key that already exists is returned
         when it is the same request, refused when it is a different one."""
+        key = job.submit_key
         try:
-            if idempotency_key is None:
+            if key is None:
                 self.store.append(job)
                 return job
-            return self._append_with_submit_key(job, idempotency_key)
+            holder = self._append_with_submit_key(job, key)
         except VersionConflict:
             existing = self.store.load(job.id)
-        assert existing is not None
-        submitted = self.store.events(existing.id, to_version=1)[0]
+            assert existing is not None
+            first = self._submitted(existing)
+            if differences := asked.differences(first):
+                raise JobConflictError(
+                    f"job {first.job_id!r} of tenant {first.tenant_id!r} already exists as "
+                    f"{first.workflow_type!r} v{first.workflow_version}; this submit differs "
+                    f"in {_described(differences)}"
+                ) from None
+            return existing
+        if holder is not job:
+            # A racing submit with the key won: this one is judged as a later repeat is.
+            self._check_same_key(holder, asked, key)
+        return holder
+
+    def _check_same_key(self, holder: Job, asked: _Asked, key: str) -> None:
+        """A submit key's repeat must ask for what its first request did (its job, as
+        submitted): answering another request with that job would drop the request."""
+        if differences := asked.differences(self._submitted(holder)):
+            raise _key_reused(holder.tenant_id, key, holder.job_id, differences)
+
+    def _submitted(self, job: Job) -> Job.Submitted:
+        """What the job was submitted with, not what it is now."""
+        submitted = self.store.events(job.id, to_version=1)[0]
         assert isinstance(submitted, Job.Submitted)
-        _check_same_request(submitted, job)
-        return existing
+        return submitted
 
     def _append_with_submit_key(self, job: Job, idempotency_key: str) -> Job:
         """A submit key lives in the partition its own id hashes to, so it is unique per
@@ -769,27 +804,58 @@ class _Wake:
         return claim
 
 
-def _check_same_request(existing: Job.Submitted, requested: Job) -> None:
-    """A repeated submit must ask for what the job was submitted with, not what it is now."""
-    wanted = (
-        requested.workflow_type,
-        requested.workflow_version,
-        requested.state,
-        requested.mission_id,
-        requested.employee_id,
-        requested.correlation_id,
+Differences = dict[str, tuple[object, object]]
+"""A request's fields that differ from the first's: name -> (this request's, the first's)."""
+
+
+@dataclass(frozen=True)
+class _Asked:
+    """What a submit asks for, as its repeat is compared with the job's first request: a
+    job id or workflow version left to the engine (None) matches whatever the first got."""
+
+    job_id: str | None
+    workflow_type: str
+    workflow_version: int | None
+    state: dict[str, Any]
+    mission_id: str | None
+    employee_id: str | None
+    correlation_id: str | None
+    priority: int | None
+
+    def differences(self, first: Job.Submitted) -> Differences:
+        found: Differences = {
+            "job_id": (self.job_id, first.job_id),
+            "workflow_type": (self.workflow_type, first.workflow_type),
+            "workflow_version": (self.workflow_version, first.workflow_version),
+            "input": (self.state, first.state),
+            "mission_id": (self.mission_id, first.mission_id),
+            "employee_id": (self.employee_id, first.employee_id),
+            "correlation_id": (self.correlation_id, first.correlation_id),
+            "priority": (self.priority, first.priority),
+        }
+        left_to_the_engine = {"job_id", "workflow_version"}
+        return {
+            name: (this, was)
+            for name, (this, was) in found.items()
+            if this != was and not (name in left_to_the_engine and this is None)
+        }
+
+    def job_id_differs(self, first_job_id: str) -> Differences:
+        return {"job_id": (self.job_id, first_job_id)}
+
+
+def _described(differences: Differences) -> str:
+    """The differing fields, each with both values; the input by name only (it may be
+    large, or personal)."""
+    return ", ".join(
+        name if name == "input" else f"{name} {this!r} (the first: {was!r})"
+        for name, (this, was) in differences.items()
     )
-    found = (
-        existing.workflow_type,
-        existing.workflow_version,
-        existing.state,
-        existing.mission_id,
-        existing.employee_id,
-        existing.correlation_id,
+
+
+def _key_reused(
+    tenant_id: str, key: str, first_job_id: str, differences: Differences
+) -> IdempotencyKeyReusedError:
+    return IdempotencyKeyReusedError(
+        tenant_id, key, first_job_id, tuple(differences), _described(differences)
     )
-    if wanted != found:
-        raise JobConflictError(
-            f"job {existing.job_id!r} of tenant {existing.tenant_id!r} already exists as "
-            f"{existing.workflow_type!r} v{existing.workflow_version} with other input or ids; "
-            f"this submit asks for {requested.workflow_type!r} v{requested.workflow_version}"
-        )

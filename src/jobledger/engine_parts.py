@@ -24,6 +24,7 @@ from jobledger.grouping import GroupCommitter
 from jobledger.identity import job_uuid
 from jobledger.job import Job
 from jobledger.orchestrator import Orchestrator
+from jobledger.payloads import lone_surrogate
 from jobledger.ports import (
     BlockedNotes,
     Clock,
@@ -90,3 +91,11 @@ def _check_id(name: str, value: object) -> None:
         )
     if any(unicodedata.category(c) in ("Cc", "Cf", "Zl", "Zp") for c in value):
         raise InvalidPayloadError(f"{name} must not contain control characters: {value!r}")
+    if lone_surrogate(value) is not None:
+        raise InvalidPayloadError(f"{name} must not contain a lone surrogate: {value!r}")
+    if value in (".", ".."):
+        # Encoded or not, "." and ".." are the dot segments every URL client removes: the
+        # job's Location, /v1/jobs/t/.., would lead to /v1/jobs/.
+        raise InvalidPayloadError(
+            f"{name} must not be '.' or '..': a URL path resolves it away, got {value!r}"
+        )

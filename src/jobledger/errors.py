@@ -24,6 +24,27 @@ class JobConflictError(JobLedgerError):
     """A submit names an existing job but asks for something different."""
 
 
+class IdempotencyKeyReusedError(JobConflictError):
+    """A submit's idempotency key was used before for a different request (another job
+    id, workflow, input, ids or priority): answering it with the first job would drop
+    this request unseen, so it is refused (the HTTP API's 422, as the IETF
+    Idempotency-Key draft says)."""
+
+    def __init__(
+        self, tenant_id: str, key: str, job_id: str, differences: tuple[str, ...], detail: str
+    ) -> None:
+        super().__init__(
+            f"idempotency key {key!r} of tenant {tenant_id!r} was used for job {job_id!r} "
+            f"by another request; this request differs in {detail}"
+        )
+        self.tenant_id = tenant_id
+        self.key = key
+        self.job_id = job_id
+        """The job the key's first request made."""
+        self.differences = differences
+        """The request's fields that differ from the first's (``input``, ``job_id``...)."""
+
+
 class InvalidPayloadError(JobLedgerError):
     """A payload is not JSON, is too large, or has the wrong shape."""
 

@@ -58,7 +58,8 @@ def text(value: object, *, what: str, max_bytes: int) -> str:
     """Free text (a reason, a comment) bounded like a payload: it is stored in an event."""
     if not isinstance(value, str):
         raise InvalidPayloadError(f"{what} must be a string, got {type(value).__name__}")
-    size = len(value.encode(errors="surrogatepass"))
+    _check_text(value, what)
+    size = len(value.encode())
     if size > max_bytes:
         raise InvalidPayloadError(f"{what} is {size} bytes, over the limit of {max_bytes}")
     return value
@@ -70,7 +71,8 @@ def parse_json(
     """``json.loads`` that refuses text nested deeper than MAX_DEPTH before parsing it
     (the parser would recurse to a RecursionError) and says plainly when an integer is
     too long. Raises json.JSONDecodeError for malformed JSON, InvalidPayloadError (a bare
-    message, for the caller to place) for these two."""
+    message, for the caller to place) for these two, and for NaN and Infinity, which
+    Python's json reads but JSON (RFC 8259) has no such number."""
     depth = 0
     for token in _JSON_TOKENS.finditer(source):
         mark = token.group()
@@ -83,12 +85,16 @@ def parse_json(
         elif mark == '"':
             break
     try:
-        return json.loads(source, object_pairs_hook=object_pairs_hook)
+        return json.loads(source, object_pairs_hook=object_pairs_hook, parse_constant=_not_a_number)
     except ValueError as error:
         found = _DIGITS_ERROR.search(str(error))
         if isinstance(error, json.JSONDecodeError) or found is None:
             raise
         raise InvalidPayloadError(_too_long(int(found.group(1)))) from None
+
+
+def _not_a_number(constant: str) -> object:
+    raise InvalidPayloadError(f"{constant} is not a JSON number")
 
 
 def integer_digits(value: int) -> int:
@@ -104,16 +110,42 @@ def _too_long(digits: int) -> str:
     return f"an integer of {digits} digits is over the limit of {MAX_INT_DIGITS}"
 
 
+def lone_surrogate(value: str) -> str | None:
+    """The first lone surrogate in ``value`` (what JSON's ``\\ud800`` decodes to): not a
+    character, no UTF-8 for it, so nothing that holds one can be stored or hashed."""
+    if value.isascii():
+        return None
+    try:
+        value.encode()
+    except UnicodeEncodeError as error:
+        return value[error.start]
+    return None
+
+
+def _check_text(value: str, what: str) -> None:
+    if (found := lone_surrogate(value)) is not None:
+        raise InvalidPayloadError(
+            f"{what} holds a lone surrogate (U+{ord(found):04X}), not text: a string must be "
+            "valid Unicode"
+        )
+
+
 def _check_shape(value: Mapping[str, Any], what: str) -> None:
-    """Depth and integer length, walked without recursion (a deep value must not crash
-    the check meant to refuse it)."""
+    """Depth, integer length and text (no lone surrogates, in keys or values), walked
+    without recursion (a deep value must not crash the check meant to refuse it)."""
     pending: list[tuple[object, int]] = [(value, 1)]
     while pending:
         item, depth = pending.pop()
         if isinstance(item, Mapping):
             children: Any = item.values()
+            for key in item:
+                if isinstance(key, str):
+                    _check_text(key, what)
         elif isinstance(item, list | tuple):
             children = item
+        elif isinstance(item, str):
+            _check_text(item, what)
+            continue
         else:
             if isinstance(item, int) and not isinstance(item, bool) and abs(item) >= _INT_LIMIT:
                 digits = integer_digits(item)

@@ -23,6 +23,7 @@ from projections import JobViews
 from jobledger import FunctionRegistry, JobStatus, Resolution, linear_workflow
 from jobledger.api.app import create_app
 from jobledger.api.auth import Role, key_sha256
+from jobledger.api.connections import Connections
 from jobledger.api.server import ApiServer as Serving
 from jobledger.api.settings import ApiSettings
 from jobledger.engine import Engine
@@ -149,7 +150,7 @@ def start_api(
     )
     app = create_app(engine, config, views=views)
     # The server the `run --http` supervisor runs: stopping it ends the live streams too.
-    server = Serving(app, "127.0.0.1", 0, bell=app.state.live)
+    server = Serving(app, "127.0.0.1", 0, bell=app.state.live, connections=Connections.of(config))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     if not server.started.wait(15):

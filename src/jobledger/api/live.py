@@ -19,6 +19,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import re
 import threading
 from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -32,17 +33,40 @@ from jobledger.adapters.follower import LogFollower
 from jobledger.adapters.store_errors import store_errors
 from jobledger.api.models import Event
 from jobledger.api.problems import of_error
-from jobledger.errors import BrokenHistoryError, StoreUnavailableError
+from jobledger.errors import BrokenHistoryError, InvalidPayloadError, StoreUnavailableError
 from jobledger.job import Job
 from jobledger.views import HistoryEntry
 
 log = logging.getLogger(__name__)
+
+_VERSION: Final = re.compile(r"[0-9]{1,19}")
+"""An event version as a stream's client sends it back: ASCII digits only (``int`` also
+reads "٣", "1_0", "+1" and " 1 "), and no longer than the store's largest integer."""
 
 READ_BATCH: Final = 200
 """Events read (and sent) per query: a stream resumed far back catches up in pages."""
 RETRY_MS: Final = 1000
 """What a stream tells EventSource clients to wait before reconnecting."""
 STORE_RETRY_SECONDS: Final = 1.0
+
+
+def resume_after(last_event_id: str | None, after: int | None, head: int) -> int:
+    """The version a stream goes on after: ``Last-Event-ID`` wins (it is what the client
+    last got), else ``after``, else the start; one of the job's versions (0 to ``head``),
+    or InvalidPayloadError saying what was sent."""
+    if last_event_id is None:
+        version = after or 0
+    elif _VERSION.fullmatch(last_event_id):
+        version = int(last_event_id)
+    else:
+        raise InvalidPayloadError(
+            f"Last-Event-ID must be an event version (up to 19 digits 0-9), got {last_event_id!r}"
+        )
+    if version < 0:
+        raise InvalidPayloadError(f"a stream starts after a version of 0 or more, not {version}")
+    if version > head:
+        raise InvalidPayloadError(f"the job has no event v{version} (its last is v{head})")
+    return version
 
 
 class LogBell:

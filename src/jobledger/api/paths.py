@@ -12,7 +12,14 @@ from urllib.parse import quote, unquote, unquote_to_bytes
 
 from starlette.convertors import Convertor, register_url_convertor
 
+from jobledger.api.problems import Problem
+
 _KEPT = re.compile(rb"(%2[fF]|%25)")
+_STRAY_PERCENT = re.compile(rb"%(?![0-9A-Fa-f]{2})")
+
+
+class PathError(ValueError):
+    """A path that is not one (RFC 3986 2.1): refused with a 400 saying why."""
 
 
 class IdConvertor(Convertor[str]):
@@ -37,12 +44,22 @@ SCHEDULE = SCHEDULES + "/{name:id}"
 
 def route_path(raw_path: bytes) -> str:
     """``raw_path`` with every escape decoded but ``%2F`` and ``%25``: each ``%`` left in
-    the result starts one of those two, so decoding a segment again is exact."""
+    the result starts one of those two, so decoding a segment again is exact. A ``%``
+    that starts no escape would break that (``%%32%46`` would decode to ``%2F``, then
+    to ``/``), and bytes that are not UTF-8 name no id: both are a PathError."""
+    if (stray := _STRAY_PERCENT.search(raw_path)) is not None:
+        raise PathError(
+            f"the path has a '%' that starts no %XX escape (at byte {stray.start()}); "
+            "a '%' in an id is written %25"
+        )
     pieces = _KEPT.split(raw_path)
     decoded = b"".join(
         piece.upper() if n % 2 else unquote_to_bytes(piece) for n, piece in enumerate(pieces)
     )
-    return decoded.decode("utf-8", "replace")
+    try:
+        return decoded.decode("utf-8")
+    except UnicodeDecodeError:
+        raise PathError("the path is not UTF-8 once its %XX escapes are decoded") from None
 
 
 def id_path(*ids: str) -> str:
@@ -58,6 +75,11 @@ class EncodedSlashes:
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         raw = scope.get("raw_path")
-        if scope["type"] in ("http", "websocket") and raw:
-            scope = {**scope, "path": route_path(raw)}
+        if scope["type"] == "http" and raw:
+            try:
+                scope = {**scope, "path": route_path(raw)}
+            except PathError as error:
+                refused = Problem(400, str(error), error="InvalidRequest").response()
+                await refused(scope, receive, send)
+                return
         await self.app(scope, receive, send)

@@ -3,7 +3,8 @@
 The engine's errors map to statuses by the same classes as the CLI's exit codes
 (:func:`jobledger.cli.session.exit_code`): *refused or invalid* (exit 1) is a 4xx that
 says which (400 bad input, 403 not the approver, 404 no such job, data subject or
-schedule, 409 a conflict with the job or schedule as it is, or an erasure refused);
+schedule, 409 a conflict with the job or schedule as it is, or an erasure refused, 422 an
+idempotency key reused for a different request);
 *store or configuration* (exit 3) and *temporary, try again* (exit 4) are 503, the
 latter with ``Retry-After``. Every problem names the engine's error class in ``error``
 (``type`` is a URN of it) so clients can branch on it."""
@@ -54,6 +55,7 @@ _REFUSED: tuple[tuple[type[Exception], int], ...] = (
     (errors.InvalidTokenError, 401),
     (errors.ExpiredTokenError, 401),
     (errors.DuplicateKeyError, 409),
+    (errors.IdempotencyKeyReusedError, 422),
     (errors.JobConflictError, 409),
     (errors.JobNotWaitingError, 409),
     (errors.JobFinishedError, 409),

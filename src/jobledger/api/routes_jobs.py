@@ -37,7 +37,7 @@ Limit = Annotated[int, Query(ge=1, le=MAX_PAGE, description="At most this many."
     status_code=201,
     responses={
         200: {"model": Job, "description": "The job this request (or its key) made before."},
-        **documented(403, 404, 409),
+        **documented(403, 404, 409, 422),
     },
 )
 def submit(
@@ -57,7 +57,10 @@ def submit(
     ] = None,
 ) -> Job:
     """Submit a job (operator). 201 with the new job; a repeat (the same job id, or an
-    idempotency key already used in this tenant) is 200 with the job it made."""
+    idempotency key already used in this tenant) is 200 with the job it made. The same
+    job id asked differently is 409; a key used before for a different request (another
+    job id, workflow, input, ids or priority) is 422 ``IdempotencyKeyReusedError``, naming
+    the first request's job and what differs."""
     tenant_scope(caller, tenant, Role.OPERATOR)
     key = _one_key(body.idempotency_key, idempotency_key)
     made = engine.submission(

@@ -16,9 +16,9 @@ from fastapi import APIRouter, Header, Query, Request
 from fastapi.responses import StreamingResponse
 
 from jobledger.api.deps import Caller, EngineDep, tenant_scope
-from jobledger.api.live import LogBell, job_events
+from jobledger.api.live import LogBell, job_events, resume_after
 from jobledger.api.paths import JOB
-from jobledger.api.problems import EVERY_REQUEST, Problem, documented
+from jobledger.api.problems import EVERY_REQUEST, documented
 from jobledger.api.settings import ApiSettings
 from jobledger.identity import job_uuid
 
@@ -54,7 +54,7 @@ async def job_event_stream(
     """The job's events as Server-Sent Events, following its log."""
     tenant_scope(caller, tenant, None, job_id=job)
     head = (await asyncio.to_thread(engine.job, tenant, job)).version
-    start = _start(last_event_id, after, head)
+    start = resume_after(last_event_id, after, head)
     bell: LogBell = request.app.state.live
     settings: ApiSettings = request.app.state.settings
     await asyncio.to_thread(bell.start)  # a store error is the 503 problem, not a cut stream
@@ -63,25 +63,3 @@ async def job_event_stream(
     )
     headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
     return StreamingResponse(stream, media_type=MEDIA_TYPE, headers=headers)
-
-
-def _start(last_event_id: str | None, after: int | None, head: int) -> int:
-    """The version to go on after: Last-Event-ID wins (it is what the client last got)."""
-    if last_event_id is not None:
-        try:
-            version = int(last_event_id.strip())
-        except ValueError:
-            version = -1
-        if version < 0:
-            raise Problem(
-                400,
-                f"Last-Event-ID must be an event version, got {last_event_id!r}",
-                error="InvalidRequest",
-            )
-    else:
-        version = after or 0
-    if version > head:
-        raise Problem(
-            400, f"the job has no event v{version} (its last is v{head})", error="InvalidRequest"
-        )
-    return version

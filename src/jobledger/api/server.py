@@ -10,6 +10,7 @@ lets uvicorn finish the requests in hand.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import signal
@@ -24,6 +25,7 @@ from starlette.types import ASGIApp
 
 from jobledger.api.app import create_app
 from jobledger.api.auth import Authenticator
+from jobledger.api.connections import AcceptErrors, Connections, Listener
 from jobledger.api.live import LogBell
 from jobledger.api.settings import ApiSettings
 from jobledger.engine import Engine
@@ -41,7 +43,7 @@ def listen(host: str, port: int) -> socket.socket:
     # IPPROTO_TCP spelled out: asyncio sets TCP_NODELAY only on sockets whose proto says
     # TCP, and with Nagle on, a response written as headers then body waits for the
     # client's delayed ACK (40 ms a request on Linux).
-    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    sock = Listener(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((host, port))
@@ -56,8 +58,14 @@ def listen(host: str, port: int) -> socket.socket:
 def serve_engine(engine: Engine, settings: ApiSettings) -> ApiServer:
     """The API over ``engine``, bound to the settings' host and port (not yet serving)."""
     app = create_app(engine, settings)
+    connections = Connections.of(settings)
     return ApiServer(
-        app, settings.host, settings.port, bell=app.state.live, keys=app.state.authenticator
+        app,
+        settings.host,
+        settings.port,
+        bell=app.state.live,
+        keys=app.state.authenticator,
+        connections=connections,
     )
 
 
@@ -72,6 +80,7 @@ class ApiServer:
         port: int,
         *,
         bell: LogBell | None,
+        connections: Connections,
         keys: Authenticator | None = None,
     ) -> None:
         self.app = app
@@ -79,6 +88,7 @@ class ApiServer:
         self.bell = bell
         self.keys = keys
         """The app's authenticator, whose key files SIGHUP reads again (the CLI's handler)."""
+        self.connections = connections
         self.socket = listen(host, port)
         self.port: int = self.socket.getsockname()[1]
         """The port it listens on (the one the OS chose, for port 0)."""
@@ -104,6 +114,8 @@ class ApiServer:
             access_log=False,
             server_header=False,
             timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_SECONDS,
+            http=self.connections.protocol(),
+            timeout_keep_alive=self.connections.keep_alive_seconds,
         )
         server = _Server(config, self.started, self.stop)
         self.server = server
@@ -156,5 +168,6 @@ class _Server(uvicorn.Server):
                 signal.signal(sig, handler)
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        asyncio.get_running_loop().set_exception_handler(AcceptErrors())
         await super().startup(sockets)
         self.listening.set()

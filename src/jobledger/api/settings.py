@@ -53,6 +53,12 @@ class ApiSettings(BaseSettings):
     """How many requests a credential may send at once before the rate applies."""
     request_timeout_seconds: float = Field(default=30.0, gt=0)
     """How long a request may take to start its response (503 after that)."""
+    keep_alive_seconds: int = Field(default=5, ge=1)
+    """A connection with no request under way (none yet, between requests, or one whose
+    head has not all arrived) is closed after this long."""
+    max_connections: int | None = Field(default=None, ge=1)
+    """At most this many open connections: past it a new one closes the longest idle one,
+    or is refused (503) when none is idle. Default: half the process's open-file limit."""
 
     # ---- the console's session -------------------------------------------------------
     cookie_secure: bool = False

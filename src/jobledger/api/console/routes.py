@@ -40,7 +40,7 @@ from jobledger.api.console.session import (
     Sessions,
 )
 from jobledger.api.deps import spend_rate
-from jobledger.api.live import LogBell, job_events
+from jobledger.api.live import LogBell, job_events, resume_after
 from jobledger.api.problems import Problem
 from jobledger.api.schedule_models import ScheduleSummary
 from jobledger.api.settings import ApiSettings
@@ -62,7 +62,7 @@ from jobledger.errors import (
 )
 from jobledger.identity import job_uuid
 from jobledger.job import Job
-from jobledger.status import JobStatus
+from jobledger.status import JobStatus, UnknownStatusError, parse_statuses
 
 PREFIX = "/console"
 CSP = (
@@ -388,7 +388,8 @@ def _add_jobs(api: APIRouter) -> None:
         }
         if chosen:
             context.update(_listing(c, chosen, status, workflow, after))
-        return c.render("jobs.html", request, session, **context)
+        refused = 400 if context["error"] is not None else 200
+        return c.render("jobs.html", request, session, refused, **context)
 
     @api.get("/job")
     def job_page(
@@ -416,11 +417,13 @@ def _add_jobs(api: APIRouter) -> None:
             if session is None:
                 raise _NotFound
             c.reads(session, tenant)
-            c.engine.job(tenant, job)
+            head = c.engine.job(tenant, job).version
         except (_NotFound, UnknownJobError):
             return JSONResponse({"error": "not found"}, 404, headers=SECURITY_HEADERS)
-        resumed = request.headers.get("last-event-id", "")
-        start = int(resumed) if resumed.isdigit() else after
+        try:
+            start = resume_after(request.headers.get("last-event-id"), after, head)
+        except InvalidPayloadError as error:
+            return JSONResponse({"error": str(error)}, 400, headers=SECURITY_HEADERS)
         c.bell.start()  # here, on the thread pool: a store error is an error page, not a cut stream
         frames = job_events(
             c.bell, job_uuid(tenant, job), start, heartbeat_seconds=c.heartbeat_seconds
@@ -474,10 +477,16 @@ def _add_schedules(api: APIRouter) -> None:
 
 
 def _listing(c: Console, tenant: str, status: str, workflow: str, after: str) -> dict[str, Any]:
+    """The page's rows, or the error its filter or cursor is refused with (an unknown
+    status would match no job: the page would say "No jobs." of a filter that is wrong)."""
+    try:
+        status_in = parse_statuses(status)
+    except UnknownStatusError as error:
+        return {"error": str(error)}
     c.catch_up()
     query = JobQuery(
         tenant_id=tenant,
-        status_in=[s.strip() for s in status.split(",") if s.strip()],
+        status_in=status_in,
         workflow_type=workflow or None,
         after=after or None,
         limit=PAGE_SIZE + 1,
