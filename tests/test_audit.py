@@ -42,7 +42,11 @@ from jobledger.audit.errors import (
 from jobledger.audit.replay import Resolver, replay_job
 from jobledger.audit.time_travel import fold
 from jobledger.engine import SignalOutcome
-from jobledger.errors import ApprovalAlreadyDecidedError, BrokenHistoryError
+from jobledger.errors import (
+    ApprovalAlreadyDecidedError,
+    BrokenHistoryError,
+    IdempotencyKeyReusedError,
+)
 from jobledger.identity import job_uuid
 from jobledger.job import Job
 from jobledger.registry import FunctionRegistry
@@ -753,9 +757,11 @@ def test_export_then_import_into_an_empty_store_reproduces_every_job_and_key(
         SignalOutcome.DUPLICATE
     )
     again = target.submit(
-        T, "other", "mission", input={"job": "happy"}, idempotency_key="key-happy"
+        T, "happy", "mission", input={"job": "happy"}, idempotency_key="key-happy"
     )
     assert again.job_id == "happy"
+    with pytest.raises(IdempotencyKeyReusedError, match="'happy'"):  # the key names its request
+        target.submit(T, "other", "mission", input={"job": "happy"}, idempotency_key="key-happy")
     with pytest.raises(ApprovalAlreadyDecidedError):
         target.decide(T, "happy", "happy:step:9:approval", "approve", "lead")
     waiting = target.job(T, "rejected")
