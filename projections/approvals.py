@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from jobledger.adapters.backends import Cursor, StoreBackend
-from jobledger.job import Job
+from jobledger.domain.job import Job
 
 
 def create_statements(d: StoreBackend) -> list[str]:

@@ -15,8 +15,8 @@ from datetime import datetime
 from typing import Any
 
 from jobledger.adapters.backends import Cursor, StoreBackend
-from jobledger.identity import job_uuid
-from jobledger.ports import BlockedNote
+from jobledger.domain.identity import job_uuid
+from jobledger.orchestration.ports import BlockedNote
 
 TABLE = "jobledger_blocked_jobs"
 

@@ -31,14 +31,14 @@ from jobledger.adapters.backends.migrations import COMPONENT, STORE_MIGRATIONS
 from jobledger.adapters.event_store import EventSourcedJobStore, LedgerPartition
 from jobledger.adapters.follower import Lag, LogFollower, Progress, TrackedReader
 from jobledger.adapters.store_errors import store_errors
-from jobledger.errors import InvalidPayloadError, StoreUnavailableError
-from jobledger.job import Job
-from jobledger.ports import BlockedNote
-from jobledger.schedule import Schedule
-from jobledger.status import TERMINAL_STATUSES, JobStatus
-from projections import approvals, blocked, schedules, spend, status
-from projections.schedules import ScheduleRow
-from projections.status import StatusRow
+from jobledger.domain.errors import InvalidPayloadError, StoreUnavailableError
+from jobledger.domain.job import Job
+from jobledger.domain.schedule import Schedule
+from jobledger.domain.status import TERMINAL_STATUSES, JobStatus
+from jobledger.orchestration.ports import BlockedNote
+from jobledger.projections import approvals, blocked, schedules, spend, status
+from jobledger.projections.schedules import ScheduleRow
+from jobledger.projections.status import StatusRow
 
 log = logging.getLogger(__name__)
 
@@ -354,7 +354,7 @@ class JobViews(TrackedReader):
         rows = self.backend.fetch(statement, params)
         return {(r["workflow_type"], int(r["workflow_version"])): int(r["jobs"]) for r in rows}
 
-    # ---- deployment problems (not a view of the log: see projections.blocked) ----------
+    # ---- deployment problems (not a view of the log: see jobledger.projections.blocked) ----------
 
     @store_errors("noting a blocked job")
     def note_blocked(self, note: BlockedNote) -> None:

@@ -31,15 +31,15 @@ from uuid import UUID
 import orjson
 from eventsourcing.persistence import Notification, Tracking
 
-from jobledger import chain, event_decoding
 from jobledger.adapters.event_store import EventSourcedJobStore, LedgerPartition
 from jobledger.adapters.follower import Lag, LogFollower, TrackedReader, lag
 from jobledger.adapters.store_errors import store_errors
-from jobledger.chain import Sealed
-from jobledger.errors import StoreUnavailableError
-from jobledger.job import Job
-from jobledger.ports import EventPublisher, Lock, OutboxMessage
-from jobledger.tracing import trace_headers
+from jobledger.domain import chain, event_decoding
+from jobledger.domain.chain import Sealed
+from jobledger.domain.errors import StoreUnavailableError
+from jobledger.domain.job import Job
+from jobledger.orchestration.ports import EventPublisher, Lock, OutboxMessage
+from jobledger.orchestration.tracing import trace_headers
 
 log = logging.getLogger(__name__)
 

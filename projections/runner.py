@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from jobledger.adapters.follower import LogFollower
-from projections.job_views import BATCH, JobViews
+from jobledger.projections.job_views import BATCH, JobViews
 
 
 class ProjectionRunner(LogFollower):

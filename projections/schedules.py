@@ -13,7 +13,7 @@ from datetime import datetime
 from typing import Any
 
 from jobledger.adapters.backends import Cursor, StoreBackend
-from jobledger.schedule import CatchUp, Overlap, Policies, Schedule, ScheduleState
+from jobledger.domain.schedule import CatchUp, Overlap, Policies, Schedule, ScheduleState
 
 TABLE = "jobledger_schedules"
 

@@ -6,9 +6,9 @@ from datetime import UTC, datetime
 from decimal import Decimal
 
 from jobledger.adapters.backends import Cursor, StoreBackend
-from jobledger.job import Job
-from jobledger.spend import spend_of
-from projections.status import MICROS
+from jobledger.domain.job import Job
+from jobledger.domain.spend import spend_of
+from jobledger.projections.status import MICROS
 
 
 def create_statements(d: StoreBackend) -> list[str]:

@@ -12,9 +12,9 @@ from decimal import Decimal
 from typing import Any
 
 from jobledger.adapters.backends import Cursor, StoreBackend
-from jobledger.job import Job, due_moment
-from jobledger.status import JobStatus
-from jobledger.substate import ApprovalGate, EventWait, JobBudget
+from jobledger.domain.job import Job, due_moment
+from jobledger.domain.status import JobStatus
+from jobledger.domain.substate import ApprovalGate, EventWait, JobBudget
 
 MICROS = Decimal(1_000_000)
 

@@ -43,22 +43,14 @@ from eventsourcing.persistence import (
 )
 from eventsourcing.utils import get_topic
 
-from jobledger import (
-    Engine,
-    EngineConfig,
-    FunctionRegistry,
-    JobStatus,
-    Resolution,
-    StepResult,
-    chain,
-    event_decoding,
-)
+from jobledger import Engine, EngineConfig, FunctionRegistry, JobStatus, Resolution, StepResult
 from jobledger.adapters import sealing
 from jobledger.adapters.mapper import SealedMapper
-from jobledger.identity import job_uuid
-from jobledger.job import Job
-from jobledger.ports import StepRequest
-from jobledger.registry import linear_workflow
+from jobledger.domain import chain, event_decoding
+from jobledger.domain.identity import job_uuid
+from jobledger.domain.job import Job
+from jobledger.orchestration.ports import StepRequest
+from jobledger.orchestration.registry import linear_workflow
 
 Encoder = Callable[[dict[str, Any]], bytes]
 

@@ -65,7 +65,7 @@ from jobledger import (
 from jobledger.adapters.kafka import KafkaQueue, KafkaSettings, ensure_topics, job_key
 from jobledger.adapters.kafka.messages import TickMessage, encode_tick
 from jobledger.adapters.kafka.worker import KafkaWorker
-from jobledger.orchestrator import TickReport
+from jobledger.orchestration.orchestrator import TickReport
 
 ROOT = Path(__file__).resolve().parent.parent
 TENANT = "bench"

@@ -27,15 +27,15 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
-from projections import JobViews
-from projections.status import COLUMNS
 
 from jobledger.adapters.event_store import EventSourcedJobStore
 from jobledger.adapters.locks import lock_for
 from jobledger.adapters.ops import MemoryOps
 from jobledger.adapters.store_url import parse_store_url
-from jobledger.ports import Tick
-from jobledger.reconciler import Reconciler
+from jobledger.orchestration.ports import Tick
+from jobledger.orchestration.reconciler import Reconciler
+from jobledger.projections import JobViews
+from jobledger.projections.status import COLUMNS
 
 NOW = datetime(2026, 6, 1, 12, 0, tzinfo=UTC)
 CHUNK = 20_000

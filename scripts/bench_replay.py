@@ -39,10 +39,10 @@ from jobledger.adapters.event_store import EventSourcedJobStore
 from jobledger.adapters.store_url import parse_store_url
 from jobledger.audit import log, tamper, time_travel
 from jobledger.audit.replay import replay_job
-from jobledger.identity import job_uuid
-from jobledger.job import Job
-from jobledger.ports import ResolveRequest
-from jobledger.status import JobStatus
+from jobledger.domain.identity import job_uuid
+from jobledger.domain.job import Job
+from jobledger.domain.status import JobStatus
+from jobledger.orchestration.ports import ResolveRequest
 from jobledger.workflows import WorkflowDefinition, parse_definition, resolve
 
 BENCH = """

@@ -54,8 +54,8 @@ from jobledger import (
     Resolution,
     linear_workflow,
 )
-from jobledger.identity import job_uuid
-from jobledger.ports import ApprovalRequest, IssuedToken
+from jobledger.domain.identity import job_uuid
+from jobledger.orchestration.ports import ApprovalRequest, IssuedToken
 
 EVENT = "go"
 TARGET_MS = {"sqlite": 1.0, "postgres": 2.0}

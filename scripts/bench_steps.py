@@ -109,9 +109,9 @@ from jobledger import (
     StepResult,
 )
 from jobledger.adapters.event_store import EventSourcedJobStore
-from jobledger.identity import job_uuid
-from jobledger.signing import private_pem
-from jobledger.tracing import Tracer
+from jobledger.adapters.signing import private_pem
+from jobledger.domain.identity import job_uuid
+from jobledger.orchestration.tracing import Tracer
 
 WORKFLOW = "bench"
 TENANT = "bench"

@@ -1,5 +1,5 @@
 """A second verifier of jobledger evidence, written from docs/evidence-format.md alone (not
-from jobledger.verifier), to show the document is enough. Standard library and
+from jobledger.audit.verifier), to show the document is enough. Standard library and
 `cryptography` only; it imports nothing of jobledger.
 
     python tests/independent_verifier.py EXPORT [--keyring F] [--anchors F ...]

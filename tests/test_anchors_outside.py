@@ -22,11 +22,11 @@ from typing import Any
 import pytest
 from kafka import KafkaConsumer
 
+from jobledger.audit.anchor_schedule import AnchorSettings, load_anchor_settings, parse_duration
 from jobledger.audit.anchors import ANCHOR_TOPIC, Head, line_sha256, make_anchor
 from jobledger.audit.destinations import Destination, open_sink, read_log
-from jobledger.audit.schedule import AnchorSettings, load_anchor_settings, parse_duration
-from jobledger.errors import ConfigError
-from jobledger.identity import job_uuid
+from jobledger.domain.errors import ConfigError
+from jobledger.domain.identity import job_uuid
 from tests.support.audit import RawEvents
 from tests.support.cli import JOBLEDGER, Cli, make_cli
 from tests.support.kafka_broker import read_topic, wait_for

@@ -12,18 +12,19 @@ from urllib.parse import quote
 
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
-from projections import JobViews
 
-from jobledger import JobStatus, errors
+from jobledger import JobStatus
 from jobledger.adapters.clock import FakeClock
+from jobledger.adapters.signing import Ed25519Signer, Keyring, SigningKey, Window
 from jobledger.api import problems
 from jobledger.api.auth import Role
 from jobledger.audit.errors import NoSuchVersionError
 from jobledger.cli.session import Exit, exit_code
-from jobledger.engine import Engine
-from jobledger.errors import StoreUnavailableError
-from jobledger.identity import job_uuid
-from jobledger.signing import Ed25519Signer, Keyring, SigningKey, Window
+from jobledger.domain import errors
+from jobledger.domain.errors import StoreUnavailableError
+from jobledger.domain.identity import job_uuid
+from jobledger.engine.engine import Engine
+from jobledger.projections import JobViews
 from tests.support.audit import RawEvents
 from tests.support.engines import EngineFactory, store_of, writes
 from tests.support.http import APPROVER, ApiServer, api_key, api_registry, start_api, token

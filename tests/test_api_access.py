@@ -22,9 +22,9 @@ from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from jobledger import JobStatus
 from jobledger.api.auth import Authenticator, Role
 from jobledger.api.settings import ApiSettings
-from jobledger.engine import Engine
-from jobledger.errors import ConfigError, StoreUnavailableError
-from jobledger.ports import JobStore
+from jobledger.domain.errors import ConfigError, StoreUnavailableError
+from jobledger.engine.engine import Engine
+from jobledger.orchestration.ports import JobStore
 from tests.support.engines import EngineFactory
 from tests.support.http import (
     APPROVER,

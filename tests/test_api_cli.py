@@ -18,8 +18,8 @@ import pytest
 from jobledger.api.app import create_app
 from jobledger.api.auth import Role
 from jobledger.api.settings import ApiSettings, load_api_settings
-from jobledger.engine import Engine
-from jobledger.errors import ConfigError
+from jobledger.domain.errors import ConfigError
+from jobledger.engine.engine import Engine
 from tests.support import ROOT, pythonpath
 from tests.support.cli import JOBLEDGER, make_cli
 from tests.support.engines import EngineFactory

@@ -14,8 +14,8 @@ import pytest
 
 from jobledger import linear_workflow
 from jobledger.api.auth import Role
-from jobledger.engine import Engine
-from jobledger.erasure import ERASED
+from jobledger.domain.erasure import ERASED
+from jobledger.engine.engine import Engine
 from tests.support.engines import EngineFactory, agent_steps
 from tests.support.http import ApiServer, api_key, api_registry, start_api, token
 

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from jobledger.api.auth import Role
-from jobledger.engine import Engine
-from jobledger.identity import job_uuid
+from jobledger.domain.identity import job_uuid
+from jobledger.engine.engine import Engine
 from tests.support.audit import RawEvents
 from tests.support.engines import EngineFactory
 from tests.support.http import ApiServer, api_registry, start_api, token

@@ -13,7 +13,7 @@ import pytest
 
 from jobledger import Engine
 from jobledger.api.live import HEARTBEAT, LogBell, job_events
-from jobledger.identity import job_uuid
+from jobledger.domain.identity import job_uuid
 from tests.support.audit import RawEvents
 from tests.support.engines import EngineFactory, store_of
 

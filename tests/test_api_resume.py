@@ -14,7 +14,7 @@ import pytest
 
 from jobledger.adapters.clock import FakeClock
 from jobledger.api.auth import Role
-from jobledger.engine import Engine
+from jobledger.engine.engine import Engine
 from tests.support.engines import EngineFactory
 from tests.support.http import ApiServer, api_registry, start_api
 from tests.support.notifiers import Inbox

@@ -15,8 +15,8 @@ import pytest
 
 from jobledger.api.auth import Role
 from jobledger.api.paths import id_path
-from jobledger.engine import Engine
-from jobledger.identity import schedule_uuid
+from jobledger.domain.identity import schedule_uuid
+from jobledger.engine.engine import Engine
 from tests.support.engines import EngineFactory
 from tests.support.http import ApiServer, api_key, api_registry, start_api, token
 

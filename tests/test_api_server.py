@@ -23,7 +23,7 @@ from jobledger.api.auth import Role
 from jobledger.api.connections import Connections
 from jobledger.api.server import listen
 from jobledger.api.settings import ApiSettings
-from jobledger.errors import ConfigError
+from jobledger.domain.errors import ConfigError
 from tests.support import pythonpath
 from tests.support.engines import EngineFactory
 from tests.support.http import ApiServer, api_key, api_registry, start_api, write_keys_file

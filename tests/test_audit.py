@@ -14,7 +14,6 @@ from uuid import UUID
 
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
-from projections import JobViews
 
 from jobledger import (
     Engine,
@@ -23,14 +22,13 @@ from jobledger import (
     Resolution,
     ResolveRequest,
     UnknownWorkflowError,
-    chain,
     linear_workflow,
-    verifier,
 )
 from jobledger.adapters.clock import FakeClock
 from jobledger.adapters.event_store import EventSourcedJobStore
+from jobledger.adapters.signing import Ed25519Signer, Keyring, SigningKey, Window
 from jobledger.audit import export as exporting
-from jobledger.audit import log, tamper
+from jobledger.audit import log, tamper, verifier
 from jobledger.audit.anchors import FileAnchorSink, read_anchors
 from jobledger.audit.errors import (
     AnchorRefusedError,
@@ -41,16 +39,17 @@ from jobledger.audit.errors import (
 )
 from jobledger.audit.replay import Resolver, replay_job
 from jobledger.audit.time_travel import fold
-from jobledger.engine import SignalOutcome
-from jobledger.errors import (
+from jobledger.domain import chain
+from jobledger.domain.errors import (
     ApprovalAlreadyDecidedError,
     BrokenHistoryError,
     IdempotencyKeyReusedError,
 )
-from jobledger.identity import job_uuid
-from jobledger.job import Job
-from jobledger.registry import FunctionRegistry
-from jobledger.signing import Ed25519Signer, Keyring, SigningKey, Window
+from jobledger.domain.identity import job_uuid
+from jobledger.domain.job import Job
+from jobledger.engine.engine import SignalOutcome
+from jobledger.orchestration.registry import FunctionRegistry
+from jobledger.projections import JobViews
 from jobledger.workflows import DefinitionRegistry, WorkflowDefinition, resolve
 from tests import independent_verifier
 from tests.support.audit import (

@@ -13,7 +13,7 @@ import pytest
 
 from jobledger.adapters.event_store import EventSourcedJobStore
 from jobledger.adapters.store_url import parse_store_url
-from jobledger.identity import job_uuid
+from jobledger.domain.identity import job_uuid
 from tests.support.audit import RawEvents
 from tests.support.cli import TICKET, Cli, make_cli
 from tests.support.services import postgres_schema_url

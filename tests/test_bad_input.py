@@ -35,9 +35,9 @@ from jobledger import (
 )
 from jobledger.adapters.local_queue import LocalQueue
 from jobledger.adapters.ops import MemoryOps
-from jobledger.identity import job_uuid, key_uuid
-from jobledger.keys import KeyKind
-from jobledger.ports import JobStore
+from jobledger.domain.identity import job_uuid, key_uuid
+from jobledger.domain.keys import KeyKind
+from jobledger.orchestration.ports import JobStore
 from tests.support.engines import (
     CountingExecutor,
     EngineFactory,

@@ -13,10 +13,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from jobledger import chain
 from jobledger.adapters.clock import FakeClock
 from jobledger.adapters.event_store import EventSourcedJobStore
-from jobledger.identity import job_uuid
+from jobledger.domain import chain
+from jobledger.domain.identity import job_uuid
 from jobledger.workflows import DefinitionRegistry
 from tests.support.audit import MISSION_V1, definition
 from tests.support.engines import EngineFactory

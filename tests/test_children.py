@@ -15,17 +15,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from projections import JobViews
 
-from jobledger import (
-    Engine,
-    EngineConfig,
-    FunctionRegistry,
-    JobStatus,
-    Resolution,
-    linear_workflow,
-    verifier,
-)
+from jobledger import Engine, EngineConfig, FunctionRegistry, JobStatus, Resolution, linear_workflow
 from jobledger.adapters.clock import FakeClock, SystemClock
 from jobledger.adapters.event_store import EventSourcedJobStore
 from jobledger.adapters.kafka.messages import TickMessage
@@ -35,13 +26,15 @@ from jobledger.adapters.locks import lock_for
 from jobledger.adapters.ops import MemoryOps
 from jobledger.adapters.store_url import parse_store_url
 from jobledger.audit import export as exporting
+from jobledger.audit import verifier
 from jobledger.config import ConcurrencyLimit
-from jobledger.family import Family
-from jobledger.identity import job_uuid, step_key
-from jobledger.job import Job
-from jobledger.orchestrator import TickReport
-from jobledger.reconciler import Reconciler
-from jobledger.runner import EmbeddedRunner
+from jobledger.domain.identity import job_uuid, step_key
+from jobledger.domain.job import Job
+from jobledger.orchestration.child_jobs import Family
+from jobledger.orchestration.orchestrator import TickReport
+from jobledger.orchestration.reconciler import Reconciler
+from jobledger.projections import JobViews
+from jobledger.runtime.embedded_runner import EmbeddedRunner
 from jobledger.workflows.definition import DefinitionError
 from jobledger.workflows.loader import parse_definition
 from jobledger.workflows.resolver import DefinitionRegistry

@@ -88,7 +88,7 @@ def test_one_shot_commands_take_the_log_options_of_the_running_ones(cli: Cli) ->
     logged = cli("tick", "acme", "l1", "--log-level", "info", "--log-format", "json")
     assert logged.returncode == 0 and "awaiting_approval" in logged.stdout
     lines = [json.loads(line) for line in logged.stderr.splitlines()]
-    (ticked,) = [line for line in lines if line["logger"] == "jobledger.ticking"]
+    (ticked,) = [line for line in lines if line["logger"] == "jobledger.engine.ticks"]
     assert ticked["level"] == "info" and ticked["message"].startswith("tick acme/l1 (")
     assert (ticked["tenant"], ticked["job"], ticked["step"]) == ("acme", "l1", 3)
     refused = cli.fails(2, "show", "acme", "l1", "--log-format", "xml")

@@ -13,7 +13,7 @@ import pytest
 import typer.main
 
 from jobledger.cli import app, main
-from jobledger.identity import job_uuid
+from jobledger.domain.identity import job_uuid
 from tests.support.audit import RawEvents
 from tests.support.cli import TICKET, Cli, make_cli
 from tests.test_hostile_input import alias_bomb

@@ -9,9 +9,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from jobledger.adapters.signing import Ed25519Signer, Keyring
 from jobledger.cli.config_file import load_settings
-from jobledger.errors import ConfigError
-from jobledger.signing import Ed25519Signer, Keyring
+from jobledger.domain.errors import ConfigError
 from tests.support.cli import run_jobledger
 
 NOTE = """

@@ -246,7 +246,7 @@ def test_the_runner_says_what_it_runs_and_logs_a_line_per_tick_and_executor_trac
     assert "store: sqlite:///" in out and "transport: local" in out
     assert "definitions: chores@1" in out and "executor: chores_executor:Chores" in out
     lines = [json.loads(line) for line in err.splitlines() if line.startswith("{")]
-    ticks = [line["message"] for line in lines if line["logger"] == "jobledger.ticking"]
+    ticks = [line["message"] for line in lines if line["logger"] == "jobledger.engine.ticks"]
     assert any(m.startswith("tick t/good (") and "now completed at step 4" in m for m in ticks)
     assert any(m.startswith("tick t/bad (") and ": failed," in m for m in ticks)
     [failure] = [line for line in lines if line["level"] == "error"]

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from jobledger.cli.output import history_table, money
-from jobledger.views import HistoryEntry
+from jobledger.domain.views import HistoryEntry
+from jobledger.presentation.output import history_table, money
 
 
 @pytest.mark.parametrize(

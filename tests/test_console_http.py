@@ -19,7 +19,7 @@ from jobledger import Engine
 from jobledger.api.auth import Principal, Role
 from jobledger.api.console import routes
 from jobledger.api.console.session import COOKIE, LIFETIME, SessionCodec, Sessions
-from jobledger.identity import job_uuid
+from jobledger.domain.identity import job_uuid
 from jobledger.workflows import DefinitionRegistry, parse_definition
 from tests.support.audit import RawEvents
 from tests.support.engines import EngineFactory

@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from projections import JobViews
 
 from jobledger import Engine, FunctionRegistry
 from jobledger.adapters.backends.postgres import AdvisoryLock
@@ -32,7 +31,8 @@ from jobledger.adapters.locks import lock_for
 from jobledger.adapters.log_spend import LogSpend
 from jobledger.adapters.notifier import MemoryNotifier
 from jobledger.adapters.store_url import parse_store_url
-from jobledger.ports import ApprovalRequest, Cost, Notifier, Queue, Tick
+from jobledger.orchestration.ports import ApprovalRequest, Cost, Notifier, Queue, Tick
+from jobledger.projections import JobViews
 from tests.contracts.clock import ClockContract
 from tests.contracts.cost import CostContract, CostReader
 from tests.contracts.job_store import JobStoreContract

@@ -37,11 +37,11 @@ from jobledger.adapters.clock import FakeClock, SystemClock
 from jobledger.adapters.event_store import EventSourcedJobStore
 from jobledger.adapters.local_queue import LocalQueue
 from jobledger.adapters.ops import MemoryOps
-from jobledger.identity import job_uuid, step_key
-from jobledger.job import Job
-from jobledger.keys import ConsumedKey
-from jobledger.ports import JobStore
-from jobledger.runner import EmbeddedRunner
+from jobledger.domain.identity import job_uuid, step_key
+from jobledger.domain.job import Job
+from jobledger.domain.keys import ConsumedKey
+from jobledger.orchestration.ports import JobStore
+from jobledger.runtime.embedded_runner import EmbeddedRunner
 from tests.support import pythonpath
 from tests.support.crash_worker import TENANT, FileCountingExecutor, read_counts, registry
 from tests.support.engines import CountingExecutor, EngineFactory

@@ -11,9 +11,14 @@ from typing import Any, get_args
 
 import pytest
 
-from jobledger.errors import JobLedgerError, UnknownWorkflowError
-from jobledger.ports import ApprovalSpec, ResolveRequest, RetryPolicy, WorkflowRegistry
-from jobledger.status import JobStatus
+from jobledger.domain.errors import JobLedgerError, UnknownWorkflowError
+from jobledger.domain.status import JobStatus
+from jobledger.orchestration.ports import (
+    ApprovalSpec,
+    ResolveRequest,
+    RetryPolicy,
+    WorkflowRegistry,
+)
 from jobledger.workflows import (
     DefinitionError,
     DefinitionRegistry,

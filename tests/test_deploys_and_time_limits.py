@@ -8,7 +8,6 @@ from datetime import timedelta
 from types import SimpleNamespace
 
 import pytest
-from projections import JobViews
 
 from jobledger import Engine, FunctionRegistry, JobStatus, Outcome, Resolution, linear_workflow
 from jobledger.adapters.clock import FakeClock
@@ -18,12 +17,13 @@ from jobledger.adapters.locks import lock_for
 from jobledger.adapters.ops import MemoryOps
 from jobledger.adapters.store_url import parse_store_url
 from jobledger.audit.export import consumed_keys
-from jobledger.errors import JobNotWaitingError, TokenMismatchError, WorkflowNotDeployedError
-from jobledger.identity import job_uuid
-from jobledger.ports import ApprovalRequest, ApprovalSpec, IssuedToken, Tick
-from jobledger.reconciler import Reconciler
-from jobledger.runner import EmbeddedRunner
-from jobledger.views import JobView
+from jobledger.domain.errors import JobNotWaitingError, TokenMismatchError, WorkflowNotDeployedError
+from jobledger.domain.identity import job_uuid
+from jobledger.domain.views import JobView
+from jobledger.orchestration.ports import ApprovalRequest, ApprovalSpec, IssuedToken, Tick
+from jobledger.orchestration.reconciler import Reconciler
+from jobledger.projections import JobViews
+from jobledger.runtime.embedded_runner import EmbeddedRunner
 from tests.support.engines import CountingExecutor, EngineFactory, agent_steps
 from tests.support.notifiers import Inbox as InboxOfJobs
 

@@ -22,8 +22,8 @@ from jobledger import Engine, EngineConfig
 from jobledger.adapters.subject_keys import ERASURES, KEYS, SubjectKeyTable, job_sha256
 from jobledger.audit.export import Selection, export_jobs, import_file
 from jobledger.audit.tamper import verify_store
-from jobledger.erasure import ERASED
-from jobledger.errors import (
+from jobledger.domain.erasure import ERASED
+from jobledger.domain.errors import (
     InvalidPayloadError,
     JobErasedError,
     NoPersonalDataError,

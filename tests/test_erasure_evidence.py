@@ -14,17 +14,17 @@ from pathlib import Path
 from typing import Any, Final
 
 import pytest
-from projections.outbox import Outbox, decode_event
 
-from jobledger import chain, event_decoding, transition
 from jobledger.adapters.event_store import EventSourcedJobStore
 from jobledger.adapters.kafka.publisher import KafkaEventPublisher
 from jobledger.api.approvals import approval
-from jobledger.erasure import ERASED, unreadable_fields
-from jobledger.identity import job_uuid
-from jobledger.job import Job
-from jobledger.ports import FieldSealer
-from jobledger.views import JobView
+from jobledger.domain import chain, event_decoding, transition
+from jobledger.domain.erasure import ERASED, unreadable_fields
+from jobledger.domain.identity import job_uuid
+from jobledger.domain.job import Job
+from jobledger.domain.views import JobView
+from jobledger.orchestration.ports import FieldSealer
+from jobledger.projections.outbox import Outbox, decode_event
 from jobledger.workflows import DefinitionRegistry
 from jobledger.workflows.loader import parse_definition
 from tests.support import ROOT, pythonpath
@@ -201,10 +201,10 @@ def run(*command: str | Path) -> subprocess.CompletedProcess[str]:
 
 
 def verified_by_all(export: Path, *keyring: str) -> None:
-    """jobledger-verify, python -m jobledger.verifier and the independent verifier accept
+    """jobledger-verify, python -m jobledger.audit.verifier and the independent verifier accept
     the export, and agree on every job."""
     script = run(VERIFY_SCRIPT, export, *keyring, "--json")
-    module = run(sys.executable, "-m", "jobledger.verifier", export, *keyring, "--json")
+    module = run(sys.executable, "-m", "jobledger.audit.verifier", export, *keyring, "--json")
     independent = run(sys.executable, INDEPENDENT, export, *keyring)
     for result in (script, module, independent):
         assert result.returncode == 0, result.stdout + result.stderr

@@ -25,8 +25,8 @@ from jobledger import Engine, EngineConfig
 from jobledger.adapters.subject_keys import KEYS
 from jobledger.api.auth import Role
 from jobledger.audit.tamper import verify_store
-from jobledger.erasure import ERASED
-from jobledger.errors import JobErasedError, SubjectErasedError
+from jobledger.domain.erasure import ERASED
+from jobledger.domain.errors import JobErasedError, SubjectErasedError
 from jobledger.workflows import DefinitionRegistry
 from jobledger.workflows.loader import parse_definition
 from tests.support.cli import make_cli

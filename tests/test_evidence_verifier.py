@@ -1,4 +1,4 @@
-"""The standalone verifier (jobledger.verifier) and a second implementation written from
+"""The standalone verifier (jobledger.audit.verifier) and a second implementation written from
 docs/evidence-format.md alone (tests/independent_verifier.py) agree on a corpus of good
 and tampered exports: the same exit code, the same failing job and version, the same
 kinds of problem; and each case comes out as the tampering it is says it should.
@@ -27,9 +27,10 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
-from jobledger import Engine, verifier
+from jobledger import Engine
 from jobledger.adapters.clock import FakeClock
-from jobledger.identity import job_uuid
+from jobledger.audit import verifier
+from jobledger.domain.identity import job_uuid
 from jobledger.workflows import DefinitionRegistry
 from jobledger.workflows.loader import parse_definition
 from tests import independent_verifier
@@ -452,14 +453,14 @@ def test_unreadable_input_exits_2_in_both(tmp_path: Path) -> None:
 
 
 def report_wording(corpus: Corpus) -> None:
-    """The text report (``python -m jobledger.verifier``) names the job, the version and
+    """The text report (``python -m jobledger.audit.verifier``) names the job, the version and
     why, and says when signatures were not checked."""
     export = corpus.write("rewritten.jsonl", rewrite_tail(corpus.export, str(A), 3, None))
-    result = run("-m", "jobledger.verifier", str(export), "--keyring", str(corpus.keyring))
+    result = run("-m", "jobledger.audit.verifier", str(export), "--keyring", str(corpus.keyring))
     assert result.returncode == 1
     assert f"FAIL  acme/a ({A}): v3: not signed" in result.stdout
     assert "NOT VERIFIED" in result.stdout
-    bare = run("-m", "jobledger.verifier", str(export))
+    bare = run("-m", "jobledger.audit.verifier", str(export))
     assert bare.returncode == 0 and "signatures: NOT checked (no --keyring)" in bare.stdout
 
 
@@ -515,7 +516,7 @@ def test_the_verifier_runs_as_one_copied_file(tmp_path: Path) -> None:
 
 def test_the_console_script_is_declared() -> None:
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())
-    assert project["project"]["scripts"]["jobledger-verify"] == "jobledger.verifier:main"
+    assert project["project"]["scripts"]["jobledger-verify"] == "jobledger.audit.verifier:main"
 
 
 # ---- the document's worked example ----------------------------------------------------------

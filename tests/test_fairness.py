@@ -1,5 +1,5 @@
 """Per-tenant concurrency limits, fair admission across tenants, priorities and aging
-(``jobledger.admission``), with real workers (the engine's own lanes) on both stores.
+(``jobledger.domain.admission``), with real workers (the engine's own lanes) on both stores.
 
 What is asserted is order and limits, never speed: the timings go in
 scripts/bench_fairness.py. The Kafka side (several worker processes, kill -9) is in
@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from projections import JobViews
 
 from jobledger import Engine, EngineConfig, JobStatus
 from jobledger.adapters.clock import FakeClock
@@ -25,12 +24,13 @@ from jobledger.adapters.local_queue import LocalQueue
 from jobledger.adapters.ops import MemoryOps
 from jobledger.adapters.store_url import parse_store_url
 from jobledger.api.auth import Role
-from jobledger.errors import InvalidPayloadError, UnknownJobError
-from jobledger.identity import job_uuid
-from jobledger.orchestrator import Outcome
-from jobledger.ports import Tick
-from jobledger.reconciler import Reconciler
-from jobledger.supervisor import lock_for
+from jobledger.domain.errors import InvalidPayloadError, UnknownJobError
+from jobledger.domain.identity import job_uuid
+from jobledger.orchestration.orchestrator import Outcome
+from jobledger.orchestration.ports import Tick
+from jobledger.orchestration.reconciler import Reconciler
+from jobledger.projections import JobViews
+from jobledger.runtime.supervisor import lock_for
 from tests.support import pythonpath
 from tests.support.cli import JOBLEDGER, make_cli
 from tests.support.engines import EngineFactory

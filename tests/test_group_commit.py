@@ -19,11 +19,11 @@ import pytest
 
 from jobledger import Engine, JobStatus, StepRequest, StepResult, StoreUnavailableError
 from jobledger.adapters.clock import SystemClock
-from jobledger.grouping import GroupCommitter
-from jobledger.identity import job_uuid, step_key
-from jobledger.job import Job
-from jobledger.keys import ConsumedKey
-from jobledger.ports import Append, JobStore, Refusal
+from jobledger.domain.identity import job_uuid, step_key
+from jobledger.domain.job import Job
+from jobledger.domain.keys import ConsumedKey
+from jobledger.orchestration.group_commit import GroupCommitter
+from jobledger.orchestration.ports import Append, JobStore, Refusal
 from tests.support.crash_worker import TENANT, FileCountingExecutor, read_counts, registry
 from tests.support.engines import EngineFactory
 from tests.test_crash_safety import Spawn, assert_completed_exactly_once, spawn, wait_for

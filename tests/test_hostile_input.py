@@ -23,9 +23,9 @@ from jobledger import (
 from jobledger.adapters.clock import FakeClock
 from jobledger.adapters.jwt_tokens import JwtResumeTokens
 from jobledger.adapters.store_url import parse_store_url
-from jobledger.errors import BrokenHistoryError, InvalidTokenError
-from jobledger.identity import job_uuid
-from jobledger.payloads import MAX_DEPTH, json_object
+from jobledger.domain.errors import BrokenHistoryError, InvalidTokenError
+from jobledger.domain.identity import job_uuid
+from jobledger.domain.payloads import MAX_DEPTH, json_object
 from jobledger.workflows import DefinitionError, load_definitions, parse_definition
 from tests.support.audit import RawEvents
 from tests.support.engines import TOKEN_SECRET, EngineFactory, writes

@@ -1,5 +1,5 @@
 """The rules that belong to the job are the job's: its commands refuse with the errors
-callers see (jobledger.errors), whoever calls them, and write nothing when they do."""
+callers see (jobledger.domain.errors), whoever calls them, and write nothing when they do."""
 
 from __future__ import annotations
 
@@ -8,15 +8,15 @@ from decimal import Decimal
 
 import pytest
 
-from jobledger.errors import (
+from jobledger.domain.errors import (
     JobFinishedError,
     JobNotWaitingError,
     StaleApprovalError,
     TokenMismatchError,
     UnauthorisedDeciderError,
 )
-from jobledger.job import Job
-from jobledger.status import JobStatus
+from jobledger.domain.job import Job
+from jobledger.domain.status import JobStatus
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 

@@ -25,7 +25,7 @@ from typing import Any
 import pytest
 
 from jobledger import Engine, EngineConfig, JobStatus
-from jobledger.identity import step_key
+from jobledger.domain.identity import step_key
 from jobledger.workflows import DefinitionRegistry
 from tests.support import pythonpath
 from tests.support.kafka_broker import KafkaTopics, headers, read_topic, wait_for

@@ -9,7 +9,7 @@ import pytest
 
 from jobledger.adapters.kafka.messages import decode_tick
 from jobledger.adapters.kafka.queue import KafkaQueue
-from jobledger.ports import Queue, Tick
+from jobledger.orchestration.ports import Queue, Tick
 from tests.contracts.queue import QueueContract
 from tests.support.kafka_broker import KafkaTopics, read_topic
 

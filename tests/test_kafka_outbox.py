@@ -10,16 +10,17 @@ from collections import defaultdict
 from typing import Any
 
 import pytest
-from projections import status
-from projections.outbox import Outbox, decode_event, encode_event
 
-from jobledger import Engine, JobStatus, StepError, chain
+from jobledger import Engine, JobStatus, StepError
 from jobledger.adapters.event_store import EventSourcedJobStore
 from jobledger.adapters.kafka.publisher import KafkaEventPublisher
 from jobledger.adapters.locks import lock_for
-from jobledger.identity import job_uuid
-from jobledger.job import Job
-from jobledger.views import JobView
+from jobledger.domain import chain
+from jobledger.domain.identity import job_uuid
+from jobledger.domain.job import Job
+from jobledger.domain.views import JobView
+from jobledger.projections import status
+from jobledger.projections.outbox import Outbox, decode_event, encode_event
 from tests.support.engines import CountingExecutor, EngineFactory
 from tests.support.kafka_broker import KafkaTopics, headers, read_topic
 

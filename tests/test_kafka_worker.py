@@ -46,12 +46,12 @@ from jobledger.adapters.kafka.messages import (
 )
 from jobledger.adapters.kafka.worker import KafkaWorker
 from jobledger.adapters.ops import MemoryOps
-from jobledger.identity import step_key
-from jobledger.job import Job
-from jobledger.kafka_runner import KafkaRunner, KafkaRunnerSettings
-from jobledger.keys import ConsumedKey
-from jobledger.orchestrator import TickReport
-from jobledger.ports import JobStore
+from jobledger.domain.identity import step_key
+from jobledger.domain.job import Job
+from jobledger.domain.keys import ConsumedKey
+from jobledger.orchestration.orchestrator import TickReport
+from jobledger.orchestration.ports import JobStore
+from jobledger.runtime.kafka_runner import KafkaRunner, KafkaRunnerSettings
 from tests.support import pythonpath
 from tests.support.crash_worker import read_counts
 from tests.support.engines import (

@@ -20,13 +20,13 @@ from jobledger import Engine, FunctionRegistry, JobStatus, Resolution, linear_wo
 from jobledger.adapters.clock import FakeClock
 from jobledger.adapters.event_store import EventSourcedJobStore
 from jobledger.audit import export as exporting
-from jobledger.engine import SignalOutcome
-from jobledger.errors import ApprovalAlreadyDecidedError, TokenReplayedError
-from jobledger.identity import KEY_SCHEME, LEGACY_KEY_SCHEME, key_uuid, step_key
-from jobledger.job import Job
-from jobledger.keys import ConsumedKey, KeyKind
-from jobledger.ports import ApprovalRequest, ApprovalSpec, IssuedToken
-from jobledger.views import JobView
+from jobledger.domain.errors import ApprovalAlreadyDecidedError, TokenReplayedError
+from jobledger.domain.identity import KEY_SCHEME, LEGACY_KEY_SCHEME, key_uuid, step_key
+from jobledger.domain.job import Job
+from jobledger.domain.keys import ConsumedKey, KeyKind
+from jobledger.domain.views import JobView
+from jobledger.engine.engine import SignalOutcome
+from jobledger.orchestration.ports import ApprovalRequest, ApprovalSpec, IssuedToken
 from tests.support.engines import CountingExecutor, EngineFactory
 
 PARTITIONS = (1, 2, 4)

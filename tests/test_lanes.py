@@ -8,7 +8,7 @@ from collections import defaultdict
 
 import pytest
 
-from jobledger.lanes import Lanes
+from jobledger.orchestration.lanes import Lanes
 
 
 def test_each_keys_items_run_one_at_a_time_in_the_order_they_were_put() -> None:

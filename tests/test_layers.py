@@ -1,7 +1,9 @@
 """The import graph keeps the layers: arrows point down only (docs/architecture.md).
 
-core (job, transition, orchestrator, workflows, ports, ...) <- adapters <- audit <-
-projections/ <- the process level (the composition root, the runners, the CLI, the demo).
+The folders are the layers: core (domain/, orchestration/, workflows/ and the options,
+config.py) <- adapters/ <- audit/ <- projections/ <- engine/ (the composition root and the
+facade) <- presentation/ <- api/ <- runtime/ (the supervisor and its runners) <- the
+interfaces (cli/, demo/, the package itself).
 """
 
 from __future__ import annotations
@@ -12,41 +14,57 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-PROCESS = (
-    "jobledger.engine",
-    "jobledger.engine_parts",
-    "jobledger.commands",
-    "jobledger.schedules",
-    "jobledger.admitting",
-    "jobledger.erasing",
-    "jobledger.ticking",
-    "jobledger.reading",
-    "jobledger.runner",
-    "jobledger.kafka_runner",
-    "jobledger.cli",
-    "jobledger.api",
-)
-PROCESS += ("jobledger.bootstrap", "jobledger.supervisor", "jobledger.demo", "jobledger.__init__")
-LAYERS = {"core": 0, "adapters": 1, "audit": 2, "projections": 3, "process": 4}
+FOLDERS = {
+    "domain": "core",
+    "orchestration": "core",
+    "workflows": "core",
+    "config": "core",
+    "adapters": "adapters",
+    "audit": "audit",
+    "projections": "projections",
+    "engine": "engine",
+    "presentation": "presentation",
+    "api": "api",
+    "runtime": "runtime",
+    "cli": "interfaces",
+    "demo": "interfaces",
+}
+ORDER = ("core", "adapters", "audit", "projections", "engine", "presentation", "api", "runtime")
+LAYERS = {name: rank for rank, name in enumerate((*ORDER, "interfaces"))}
 
 
 def layer(module: str) -> str:
-    if module == "projections" or module.startswith("projections."):
-        return "projections"
-    if module == "jobledger" or any(module == p or module.startswith(p + ".") for p in PROCESS):
-        return "process"
-    for name in ("adapters", "audit"):
-        if module.startswith(f"jobledger.{name}"):
-            return name
-    return "core"
+    """The layer is the module's folder: ``jobledger.<folder>.<module>``."""
+    parts = module.split(".")
+    if parts[0] != "jobledger":
+        raise ValueError(f"{module} is not a jobledger module")
+    if len(parts) == 1 or parts[1] in ("__init__", "__main__"):
+        return "interfaces"
+    return FOLDERS[parts[1]]
 
 
 def modules() -> dict[str, Path]:
+    """Every module by its dotted name; projections/ (at the repository's top) installs
+    as ``jobledger.projections``."""
     found = {}
-    for base, package in ((ROOT / "src", "jobledger"), (ROOT, "projections")):
-        for path in sorted((base / package).rglob("*.py")):
-            found[".".join(path.relative_to(base).with_suffix("").parts)] = path
+    trees = (
+        (ROOT / "src" / "jobledger", "jobledger"),
+        (ROOT / "projections", "jobledger.projections"),
+    )
+    for base, package in trees:
+        for path in sorted(base.rglob("*.py")):
+            found[".".join((package, *path.relative_to(base).with_suffix("").parts))] = path
     return found
+
+
+def test_every_folder_is_a_layer() -> None:
+    """A new folder must be given its place in the map before its modules count."""
+    folders = {
+        p.name for p in (ROOT / "src" / "jobledger").iterdir() if (p / "__init__.py").exists()
+    }
+    assert folders == set(FOLDERS) - {"config"}
+    top = {p.stem for p in (ROOT / "src" / "jobledger").glob("*.py")}
+    assert top == {"__init__", "__main__", "config"}
 
 
 def imports(path: Path, every: dict[str, Path]) -> set[str]:
@@ -86,13 +104,15 @@ def test_no_module_imports_a_layer_above_its_own() -> None:
 @pytest.mark.parametrize(
     ("module", "expected"),
     [
-        ("jobledger.orchestrator", "core"),
+        ("jobledger.orchestration.orchestrator", "core"),
         ("jobledger.workflows.resolver", "core"),
         ("jobledger.adapters.kafka.worker", "adapters"),
         ("jobledger.audit.replay", "audit"),
-        ("projections.outbox", "projections"),
-        ("jobledger.cli.commands_ops", "process"),
-        ("jobledger.engine", "process"),
+        ("jobledger.projections.outbox", "projections"),
+        ("jobledger.engine.engine", "engine"),
+        ("jobledger.api.app", "api"),
+        ("jobledger.runtime.supervisor", "runtime"),
+        ("jobledger.cli.commands_ops", "interfaces"),
     ],
 )
 def test_each_module_has_the_layer_the_map_gives_it(module: str, expected: str) -> None:
@@ -105,16 +125,16 @@ def test_the_check_sees_a_back_edge(tmp_path: Path) -> None:
     source.write_text(
         "from typing import TYPE_CHECKING\n"
         "if TYPE_CHECKING:\n"
-        "    from jobledger.engine import Engine\n"
-        "from projections.outbox import Outbox\n"
+        "    from jobledger.engine.engine import Engine\n"
+        "from jobledger.projections.outbox import Outbox\n"
     )
     found = imports(source, modules())
-    assert found == {"jobledger.engine", "projections.outbox"}
+    assert found == {"jobledger.engine.engine", "jobledger.projections.outbox"}
     assert all(LAYERS[layer(target)] > LAYERS["adapters"] for target in found)
 
 
-def test_the_package_facade_counts_as_the_process_level(tmp_path: Path) -> None:
+def test_the_package_facade_counts_as_the_interfaces(tmp_path: Path) -> None:
     source = tmp_path / "core.py"
-    source.write_text("from jobledger import Engine\nfrom jobledger import chain\n")
-    assert imports(source, modules()) == {"jobledger", "jobledger.chain"}
-    assert layer("jobledger") == "process" and layer("jobledger.chain") == "core"
+    source.write_text("from jobledger import Engine\nfrom jobledger.domain import chain\n")
+    assert imports(source, modules()) == {"jobledger", "jobledger.domain.chain"}
+    assert layer("jobledger") == "interfaces" and layer("jobledger.domain.chain") == "core"

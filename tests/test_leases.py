@@ -14,7 +14,6 @@ from datetime import timedelta
 from uuid import UUID
 
 import pytest
-from projections import JobViews
 
 from jobledger import (
     Engine,
@@ -32,10 +31,11 @@ from jobledger.adapters.local_queue import LocalQueue
 from jobledger.adapters.locks import lock_for
 from jobledger.adapters.ops import MemoryOps
 from jobledger.audit.errors import MigrationRefusedError
-from jobledger.identity import job_uuid, step_key
-from jobledger.job import Job
-from jobledger.ports import Lease
-from jobledger.reconciler import Reconciler
+from jobledger.domain.identity import job_uuid, step_key
+from jobledger.domain.job import Job
+from jobledger.orchestration.ports import Lease
+from jobledger.orchestration.reconciler import Reconciler
+from jobledger.projections import JobViews
 from tests.support.engines import CountingExecutor, EngineFactory, agent_steps, default_registry
 
 TENANT = "lease-tenant"

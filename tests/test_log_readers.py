@@ -12,15 +12,15 @@ from pathlib import Path
 
 import pytest
 from eventsourcing.persistence import Tracking, TrackingRecorder
-from projections import JobViews, ProjectionRunner
-from projections.outbox import Outbox, OutboxRunner
 
 from jobledger import Engine
 from jobledger.adapters.clock import FakeClock
 from jobledger.adapters.event_store import EventSourcedJobStore
 from jobledger.adapters.follower import LogFollower
 from jobledger.adapters.log_spend import LogSpend
-from jobledger.spend import spend_of
+from jobledger.domain.spend import spend_of
+from jobledger.projections import JobViews, ProjectionRunner
+from jobledger.projections.outbox import Outbox, OutboxRunner
 
 ROOT = Path(__file__).resolve().parent.parent
 EngineFactory = Callable[..., Engine]
@@ -106,7 +106,7 @@ def test_a_step_without_cost_spends_nothing(cost: Decimal | None) -> None:
     from datetime import UTC, datetime
     from uuid import uuid4
 
-    from jobledger.job import Job
+    from jobledger.domain.job import Job
 
     event = object.__new__(Job.StepRecorded)
     event.__dict__.update(

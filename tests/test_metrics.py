@@ -11,13 +11,13 @@ from datetime import timedelta
 from pathlib import Path
 
 import pytest
-from projections import JobViews
 
 from jobledger import Engine, StepError, StepRequest
 from jobledger.adapters.clock import FakeClock
 from jobledger.adapters.metrics import OTHER, Metrics
 from jobledger.api.auth import Role
-from jobledger.ports import OpsEvent
+from jobledger.orchestration.ports import OpsEvent
+from jobledger.projections import JobViews
 from tests.support.engines import CountingExecutor, EngineFactory
 from tests.support.http import api_key, api_registry, start_api
 from tests.support.outage import Outage

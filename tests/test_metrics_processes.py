@@ -14,7 +14,6 @@ from pathlib import Path
 
 import pytest
 from kafka import KafkaProducer
-from projections.outbox import Outbox
 
 from jobledger import EngineConfig, StepRequest, StepResult, Tick
 from jobledger.adapters.kafka import job_key
@@ -23,6 +22,7 @@ from jobledger.adapters.kafka.publisher import KafkaEventPublisher
 from jobledger.adapters.kafka.worker import KafkaWorker
 from jobledger.adapters.metrics import Metrics
 from jobledger.adapters.ops import MemoryOps
+from jobledger.projections.outbox import Outbox
 from tests.support.cli import JOBLEDGER, Cli, announced, make_cli
 from tests.support.engines import TOKEN_SECRET, default_registry, open_engine
 from tests.support.kafka_broker import KafkaTopics, wait_for

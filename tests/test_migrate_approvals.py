@@ -10,7 +10,7 @@ import pytest
 
 from jobledger import JobStatus, StepRequest, StepResult
 from jobledger.audit.errors import MigrationRefusedError
-from jobledger.errors import UnauthorisedDeciderError
+from jobledger.domain.errors import UnauthorisedDeciderError
 from jobledger.workflows import DefinitionRegistry
 from tests.support.engines import EngineFactory
 

@@ -60,11 +60,11 @@ from jobledger.adapters.clock import FakeClock
 from jobledger.adapters.event_store import EventSourcedJobStore
 from jobledger.adapters.local_queue import LocalQueue
 from jobledger.adapters.ops import MemoryOps
-from jobledger.identity import job_uuid, step_key
-from jobledger.job import Job
-from jobledger.keys import ConsumedKey
-from jobledger.orchestrator import TickReport
-from jobledger.ports import JobStore
+from jobledger.domain.identity import job_uuid, step_key
+from jobledger.domain.job import Job
+from jobledger.domain.keys import ConsumedKey
+from jobledger.orchestration.orchestrator import TickReport
+from jobledger.orchestration.ports import JobStore
 from tests.support.engines import StoreWrapper
 from tests.support.engines import open_engine as build_engine
 from tests.support.services import POSTGRES_URL, REQUIRE_SERVICES

@@ -25,10 +25,10 @@ from jobledger.adapters.notifier import (
     WebhookNotifier,
     notifier_from_spec,
 )
-from jobledger.errors import ConfigError
-from jobledger.ports import ApprovalRequest, IssuedToken
-from jobledger.status import JobStatus
-from jobledger.views import JobView
+from jobledger.domain.errors import ConfigError
+from jobledger.domain.status import JobStatus
+from jobledger.domain.views import JobView
+from jobledger.orchestration.ports import ApprovalRequest, IssuedToken
 
 NOW = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
 TOKEN = IssuedToken(token="eyJ.token", nonce="n1", token_sha256="ab" * 32, expires_at=NOW)
@@ -190,7 +190,7 @@ def test_specs_name_the_built_in_notifiers_and_user_classes(tmp_path: Path) -> N
     [
         ("nonsense", "expected stdout, file:PATH, webhook:URL or package.module:Class"),
         ("no.such.module:Thing", "cannot be loaded"),
-        ("jobledger.errors:ConfigError", "not a notifier"),
+        ("jobledger.domain.errors:ConfigError", "not a notifier"),
         ("webhook:ftp://x", "must be http(s)://"),
     ],
 )

@@ -19,12 +19,12 @@ import pytest
 
 from jobledger import Engine, JobStatus, Outcome, Resolution, linear_workflow
 from jobledger.adapters.clock import FakeClock
-from jobledger.errors import DuplicateKeyError, VersionConflict
-from jobledger.identity import job_uuid
-from jobledger.job import Job
-from jobledger.keys import KeyKind
-from jobledger.ports import Append
-from jobledger.registry import FunctionRegistry
+from jobledger.domain.errors import DuplicateKeyError, VersionConflict
+from jobledger.domain.identity import job_uuid
+from jobledger.domain.job import Job
+from jobledger.domain.keys import KeyKind
+from jobledger.orchestration.ports import Append
+from jobledger.orchestration.registry import FunctionRegistry
 from tests.support.engines import EngineFactory, default_registry, store_of
 from tests.support.notifiers import Inbox
 

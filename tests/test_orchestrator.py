@@ -24,9 +24,9 @@ from jobledger import (
 from jobledger.adapters.clock import FakeClock
 from jobledger.adapters.local_queue import LocalQueue
 from jobledger.adapters.ops import MemoryOps
-from jobledger.identity import job_uuid
-from jobledger.ports import ApprovalRequest, IssuedToken
-from jobledger.views import JobView
+from jobledger.domain.identity import job_uuid
+from jobledger.domain.views import JobView
+from jobledger.orchestration.ports import ApprovalRequest, IssuedToken
 from tests.support.engines import TOKEN_SECRET, CountingExecutor, EngineFactory, agent_steps
 
 

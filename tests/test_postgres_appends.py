@@ -20,7 +20,7 @@ from eventsourcing.persistence import StoredEvent
 
 from jobledger.adapters.event_store import EventSourcedJobStore
 from jobledger.adapters.store_url import parse_store_url
-from jobledger.errors import StoreUnavailableError, VersionConflict
+from jobledger.domain.errors import StoreUnavailableError, VersionConflict
 from tests.contracts.job_store import AT, consumed, submitted
 from tests.support.services import postgres_schema_url
 

@@ -10,7 +10,6 @@ from decimal import Decimal
 from typing import Any
 
 import pytest
-from projections import JobViews, ProjectionRunner
 
 from jobledger import Engine, JobStatus, Resolution, StepRequest, linear_workflow
 from jobledger.adapters.clock import FakeClock
@@ -19,7 +18,8 @@ from jobledger.adapters.local_queue import LocalQueue
 from jobledger.adapters.locks import lock_for
 from jobledger.adapters.ops import MemoryOps
 from jobledger.adapters.store_url import parse_store_url
-from jobledger.reconciler import Reconciler, ReconcileResult
+from jobledger.orchestration.reconciler import Reconciler, ReconcileResult
+from jobledger.projections import JobViews, ProjectionRunner
 from tests.support.engines import CountingExecutor, EngineFactory
 
 
@@ -287,7 +287,7 @@ def test_processes_starting_together_on_a_fresh_store_create_the_tables_once(
         sys.path.insert(0, ".")
         from jobledger.adapters.event_store import EventSourcedJobStore
         from jobledger.adapters.store_url import parse_store_url
-        from projections import JobViews
+        from jobledger.projections import JobViews
         store = EventSourcedJobStore(parse_store_url({store_url!r}), partitions=2)
         JobViews(store)
         print("ok")

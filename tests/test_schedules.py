@@ -14,7 +14,6 @@ from pathlib import Path
 from zoneinfo import ZoneInfo
 
 import pytest
-from projections import JobViews
 
 from jobledger import Engine, FunctionRegistry, JobStatus, linear_workflow
 from jobledger.adapters.clock import FakeClock
@@ -22,17 +21,18 @@ from jobledger.adapters.event_store import EventSourcedJobStore
 from jobledger.adapters.locks import lock_for
 from jobledger.adapters.ops import MemoryOps
 from jobledger.adapters.store_url import parse_store_url
-from jobledger.errors import (
+from jobledger.domain.errors import (
     InvalidScheduleError,
     ScheduleExistsError,
     ScheduleStateError,
     UnknownScheduleError,
     UnknownWorkflowError,
 )
-from jobledger.identity import schedule_uuid
-from jobledger.reconciler import Reconciler
-from jobledger.schedules import ScheduleFiring
-from jobledger.supervisor import Services, Supervisor
+from jobledger.domain.identity import schedule_uuid
+from jobledger.engine.schedule_commands import ScheduleFiring
+from jobledger.orchestration.reconciler import Reconciler
+from jobledger.projections import JobViews
+from jobledger.runtime.supervisor import Services, Supervisor
 from tests.support.cli import make_cli
 from tests.support.engines import EngineFactory, agent_steps, default_registry
 

@@ -17,13 +17,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from projections import JobViews
 
 from jobledger import Engine, EngineConfig, JobStatus
 from jobledger.adapters.clock import FakeClock
 from jobledger.adapters.event_store import EventSourcedJobStore
 from jobledger.adapters.kafka.messages import decode_tick
-from jobledger.schedules import ScheduleFiring
+from jobledger.engine.schedule_commands import ScheduleFiring
+from jobledger.projections import JobViews
 from jobledger.workflows import DefinitionRegistry
 from tests.support import pythonpath
 from tests.support.fairness import NOOP_DEFINITION, runs

@@ -18,18 +18,18 @@ from typing import Any
 
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
-from projections.outbox import decode_event, encode_event
 
-from jobledger import chain, verifier
 from jobledger.adapters.clock import FakeClock
 from jobledger.adapters.mapper import UnsealedEventError
+from jobledger.adapters.signing import Ed25519Signer, Keyring, SigningKey, Window
 from jobledger.audit import export as exporting
-from jobledger.audit import tamper
-from jobledger.engine import Engine
-from jobledger.identity import job_uuid
-from jobledger.job import Job
-from jobledger.ports import Append
-from jobledger.signing import Ed25519Signer, Keyring, SigningKey, Window
+from jobledger.audit import tamper, verifier
+from jobledger.domain import chain
+from jobledger.domain.identity import job_uuid
+from jobledger.domain.job import Job
+from jobledger.engine.engine import Engine
+from jobledger.orchestration.ports import Append
+from jobledger.projections.outbox import decode_event, encode_event
 from tests import test_stored_formats as stored_formats
 from tests.support.audit import RawEvents
 from tests.support.engines import EngineFactory, store_of

@@ -16,9 +16,9 @@ from typing import Any
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from jobledger.adapters.clock import FakeClock
+from jobledger.adapters.signing import Ed25519Signer, Keyring, SigningKey, Window, b64url, message
 from jobledger.audit import tamper
-from jobledger.identity import job_uuid
-from jobledger.signing import Ed25519Signer, Keyring, SigningKey, Window, b64url, message
+from jobledger.domain.identity import job_uuid
 from tests.support.audit import RawEvents
 from tests.support.cli import JOBLEDGER, Cli, make_cli
 from tests.support.engines import EngineFactory, store_of

@@ -13,8 +13,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ec import SECP256R1, generate_private_key
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from jobledger.errors import ConfigError
-from jobledger.signing import (
+from jobledger.adapters.signing import (
     Ed25519Signer,
     Keyring,
     SigningKey,
@@ -25,6 +24,7 @@ from jobledger.signing import (
     message,
     private_pem,
 )
+from jobledger.domain.errors import ConfigError
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 SWITCH = datetime(2026, 7, 1, tzinfo=UTC)

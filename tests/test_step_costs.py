@@ -11,7 +11,7 @@ from typing import Any
 
 from jobledger import StepRequest, StepResult
 from jobledger.adapters.event_store import EventSourcedJobStore
-from jobledger.frozen import FrozenDict, thaw
+from jobledger.domain.read_only import FrozenDict, thaw
 from tests.support.engines import EngineFactory
 
 T = "acme"

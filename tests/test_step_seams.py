@@ -23,10 +23,10 @@ from jobledger import (
     StepResult,
     linear_workflow,
 )
-from jobledger.engine import SignalOutcome
-from jobledger.errors import VersionConflict
-from jobledger.identity import job_uuid, step_key
-from jobledger.job import Job
+from jobledger.domain.errors import VersionConflict
+from jobledger.domain.identity import job_uuid, step_key
+from jobledger.domain.job import Job
+from jobledger.engine.engine import SignalOutcome
 from tests.support.engines import CountingExecutor, EngineFactory
 
 JOB = "job-1"

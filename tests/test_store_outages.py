@@ -22,10 +22,9 @@ from typing import Any
 
 import pytest
 from eventsourcing.persistence import IntegrityError
-from projections import JobViews
 
 import jobledger
-from jobledger import Engine, JobStatus, StoreUnavailableError, retry
+from jobledger import Engine, JobStatus, StoreUnavailableError
 from jobledger.adapters.clock import FakeClock
 from jobledger.adapters.event_store import EventSourcedJobStore
 from jobledger.adapters.kafka.messages import encode_tick
@@ -38,7 +37,7 @@ from jobledger.api import problems
 from jobledger.audit import log as audit_log
 from jobledger.audit import time_travel
 from jobledger.cli.session import Exit, exit_code
-from jobledger.errors import (
+from jobledger.domain.errors import (
     ConcurrencyError,
     ConfigError,
     DuplicateKeyError,
@@ -48,10 +47,12 @@ from jobledger.errors import (
     TokenReplayedError,
     VersionConflict,
 )
-from jobledger.identity import job_uuid, key_uuid
-from jobledger.job import Job
-from jobledger.keys import ConsumedKey, KeyKind
-from jobledger.ports import StepRequest, Tick
+from jobledger.domain.identity import job_uuid, key_uuid
+from jobledger.domain.job import Job
+from jobledger.domain.keys import ConsumedKey, KeyKind
+from jobledger.orchestration import retry
+from jobledger.orchestration.ports import StepRequest, Tick
+from jobledger.projections import JobViews
 from tests.support.engines import CountingExecutor, EngineFactory, default_registry
 from tests.support.outage import DiskFull, Outage
 

@@ -15,9 +15,6 @@ import pytest
 from eventsourcing.persistence import Tracking, TrackingRecorder
 from eventsourcing.postgres import PostgresTrackingRecorder
 from eventsourcing.sqlite import SQLiteTrackingRecorder
-from projections import JobViews
-from projections.job_views import SCHEMA as VIEWS
-from projections.outbox import Outbox
 
 from jobledger import Engine
 from jobledger.adapters.backends import StoreBackend
@@ -29,7 +26,10 @@ from jobledger.adapters.subject_keys import COMPONENT as ERASURE
 from jobledger.adapters.subject_keys import MIGRATIONS as ERASURE_MIGRATIONS
 from jobledger.audit.log import job_uuids
 from jobledger.cli import main
-from jobledger.errors import StoreMissingError, StoreSchemaError
+from jobledger.domain.errors import StoreMissingError, StoreSchemaError
+from jobledger.projections import JobViews
+from jobledger.projections.job_views import SCHEMA as VIEWS
+from jobledger.projections.outbox import Outbox
 from tests.support.services import postgres_schema_url
 
 EngineFactory = Callable[..., Engine]

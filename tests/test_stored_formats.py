@@ -27,26 +27,19 @@ from uuid import UUID
 import pytest
 from eventsourcing.persistence import StoredEvent
 
-from jobledger import (
-    Engine,
-    EngineConfig,
-    FunctionRegistry,
-    JobStatus,
-    Resolution,
-    chain,
-    linear_workflow,
-)
+from jobledger import Engine, EngineConfig, FunctionRegistry, JobStatus, Resolution, linear_workflow
 from jobledger.adapters.clock import FakeClock
 from jobledger.adapters.event_store import EventSourcedJobStore
 from jobledger.adapters.ops import MemoryOps
 from jobledger.audit import export as exporting
 from jobledger.audit import tamper
-from jobledger.errors import BrokenHistoryError
-from jobledger.identity import job_uuid
-from jobledger.job import Job
-from jobledger.keys import KeyKind, key_id
-from jobledger.ports import ApprovalSpec
-from jobledger.substate import ApprovalGate, BufferedSignal, EventWait, JobBudget
+from jobledger.domain import chain
+from jobledger.domain.errors import BrokenHistoryError
+from jobledger.domain.identity import job_uuid
+from jobledger.domain.job import Job
+from jobledger.domain.keys import KeyKind, key_id
+from jobledger.domain.substate import ApprovalGate, BufferedSignal, EventWait, JobBudget
+from jobledger.orchestration.ports import ApprovalSpec
 from tests.support.engines import TOKEN_SECRET, CountingExecutor
 from tests.support.notifiers import Inbox
 
@@ -91,9 +84,11 @@ def deterministic(monkeypatch: pytest.MonkeyPatch, clock: FakeClock) -> None:
     """Claim ids, token nonces and snapshot times from counters and the fake clock."""
     claims = itertools.count(1)
     nonces = itertools.count(1)
-    monkeypatch.setattr("jobledger.orchestrator.uuid4", lambda: UUID(int=next(claims)))
+    monkeypatch.setattr(
+        "jobledger.orchestration.orchestrator.uuid4", lambda: UUID(int=next(claims))
+    )
     # A resume's folded claim (the tick it wakes) too.
-    monkeypatch.setattr("jobledger.commands.uuid4", lambda: UUID(int=next(claims)))
+    monkeypatch.setattr("jobledger.engine.job_commands.uuid4", lambda: UUID(int=next(claims)))
     monkeypatch.setattr(
         "jobledger.adapters.jwt_tokens.secrets.token_hex", lambda n: f"{next(nonces):0{2 * n}x}"
     )

@@ -1,9 +1,9 @@
 """One composition root and one supervisor (issue 10, items 2 and 3).
 
-- The wiring is decided once (``jobledger.bootstrap.build``): the facade and the
+- The wiring is decided once (``jobledger.engine.bootstrap.build``): the facade and the
   orchestrator run on the same ports, the transport is chosen when the engine is built,
   and nothing downcasts the facade's ports to find the adapters behind them.
-- Every process runs its services through ``jobledger.supervisor.Supervisor``: what a
+- Every process runs its services through ``jobledger.runtime.supervisor.Supervisor``: what a
   command runs is the library's decision (``Services.of``), a service that dies is
   started again, and a reconcile pass by hand is a library call.
 """
@@ -21,10 +21,10 @@ import pytest
 from jobledger import Engine
 from jobledger.adapters.kafka import KafkaQueue
 from jobledger.adapters.local_queue import LocalQueue
-from jobledger.errors import ConfigError
-from jobledger.kafka_runner import KafkaRunner
-from jobledger.status import JobStatus
-from jobledger.supervisor import Services, Supervisor
+from jobledger.domain.errors import ConfigError
+from jobledger.domain.status import JobStatus
+from jobledger.runtime.kafka_runner import KafkaRunner
+from jobledger.runtime.supervisor import Services, Supervisor
 from jobledger.workflows import DefinitionRegistry
 from tests.support.audit import MISSION_V1, ScoringAgent, definition, mission
 
@@ -145,7 +145,7 @@ def test_reconcile_once_runs_what_another_process_left_queued(
 def test_a_service_that_dies_is_started_again(
     make_engine: Callable[..., Engine], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr("jobledger.supervisor.RESTART_BACKOFF_SECONDS", 0.01)
+    monkeypatch.setattr("jobledger.runtime.supervisor.RESTART_BACKOFF_SECONDS", 0.01)
     engine = make_engine()
     supervisor = Supervisor(engine, Services(views=True))
     views = supervisor.views

@@ -1,4 +1,4 @@
-"""Traces that follow a job (jobledger.tracing, jobledger.adapters.otel) and the JSON log
+"""Traces that follow a job (orchestration.tracing, adapters.otel) and the JSON log
 lines that join them: a span per tick, a child span per step, the job's trace recorded at
 submit and continued by a resume, across the local queue (both stores) and a real Kafka
 broker, with the OpenTelemetry SDK's in-memory exporter.
@@ -21,7 +21,6 @@ from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import StatusCode
-from projections.outbox import Outbox
 
 from jobledger import (
     Engine,
@@ -31,18 +30,19 @@ from jobledger import (
     Resolution,
     StepRequest,
     StepResult,
-    chain,
     linear_workflow,
-    tracing,
 )
 from jobledger.adapters.kafka.messages import SignalMessage
 from jobledger.adapters.kafka.publisher import KafkaEventPublisher
 from jobledger.adapters.kafka.worker import KafkaWorker
 from jobledger.adapters.otel import OtelTracer
 from jobledger.cli.logs import JobContext, JsonLines
-from jobledger.identity import job_uuid, step_key
-from jobledger.job import Job
-from jobledger.tracing import trace_context, trace_headers
+from jobledger.domain import chain
+from jobledger.domain.identity import job_uuid, step_key
+from jobledger.domain.job import Job
+from jobledger.orchestration import tracing
+from jobledger.orchestration.tracing import trace_context, trace_headers
+from jobledger.projections.outbox import Outbox
 from tests.support.engines import TOKEN_SECRET, CountingExecutor, EngineFactory, store_of
 from tests.support.engines import open_engine as build_engine
 from tests.support.kafka_broker import KafkaTopics, headers, read_topic, wait_for
@@ -319,7 +319,7 @@ def test_json_log_lines_carry_the_job_step_and_the_span_they_were_logged_in(
     assert called["tenant"] == TENANT and called["job"] == "j" and called["step"] == 1
     assert called["trace_id"] == f"{trace_of(step):032x}"
     assert called["span_id"] == f"{span_id(step):016x}"
-    (ticked,) = [line for line in lines if line["logger"] == "jobledger.ticking"]
+    (ticked,) = [line for line in lines if line["logger"] == "jobledger.engine.ticks"]
     assert ticked["span_id"] == f"{span_id(tick):016x}" and ticked["step"] == 2
     assert tracing.log_fields() == {}  # nothing is left behind once the work is done
 

@@ -20,8 +20,7 @@ from jobledger import (
 )
 from jobledger.adapters.clock import FakeClock
 from jobledger.adapters.ops import MemoryOps
-from jobledger.engine import SignalOutcome
-from jobledger.errors import (
+from jobledger.domain.errors import (
     ApprovalAlreadyDecidedError,
     ExpiredTokenError,
     InvalidPayloadError,
@@ -32,7 +31,8 @@ from jobledger.errors import (
     TokenReplayedError,
     UnauthorisedDeciderError,
 )
-from jobledger.ports import ApprovalSpec
+from jobledger.engine.engine import SignalOutcome
+from jobledger.orchestration.ports import ApprovalSpec
 from tests.support.engines import TOKEN_SECRET, CountingExecutor, EngineFactory
 from tests.support.notifiers import Inbox
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 import threading
 
 from jobledger import StepRequest, StepResult
-from jobledger.status import JobStatus
-from jobledger.supervisor import Services, Supervisor
+from jobledger.domain.status import JobStatus
+from jobledger.runtime.supervisor import Services, Supervisor
 from tests.support.crash_worker import TENANT
 from tests.support.engines import EngineFactory
 from tests.test_group_commit import (

@@ -1,8 +1,7 @@
 """jobledger: a durable, event-sourced job and mission engine."""
 
 from jobledger.config import EngineConfig
-from jobledger.engine import Engine
-from jobledger.errors import (
+from jobledger.domain.errors import (
     ConfigError,
     DeploymentError,
     DuplicateKeyError,
@@ -17,11 +16,19 @@ from jobledger.errors import (
     VersionConflict,
     WorkflowNotDeployedError,
 )
-from jobledger.orchestrator import Outcome, TickReport
-from jobledger.ports import Resolution, ResolveRequest, RetryPolicy, StepRequest, StepResult, Tick
-from jobledger.registry import FunctionRegistry, linear_workflow
-from jobledger.status import JobStatus
-from jobledger.views import HistoryEntry, JobView
+from jobledger.domain.status import JobStatus
+from jobledger.domain.views import HistoryEntry, JobView
+from jobledger.engine.engine import Engine
+from jobledger.orchestration.orchestrator import Outcome, TickReport
+from jobledger.orchestration.ports import (
+    Resolution,
+    ResolveRequest,
+    RetryPolicy,
+    StepRequest,
+    StepResult,
+    Tick,
+)
+from jobledger.orchestration.registry import FunctionRegistry, linear_workflow
 
 __all__ = [
     "ConfigError",

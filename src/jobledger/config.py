@@ -108,7 +108,7 @@ class EngineConfig(BaseSettings):
     """The ``service.name`` of the spans this process exports."""
 
     signing_keys: Path | None = None
-    """The signing-keys file (``jobledger.signing``): set, every event this process
+    """The signing-keys file (``jobledger.adapters.signing``): set, every event this process
     writes is signed by the key valid at its time; unset, events are written unsigned."""
     keyring: Path | None = None
     """The keyring file of published public keys ``jobledger verify`` checks

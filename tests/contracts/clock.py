@@ -1,10 +1,10 @@
-"""The Clock port's promises (jobledger.ports.Clock)."""
+"""The Clock port's promises (jobledger.orchestration.ports.Clock)."""
 
 from __future__ import annotations
 
 from datetime import UTC, timedelta
 
-from jobledger.ports import Clock
+from jobledger.orchestration.ports import Clock
 
 
 class ClockContract:

@@ -1,4 +1,4 @@
-"""The Cost port's promises (jobledger.ports.Cost): a tenant's spend per UTC day, from
+"""The Cost port's promises (jobledger.orchestration.ports.Cost): a tenant's spend per UTC day, from
 the step costs on the log."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from decimal import Decimal
 
 from jobledger import Engine
 from jobledger.adapters.clock import FakeClock
-from jobledger.ports import Cost
+from jobledger.orchestration.ports import Cost
 
 CostReader = Callable[[], Cost]
 """The adapter as it reads the store now (a view caught up with the log, say)."""

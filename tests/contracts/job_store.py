@@ -1,4 +1,4 @@
-"""The JobStore port's promises (jobledger.ports.JobStore)."""
+"""The JobStore port's promises (jobledger.orchestration.ports.JobStore)."""
 
 from __future__ import annotations
 
@@ -7,12 +7,12 @@ from uuid import uuid4
 
 import pytest
 
-from jobledger.errors import DuplicateKeyError, VersionConflict
-from jobledger.identity import job_uuid
-from jobledger.job import Job
-from jobledger.keys import ConsumedKey, KeyKind
-from jobledger.ports import Append, JobStore
-from jobledger.status import JobStatus
+from jobledger.domain.errors import DuplicateKeyError, VersionConflict
+from jobledger.domain.identity import job_uuid
+from jobledger.domain.job import Job
+from jobledger.domain.keys import ConsumedKey, KeyKind
+from jobledger.domain.status import JobStatus
+from jobledger.orchestration.ports import Append, JobStore
 
 AT = datetime(2026, 1, 1, tzinfo=UTC)
 

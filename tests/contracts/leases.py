@@ -1,4 +1,4 @@
-"""The Leases port's promises (jobledger.ports.Leases): one row per running job, and of a
+"""The Leases port's promises (orchestration.ports.Leases): one row per running job, and of a
 heartbeat and a take-over racing for it exactly one wins. Moved here from
 tests/test_leases.py, which keeps what the engine does with them."""
 
@@ -11,7 +11,7 @@ from uuid import UUID, uuid4
 import pytest
 
 from jobledger.adapters.clock import FakeClock
-from jobledger.ports import Lease, Leases
+from jobledger.orchestration.ports import Lease, Leases
 
 
 def lease(job: UUID, claim: str, epoch: int, until_s: float, clock: FakeClock) -> Lease:

@@ -1,4 +1,4 @@
-"""The Lock port's promises (jobledger.ports.Lock): mutual exclusion across processes,
+"""The Lock port's promises (jobledger.orchestration.ports.Lock): mutual exclusion across processes,
 released by the OS or the database when the holder dies."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import sys
 import time
 from collections.abc import Callable
 
-from jobledger.ports import Lock
+from jobledger.orchestration.ports import Lock
 from tests.support import pythonpath
 
 LockMaker = Callable[[str], Lock]

@@ -1,4 +1,4 @@
-"""The Notifier port's promises (jobledger.ports.Notifier): when a job starts waiting
+"""The Notifier port's promises (jobledger.orchestration.ports.Notifier): when a job starts waiting
 for the outside world, the notifier is told, with what it takes to answer."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from collections.abc import Callable
 import pytest
 
 from jobledger import Engine, FunctionRegistry, JobStatus, Resolution, linear_workflow
-from jobledger.ports import ApprovalRequest, ApprovalSpec, Notifier
+from jobledger.orchestration.ports import ApprovalRequest, ApprovalSpec, Notifier
 
 Open = Callable[[Notifier, FunctionRegistry], Engine]
 """An engine on the test's store that tells ``notifier``."""

@@ -1,11 +1,11 @@
-"""The Queue port's promises (jobledger.ports.Queue)."""
+"""The Queue port's promises (jobledger.orchestration.ports.Queue)."""
 
 from __future__ import annotations
 
 from collections import Counter
 from typing import ClassVar
 
-from jobledger.ports import Queue, Tick
+from jobledger.orchestration.ports import Queue, Tick
 
 
 class QueueContract:

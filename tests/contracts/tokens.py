@@ -1,4 +1,4 @@
-"""The ResumeTokens port's promises (jobledger.ports.ResumeTokens)."""
+"""The ResumeTokens port's promises (jobledger.orchestration.ports.ResumeTokens)."""
 
 from __future__ import annotations
 
@@ -6,9 +6,9 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from jobledger.errors import ExpiredTokenError, InvalidTokenError
-from jobledger.ports import ResumeTokens
-from jobledger.views import JobView
+from jobledger.domain.errors import ExpiredTokenError, InvalidTokenError
+from jobledger.domain.views import JobView
+from jobledger.orchestration.ports import ResumeTokens
 from tests.contracts.job_store import submitted
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)

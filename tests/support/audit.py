@@ -15,7 +15,8 @@ from uuid import UUID
 import psycopg
 from eventsourcing.utils import get_topic
 
-from jobledger import Resolution, ResolveRequest, StepError, StepRequest, StepResult, chain
+from jobledger import Resolution, ResolveRequest, StepError, StepRequest, StepResult
+from jobledger.domain import chain
 from jobledger.workflows import DefinitionRegistry, WorkflowDefinition, parse_definition
 
 MISSION_V1 = """

@@ -34,9 +34,9 @@ from jobledger import (
     linear_workflow,
 )
 from jobledger.adapters.backends.postgres import OneTripRecorder
-from jobledger.job import Job
-from jobledger.keys import ConsumedKey
-from jobledger.ports import Append, JobStore, Refusal
+from jobledger.domain.job import Job
+from jobledger.domain.keys import ConsumedKey
+from jobledger.orchestration.ports import Append, JobStore, Refusal
 from tests.support.engines import StoreWrapper, open_engine
 
 TENANT = "crash-tenant"

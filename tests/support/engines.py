@@ -21,7 +21,7 @@ from jobledger import (
     linear_workflow,
 )
 from jobledger.adapters.event_store import EventSourcedJobStore
-from jobledger.ports import JobStore
+from jobledger.orchestration.ports import JobStore
 
 TOKEN_SECRET = "test-secret-test-secret-test-secret-0123"
 

@@ -21,7 +21,7 @@ from typing import Any
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from jobledger import chain
+from jobledger.domain import chain
 
 Lines = list[str]
 Edit = Callable[[Lines], Lines]

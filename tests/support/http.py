@@ -18,7 +18,6 @@ from typing import Any
 
 import httpx
 import jwt
-from projections import JobViews
 
 from jobledger import FunctionRegistry, JobStatus, Resolution, linear_workflow
 from jobledger.api.app import create_app
@@ -26,8 +25,9 @@ from jobledger.api.auth import Role, key_sha256
 from jobledger.api.connections import Connections
 from jobledger.api.server import ApiServer as Serving
 from jobledger.api.settings import ApiSettings
-from jobledger.engine import Engine
-from jobledger.ports import ApprovalSpec
+from jobledger.engine.engine import Engine
+from jobledger.orchestration.ports import ApprovalSpec
+from jobledger.projections import JobViews
 from tests.support.engines import agent_steps
 
 JWT_SECRET = "api-test-secret-api-test-secret-0123456789"

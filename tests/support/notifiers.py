@@ -3,8 +3,8 @@ runs on it too, in tests/test_contracts.py)."""
 
 from __future__ import annotations
 
-from jobledger.ports import ApprovalRequest, IssuedToken
-from jobledger.views import JobView
+from jobledger.domain.views import JobView
+from jobledger.orchestration.ports import ApprovalRequest, IssuedToken
 
 
 class Inbox:

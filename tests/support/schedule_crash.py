@@ -14,17 +14,16 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from projections import JobViews
-
 from jobledger.adapters.clock import FakeClock
 from jobledger.adapters.event_store import EventSourcedJobStore
 from jobledger.adapters.locks import lock_for
 from jobledger.adapters.ops import MemoryOps
 from jobledger.config import EngineConfig
-from jobledger.ports import JobStore
-from jobledger.reconciler import Reconciler
-from jobledger.schedule import Schedule
-from jobledger.schedules import ScheduleFiring
+from jobledger.domain.schedule import Schedule
+from jobledger.engine.schedule_commands import ScheduleFiring
+from jobledger.orchestration.ports import JobStore
+from jobledger.orchestration.reconciler import Reconciler
+from jobledger.projections import JobViews
 from tests.support.engines import default_registry, open_engine
 
 

@@ -16,13 +16,12 @@ import time
 from datetime import timedelta
 from pathlib import Path
 
-from projections import JobViews
-
 from jobledger import Engine, EngineConfig
 from jobledger.adapters.locks import lock_for
 from jobledger.adapters.store_url import parse_store_url
-from jobledger.job import JSON, Job
-from jobledger.reconciler import Reconciler
+from jobledger.domain.job import JSON, Job
+from jobledger.orchestration.reconciler import Reconciler
+from jobledger.projections import JobViews
 from jobledger.workflows import DefinitionRegistry, parse_definition
 from tests.support.crash_worker import FileCountingExecutor, hang
 from tests.support.engines import open_engine

@@ -3,7 +3,7 @@
 Each pass is one writing transaction that other passes wait for (an advisory lock on
 PostgreSQL, BEGIN IMMEDIATE on SQLite), so what it counts is what it admits against:
 two workers can never both take a tenant's last place. The choice itself is the core's
-(:meth:`jobledger.admission.Policy.choose`).
+(:meth:`jobledger.domain.admission.Policy.choose`).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import Any
 
 from jobledger.adapters.backends import ADMISSION_TABLE, Cursor, StoreBackend
 from jobledger.adapters.store_errors import store_errors
-from jobledger.admission import Group, Occupancy, Policy, Queued
+from jobledger.domain.admission import Group, Occupancy, Policy, Queued
 
 WAITING, IN_FLIGHT, PARKED, LENT = 0, 1, 2, 3
 _COLUMNS = "job_uuid, tenant_id, job_id, workflow_type, priority, rank"

@@ -9,7 +9,7 @@ import time
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 
-from jobledger.ports import Clock
+from jobledger.orchestration.ports import Clock
 
 log = logging.getLogger(__name__)
 

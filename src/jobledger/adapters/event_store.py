@@ -27,7 +27,7 @@ from jobledger.adapters.mapper import SealedMapper
 from jobledger.adapters.sealing import SealingPipeline
 from jobledger.adapters.store_errors import STORE_ERRORS, damaged, store_error, store_errors
 from jobledger.adapters.store_url import StoreLocation
-from jobledger.errors import (
+from jobledger.domain.errors import (
     BrokenHistoryError,
     DuplicateKeyError,
     StoreMissingError,
@@ -35,10 +35,10 @@ from jobledger.errors import (
     StoreUnreachableError,
     VersionConflict,
 )
-from jobledger.job import Job
-from jobledger.keys import ConsumedKey, KeyKind
-from jobledger.ports import Append, EventSigner, FieldSealer, Refusal
-from jobledger.schedule import Schedule
+from jobledger.domain.job import Job
+from jobledger.domain.keys import ConsumedKey, KeyKind
+from jobledger.domain.schedule import Schedule
+from jobledger.orchestration.ports import Append, EventSigner, FieldSealer, Refusal
 
 log = logging.getLogger(__name__)
 

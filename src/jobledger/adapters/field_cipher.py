@@ -23,8 +23,8 @@ from uuid import UUID
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
-from jobledger.erasure import ERASED, STATE_FIELDS, changed_at
-from jobledger.job import Job
+from jobledger.domain.erasure import ERASED, STATE_FIELDS, changed_at
+from jobledger.domain.job import Job
 
 SCHEME: Final = "aes-256-gcm/1"
 SEALED: Final = "$sealed"

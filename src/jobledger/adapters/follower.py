@@ -26,7 +26,7 @@ from eventsourcing.persistence import Notification, PersistenceError, Tracking, 
 from jobledger.adapters.backends import Cursor, StoreBackend, TrackingConflict, Waiter
 from jobledger.adapters.event_store import EventSourcedJobStore, LedgerPartition
 from jobledger.adapters.store_errors import store_errors
-from jobledger.errors import StoreUnavailableError
+from jobledger.domain.errors import StoreUnavailableError
 
 log = logging.getLogger(__name__)
 

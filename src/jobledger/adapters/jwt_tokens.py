@@ -11,9 +11,9 @@ from typing import Annotated, Any
 import jwt
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, ValidationError
 
-from jobledger.errors import ExpiredTokenError, InvalidTokenError
-from jobledger.ports import IssuedToken, TokenClaims
-from jobledger.views import JobView
+from jobledger.domain.errors import ExpiredTokenError, InvalidTokenError
+from jobledger.domain.views import JobView
+from jobledger.orchestration.ports import IssuedToken, TokenClaims
 
 REQUIRED_CLAIMS = ["iss", "aud", "exp", "iat", "jti", "tid", "job", "step", "evt", "wfv"]
 MAX_TOKEN_LENGTH = 4096

@@ -14,7 +14,7 @@ from uuid import UUID
 
 from jobledger.adapters.backends import LEASE_TABLE, StoreBackend
 from jobledger.adapters.store_errors import store_errors
-from jobledger.ports import Lease
+from jobledger.orchestration.ports import Lease
 
 _COLUMNS = "job_uuid, claim_id, worker_id, epoch, lease_until"
 _UPSERT = (

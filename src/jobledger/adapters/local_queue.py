@@ -10,7 +10,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
-from jobledger.ports import Clock, Tick
+from jobledger.orchestration.ports import Clock, Tick
 
 
 @dataclass(order=True)

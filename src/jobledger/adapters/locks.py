@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from jobledger.adapters.backends import backend_for
 from jobledger.adapters.store_url import StoreLocation
-from jobledger.ports import Lock
+from jobledger.orchestration.ports import Lock
 
 
 def lock_for(location: StoreLocation, name: str) -> Lock:

@@ -21,8 +21,8 @@ from eventsourcing.utils import get_topic
 from jobledger.adapters.event_store import EventSourcedJobStore, LedgerPartition
 from jobledger.adapters.follower import LogFollower
 from jobledger.adapters.store_errors import store_errors
-from jobledger.job import Job
-from jobledger.spend import spend_of
+from jobledger.domain.job import Job
+from jobledger.domain.spend import spend_of
 
 
 class LogSpend:

@@ -27,11 +27,11 @@ from eventsourcing.persistence import (
 )
 from eventsourcing.utils import get_topic, resolve_topic
 
-from jobledger import chain, event_decoding
 from jobledger.adapters import sealing
-from jobledger.identity import job_uuid
-from jobledger.job import Job
-from jobledger.ports import FieldSealer
+from jobledger.domain import chain, event_decoding
+from jobledger.domain.identity import job_uuid
+from jobledger.domain.job import Job
+from jobledger.orchestration.ports import FieldSealer
 
 
 class UnsealedEventError(ValueError):

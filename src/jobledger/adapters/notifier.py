@@ -30,10 +30,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
-from jobledger.chain import canonical_json
-from jobledger.errors import ConfigError
-from jobledger.ports import ApprovalRequest, IssuedToken, Notifier
-from jobledger.views import JobView
+from jobledger.domain.chain import canonical_json
+from jobledger.domain.errors import ConfigError
+from jobledger.domain.views import JobView
+from jobledger.orchestration.ports import ApprovalRequest, IssuedToken, Notifier
 
 log = logging.getLogger(__name__)
 

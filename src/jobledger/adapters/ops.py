@@ -7,7 +7,7 @@ import json
 import logging
 import threading
 
-from jobledger.ports import Ops, OpsEvent
+from jobledger.orchestration.ports import Ops, OpsEvent
 
 
 class LoggingOps:

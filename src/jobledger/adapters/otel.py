@@ -47,9 +47,9 @@ from opentelemetry.trace import (
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 from opentelemetry.util import types
 
-from jobledger.errors import ConfigError
-from jobledger.tracing import Attributes, Carrier
-from jobledger.tracing import Span as CoreSpan
+from jobledger.domain.errors import ConfigError
+from jobledger.orchestration.tracing import Attributes, Carrier
+from jobledger.orchestration.tracing import Span as CoreSpan
 
 log = logging.getLogger(__name__)
 

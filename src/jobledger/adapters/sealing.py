@@ -18,10 +18,10 @@ from __future__ import annotations
 import json
 from typing import Any, Final
 
-from jobledger import chain
-from jobledger.chain import Sealed
-from jobledger.job import Job
-from jobledger.ports import EventSigner, FieldSealer
+from jobledger.domain import chain
+from jobledger.domain.chain import Sealed
+from jobledger.domain.job import Job
+from jobledger.orchestration.ports import EventSigner, FieldSealer
 
 ROW_PREFIX: Final = b'{"chain_hash":"'
 """How every v2 row starts (an old row starts ``{"timestamp":``)."""

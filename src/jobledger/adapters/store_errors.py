@@ -19,7 +19,7 @@ from typing import Final
 import psycopg
 from eventsourcing.persistence import ConnectionPoolClosedError, IntegrityError, PersistenceError
 
-from jobledger.errors import StoreCorruptError, StoreUnavailableError
+from jobledger.domain.errors import StoreCorruptError, StoreUnavailableError
 
 STORE_ERRORS: tuple[type[Exception], ...] = (
     PersistenceError,  # the library's translation of the drivers' errors

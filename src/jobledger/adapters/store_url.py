@@ -8,8 +8,8 @@ from pathlib import Path
 from typing import Final
 from urllib.parse import SplitResult, parse_qs, unquote, urlsplit
 
-from jobledger.errors import ConfigError
-from jobledger.redaction import redact
+from jobledger.domain.errors import ConfigError
+from jobledger.domain.redaction import redact
 
 SQLITE_FACTORY = "jobledger.adapters.sqlite_durable:DurableSQLiteFactory"
 POSTGRES_FACTORY = "eventsourcing.postgres"

@@ -35,7 +35,7 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from jobledger.adapters.backends import StoreBackend
 from jobledger.adapters.backends.base import Cursor, Migration
 from jobledger.adapters.store_errors import store_errors
-from jobledger.erasure import Erasure, KeyState
+from jobledger.domain.erasure import Erasure, KeyState
 
 COMPONENT: Final = "erasure"
 KEYS: Final = "jobledger_subject_keys"

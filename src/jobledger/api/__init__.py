@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import importlib.util
 
-from jobledger.errors import ConfigError
+from jobledger.domain.errors import ConfigError
 
 HTTP_EXTRA = ("fastapi", "uvicorn", "jinja2", "multipart")
 

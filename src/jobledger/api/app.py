@@ -10,7 +10,6 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
-from projections import JobViews
 
 from jobledger.api import (
     console,
@@ -34,8 +33,9 @@ from jobledger.api.models import Health
 from jobledger.api.paths import EncodedSlashes
 from jobledger.api.problems import Problem
 from jobledger.api.settings import ApiSettings
-from jobledger.engine import Engine
-from jobledger.errors import JobLedgerError
+from jobledger.domain.errors import JobLedgerError
+from jobledger.engine.engine import Engine
+from jobledger.projections import JobViews
 
 API_TITLE = "jobledger"
 API_VERSION = "1"

@@ -21,14 +21,13 @@ from dataclasses import dataclass, fields
 from datetime import datetime
 from typing import Any
 
-from projections import JobViews
-
-from jobledger import transition
 from jobledger.api.auth import Principal, Role
-from jobledger.cli.output import jsonable, personal_paths
-from jobledger.engine import Engine
-from jobledger.errors import JobLedgerError
-from jobledger.views import HistoryEntry
+from jobledger.domain import transition
+from jobledger.domain.errors import JobLedgerError
+from jobledger.domain.views import HistoryEntry
+from jobledger.engine.engine import Engine
+from jobledger.presentation.output import jsonable, personal_paths
+from jobledger.projections import JobViews
 from jobledger.workflows.definition import AnyStep, Complete, Fail
 from jobledger.workflows.resolver import DefinitionRegistry, resolve_step
 

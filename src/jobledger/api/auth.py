@@ -20,7 +20,7 @@ import jwt
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from jobledger.api.settings import ApiSettings
-from jobledger.errors import ConfigError
+from jobledger.domain.errors import ConfigError
 
 EVERY_TENANT = "*"
 ASYMMETRIC = ("RS256", "ES256")

@@ -30,7 +30,7 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from jobledger.api.problems import Problem
 from jobledger.api.settings import ApiSettings
-from jobledger.errors import ConfigError
+from jobledger.domain.errors import ConfigError
 
 log = logging.getLogger(__name__)
 

@@ -16,7 +16,7 @@ from fastapi import Depends, Request
 from jobledger.api.auth import AuthenticationError, Authenticator, Principal, Role
 from jobledger.api.limits import RateLimiter
 from jobledger.api.problems import Problem
-from jobledger.engine import Engine
+from jobledger.engine.engine import Engine
 
 BEARER = "bearer"
 

@@ -33,9 +33,9 @@ from jobledger.adapters.follower import LogFollower
 from jobledger.adapters.store_errors import store_errors
 from jobledger.api.models import Event
 from jobledger.api.problems import of_error
-from jobledger.errors import BrokenHistoryError, InvalidPayloadError, StoreUnavailableError
-from jobledger.job import Job
-from jobledger.views import HistoryEntry
+from jobledger.domain.errors import BrokenHistoryError, InvalidPayloadError, StoreUnavailableError
+from jobledger.domain.job import Job
+from jobledger.domain.views import HistoryEntry
 
 log = logging.getLogger(__name__)
 

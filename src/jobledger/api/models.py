@@ -7,15 +7,15 @@ from datetime import datetime
 from decimal import Decimal
 from typing import Any, Literal, Self
 
-from projections.job_views import cursor
-from projections.status import StatusRow
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from jobledger.api.approvals import ApprovalCard
-from jobledger.cli.output import jsonable, open_wait, pending_approval
-from jobledger.erasing import ErasureReport, Shred
-from jobledger.ports import BlockedNote
-from jobledger.views import FamilyView, HistoryEntry, JobView
+from jobledger.domain.views import FamilyView, HistoryEntry, JobView
+from jobledger.engine.erasure_commands import ErasureReport, Shred
+from jobledger.orchestration.ports import BlockedNote
+from jobledger.presentation.output import jsonable, open_wait, pending_approval
+from jobledger.projections.job_views import cursor
+from jobledger.projections.status import StatusRow
 
 Id = Field(min_length=1, max_length=200)
 

@@ -21,10 +21,10 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 from starlette.exceptions import HTTPException
 
-from jobledger import errors
 from jobledger.adapters.store_errors import STORE_ERRORS
 from jobledger.audit.errors import NoSuchVersionError
-from jobledger.redaction import redact
+from jobledger.domain import errors
+from jobledger.domain.redaction import redact
 
 MEDIA_TYPE = "application/problem+json"
 TYPE_PREFIX = "urn:jobledger:error:"

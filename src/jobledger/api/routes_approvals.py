@@ -5,7 +5,6 @@ to, how it ended). Deciding is ``POST .../approvals/{approval}`` (routes_inputs)
 from __future__ import annotations
 
 from fastapi import APIRouter, Request
-from projections import JobViews
 
 from jobledger.api import approvals
 from jobledger.api.auth import Role
@@ -13,6 +12,7 @@ from jobledger.api.deps import Caller, EngineDep, tenant_scope
 from jobledger.api.models import Approval
 from jobledger.api.paths import JOB
 from jobledger.api.problems import EVERY_REQUEST, Problem, documented
+from jobledger.projections import JobViews
 
 router = APIRouter(tags=["approvals"], responses=EVERY_REQUEST)
 

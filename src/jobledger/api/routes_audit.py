@@ -3,17 +3,17 @@
 from __future__ import annotations
 
 from fastapi import APIRouter, Request
-from projections import JobViews
 
+from jobledger.adapters.signing import Keyring
 from jobledger.api.auth import Principal, Role
 from jobledger.api.deps import Caller, EngineDep, tenant_scope
 from jobledger.api.models import PartitionLag, TenantVerdict, Verdict
 from jobledger.api.paths import JOB, TENANT
 from jobledger.api.problems import EVERY_REQUEST, Problem, documented
 from jobledger.audit.tamper import JobCheck, Signatures, verify_one, verify_store
-from jobledger.engine import Engine
-from jobledger.identity import job_uuid
-from jobledger.signing import Keyring
+from jobledger.domain.identity import job_uuid
+from jobledger.engine.engine import Engine
+from jobledger.projections import JobViews
 
 router = APIRouter(tags=["audit"], responses=EVERY_REQUEST)
 
@@ -90,7 +90,7 @@ def projections_status(caller: Caller, request: Request, engine: EngineDep) -> l
     views: JobViews = request.app.state.views
     lag = views.lag()
     if engine.config.transport == "kafka":
-        from projections.outbox import outbox_lag
+        from jobledger.projections.outbox import outbox_lag
 
         lag += outbox_lag(views.store)
     return [

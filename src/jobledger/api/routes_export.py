@@ -19,7 +19,7 @@ from jobledger.api.deps import Caller, EngineDep, tenant_scope
 from jobledger.api.paths import JOB, TENANT
 from jobledger.api.problems import EVERY_REQUEST, documented
 from jobledger.audit.export import Selection, export_lines
-from jobledger.engine import Engine
+from jobledger.engine.engine import Engine
 
 router = APIRouter(tags=["audit"], responses=EVERY_REQUEST)
 

@@ -18,7 +18,7 @@ from jobledger.api.models import (
 )
 from jobledger.api.paths import JOB
 from jobledger.api.problems import EVERY_REQUEST, documented
-from jobledger.engine import Engine
+from jobledger.engine.engine import Engine
 
 router = APIRouter(tags=["inputs"], responses=EVERY_REQUEST)
 

@@ -6,8 +6,6 @@ from datetime import datetime
 from typing import Annotated
 
 from fastapi import APIRouter, Header, Query, Request, Response
-from projections import JobViews
-from projections.job_views import JobQuery, cursor
 
 from jobledger.api.auth import Role
 from jobledger.api.deps import Caller, EngineDep, tenant_scope
@@ -22,7 +20,9 @@ from jobledger.api.models import (
 )
 from jobledger.api.paths import JOB, JOBS, id_path
 from jobledger.api.problems import EVERY_REQUEST, Problem, documented
-from jobledger.status import UnknownStatusError, parse_statuses
+from jobledger.domain.status import UnknownStatusError, parse_statuses
+from jobledger.projections import JobViews
+from jobledger.projections.job_views import JobQuery, cursor
 
 router = APIRouter(tags=["jobs"], responses=EVERY_REQUEST)
 

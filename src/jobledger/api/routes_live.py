@@ -20,7 +20,7 @@ from jobledger.api.live import LogBell, job_events, resume_after
 from jobledger.api.paths import JOB
 from jobledger.api.problems import EVERY_REQUEST, documented
 from jobledger.api.settings import ApiSettings
-from jobledger.identity import job_uuid
+from jobledger.domain.identity import job_uuid
 
 router = APIRouter(tags=["live"], responses=EVERY_REQUEST)
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 from typing import Annotated
 
 from fastapi import APIRouter, Query, Request, Response
-from projections import JobViews
 
 from jobledger.api.auth import Principal, Role
 from jobledger.api.deps import Caller, EngineDep, tenant_scope
@@ -23,7 +22,8 @@ from jobledger.api.schedule_models import (
     ScheduleRequest,
     ScheduleSummary,
 )
-from jobledger.errors import UnknownScheduleError
+from jobledger.domain.errors import UnknownScheduleError
+from jobledger.projections import JobViews
 
 router = APIRouter(tags=["schedules"], responses=EVERY_REQUEST)
 

@@ -6,13 +6,13 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any, Self
 
-from projections.schedules import ScheduleRow
 from pydantic import BaseModel, Field
 
 from jobledger.api.models import Body
-from jobledger.cli.output import jsonable
-from jobledger.schedule import MAX_CATCH_UP, CatchUp, Overlap, ScheduleEntry, ScheduleView
-from jobledger.schedules import MAX_NAME_LENGTH
+from jobledger.domain.schedule import MAX_CATCH_UP, CatchUp, Overlap, ScheduleEntry, ScheduleView
+from jobledger.engine.schedule_commands import MAX_NAME_LENGTH
+from jobledger.presentation.output import jsonable
+from jobledger.projections.schedules import ScheduleRow
 
 
 class ScheduleRequest(Body):

@@ -28,8 +28,8 @@ from jobledger.api.auth import Authenticator
 from jobledger.api.connections import AcceptErrors, Connections, Listener
 from jobledger.api.live import LogBell
 from jobledger.api.settings import ApiSettings
-from jobledger.engine import Engine
-from jobledger.errors import ConfigError
+from jobledger.domain.errors import ConfigError
+from jobledger.engine.engine import Engine
 
 log = logging.getLogger(__name__)
 

@@ -12,7 +12,7 @@ from typing import Any
 from pydantic import Field, SecretStr, ValidationError, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from jobledger.errors import ConfigError
+from jobledger.domain.errors import ConfigError
 
 ENV_PREFIX = "JOBLEDGER_HTTP_"
 PATHS = ("jwks_file", "api_keys_file")

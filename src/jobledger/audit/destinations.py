@@ -23,7 +23,7 @@ from jobledger.audit.anchors import (
 )
 from jobledger.audit.timestamping import StampingSink, TimeStampAuthority, TsaTrust, check_stamps
 from jobledger.config import EngineConfig
-from jobledger.errors import ConfigError
+from jobledger.domain.errors import ConfigError
 
 KAFKA_SCHEME = "kafka://"
 FILE_SCHEME = "file:"

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from jobledger.errors import JobLedgerError
+from jobledger.domain.errors import JobLedgerError
 
 
 class AuditError(JobLedgerError):

@@ -16,7 +16,7 @@ originator_version: version, timestamp, **data}, "type": "Job." + type})``, and 
 signature over ``jobledger.event/1\n<signer>\n<chain_hash>`` with the keyring.
 
 Import reads /1 (the same lines, unsigned) and /2. It refuses, writing nothing, a file
-that does not verify as ``jobledger-verify`` checks it (``jobledger.verifier``, called
+that does not verify as ``jobledger-verify`` checks it (``jobledger.audit.verifier``, called
 here: every line canonical and naming its job, the chains, the manifest, the family),
 that does not rebuild into stored events, or a target store that is not empty. It then
 writes the very same events (ids, versions, timestamps, the bytes hashed, chain hashes
@@ -38,16 +38,17 @@ from uuid import UUID
 
 from eventsourcing.persistence import IntegrityError
 
-from jobledger import chain, event_decoding, verifier
 from jobledger.adapters.event_store import EventSourcedJobStore
 from jobledger.adapters.store_errors import store_errors
+from jobledger.audit import verifier
 from jobledger.audit.errors import ImportRefusedError
 from jobledger.audit.log import events_of, is_empty, job_uuids, read_jobs
 from jobledger.audit.tamper import JobCheck, check_job
-from jobledger.errors import UnknownJobError
-from jobledger.identity import job_uuid as job_uuid_of
-from jobledger.job import Job
-from jobledger.keys import ConsumedKey, KeyKind
+from jobledger.domain import chain, event_decoding
+from jobledger.domain.errors import UnknownJobError
+from jobledger.domain.identity import job_uuid as job_uuid_of
+from jobledger.domain.job import Job
+from jobledger.domain.keys import ConsumedKey, KeyKind
 
 EXPORT_FORMAT: Final = "jobledger.export/2"
 

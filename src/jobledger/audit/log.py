@@ -17,7 +17,7 @@ from eventsourcing.utils import get_topic
 from jobledger.adapters.event_store import EventSourcedJobStore, LedgerPartition
 from jobledger.adapters.mapper import MovedRowError
 from jobledger.adapters.store_errors import store_errors
-from jobledger.job import Job
+from jobledger.domain.job import Job
 
 JOB_TOPIC_PREFIX = get_topic(Job) + "."
 """Every job event's topic starts with this (``jobledger.job:Job.``); keys and

@@ -13,9 +13,9 @@ from datetime import datetime
 
 from jobledger.audit.errors import MigrationRefusedError
 from jobledger.audit.replay import ReplayReport, Resolver, replay_job
-from jobledger.job import Job
-from jobledger.status import JobStatus
-from jobledger.substate import ApprovalGate
+from jobledger.domain.job import Job
+from jobledger.domain.status import JobStatus
+from jobledger.domain.substate import ApprovalGate
 
 
 def check_movable(

@@ -29,7 +29,7 @@ A failure recorded as a resolution error (``Failed`` with cause ``definition``) 
 replayed too: resolving without an error there is a divergence.
 
 What is compared cannot drift from what the engine does: the replayed decision comes from
-``jobledger.transition.decide``, the function the tick records every step with, and it is
+``jobledger.domain.transition.decide``, the function the tick records every step with, and it is
 compared on everything that reaches the executor or decides the next transition: the
 step's kind and name, the next status and step, the wait or gate it opens, and
 ``input_sha256`` (the params, retry policy and the step's own output and state patch; steps
@@ -45,13 +45,13 @@ from functools import partial
 from typing import Any, Final
 from uuid import UUID
 
-from jobledger import erasure, transition
 from jobledger.audit.errors import ReplayError
 from jobledger.config import EngineConfig
-from jobledger.job import Claim, Job
-from jobledger.ports import Resolution, ResolveRequest
-from jobledger.status import JobStatus
-from jobledger.substate import EventWait
+from jobledger.domain import erasure, transition
+from jobledger.domain.job import Claim, Job
+from jobledger.domain.status import JobStatus
+from jobledger.domain.substate import EventWait
+from jobledger.orchestration.ports import Resolution, ResolveRequest
 from jobledger.workflows.definition import WorkflowDefinition
 from jobledger.workflows.resolver import resolve
 

@@ -29,13 +29,13 @@ from dataclasses import dataclass
 from datetime import datetime
 from uuid import UUID
 
-from jobledger import chain
 from jobledger.adapters.event_store import EventSourcedJobStore
 from jobledger.audit.anchors import Anchor, AnchorLog, AnchorSink, Head, make_anchor
 from jobledger.audit.errors import AnchorRefusedError
 from jobledger.audit.log import StoredRecord, job_uuids, read_job, read_jobs
-from jobledger.job import Job
-from jobledger.ports import KeyringCheck
+from jobledger.domain import chain
+from jobledger.domain.job import Job
+from jobledger.orchestration.ports import KeyringCheck
 
 Progress = Callable[[int, int], None]
 """Called with (jobs done, jobs in all)."""

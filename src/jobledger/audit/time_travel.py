@@ -17,8 +17,8 @@ from eventsourcing.application import AggregateNotFoundError
 from jobledger.adapters.event_store import EventSourcedJobStore, project
 from jobledger.adapters.store_errors import store_errors
 from jobledger.audit.errors import NoSuchVersionError
-from jobledger.job import Job
-from jobledger.ports import JobStore
+from jobledger.domain.job import Job
+from jobledger.orchestration.ports import JobStore
 
 
 def fold(events: Iterable[Job.Event]) -> Job:

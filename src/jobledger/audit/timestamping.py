@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Final
 
 from jobledger.audit.anchors import AnchorLog, AnchorSink, StampCheck, TimeStamp, parse_line
 from jobledger.audit.errors import TimeStampError
-from jobledger.errors import ConfigError
+from jobledger.domain.errors import ConfigError
 
 if TYPE_CHECKING:
     from cryptography.x509 import Certificate

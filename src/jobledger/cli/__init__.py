@@ -31,7 +31,7 @@ from jobledger.cli import (
     commands_schedules,
 )
 from jobledger.cli.session import Exit, report_error
-from jobledger.errors import JobLedgerError
+from jobledger.domain.errors import JobLedgerError
 
 __all__ = ["Exit", "app", "main"]
 

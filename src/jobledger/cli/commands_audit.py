@@ -19,6 +19,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 from rich.table import Table
 
+from jobledger.adapters.signing import Keyring
 from jobledger.audit import export as exporting
 from jobledger.audit.anchors import DEFAULT_ANCHOR_FILE, AnchorLog, AnchorSink, parse_anchors
 from jobledger.audit.destinations import Destination, open_sink, read_log
@@ -31,15 +32,14 @@ from jobledger.audit.tamper import (
     verify_store,
 )
 from jobledger.audit.timestamping import TimeStampAuthority, TsaTrust
-from jobledger.cli import output
 from jobledger.cli.config_file import load_settings
 from jobledger.cli.logs import OneShotLogFormatOption, OneShotLogLevelOption, configure_one_shot
 from jobledger.cli.params import LARGEST, JobId, Tenant
 from jobledger.cli.session import ConfigOption, Exit, JsonFlag, StoreOption, open_engine
-from jobledger.engine import Engine
-from jobledger.identity import job_uuid
-from jobledger.signing import Keyring
-from jobledger.status import JobStatus
+from jobledger.domain.identity import job_uuid
+from jobledger.domain.status import JobStatus
+from jobledger.engine.engine import Engine
+from jobledger.presentation import output
 
 if TYPE_CHECKING:
     # Loaded when a command needs them: definitions cost start-up time.

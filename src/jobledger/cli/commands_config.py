@@ -11,14 +11,14 @@ from rich.table import Table
 
 from jobledger.api.settings import ApiSettings, load_api_settings
 from jobledger.api.settings import env_name as http_env_name
-from jobledger.audit.schedule import AnchorSettings, load_anchor_settings
-from jobledger.audit.schedule import env_name as anchors_env_name
+from jobledger.audit.anchor_schedule import AnchorSettings, load_anchor_settings
+from jobledger.audit.anchor_schedule import env_name as anchors_env_name
 from jobledger.cli.config_file import CLI_KEYS, Settings, env_name, load_settings
 from jobledger.cli.logs import OneShotLogFormatOption, OneShotLogLevelOption, configure_one_shot
-from jobledger.cli.output import console, jsonable, print_json
 from jobledger.cli.session import ConfigOption, JsonFlag, StoreOption
 from jobledger.config import EngineConfig
-from jobledger.redaction import redact
+from jobledger.domain.redaction import redact
+from jobledger.presentation.output import console, jsonable, print_json
 
 app = typer.Typer(help="The settings commands run with.", no_args_is_help=True)
 

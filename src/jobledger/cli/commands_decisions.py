@@ -10,13 +10,13 @@ from typing import Annotated
 
 import typer
 
-from jobledger.cli import output
 from jobledger.cli.logs import OneShotLogFormatOption, OneShotLogLevelOption, configure_one_shot
 from jobledger.cli.params import LARGEST, JobId, PayloadOption, Tenant, parse_moment, read_value
 from jobledger.cli.session import ConfigOption, JsonFlag, StoreOption, open_engine
-from jobledger.engine import Engine
-from jobledger.errors import StaleApprovalError
-from jobledger.views import JobView
+from jobledger.domain.errors import StaleApprovalError
+from jobledger.domain.views import JobView
+from jobledger.engine.engine import Engine
+from jobledger.presentation import output
 
 ApprovalOption = Annotated[
     str | None,

@@ -9,11 +9,11 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 from rich.table import Table
 
-from jobledger.cli import output
 from jobledger.cli.config_file import load_settings
 from jobledger.cli.logs import OneShotLogFormatOption, OneShotLogLevelOption, configure_one_shot
 from jobledger.cli.session import ConfigOption, Exit, JsonFlag
-from jobledger.errors import ConfigError
+from jobledger.domain.errors import ConfigError
+from jobledger.presentation import output
 
 if TYPE_CHECKING:
     from jobledger.workflows import WorkflowDefinition
@@ -85,9 +85,8 @@ def _dropped_pins(
 ) -> list[str]:
     """A job runs on the version it was submitted with (or migrated to): a deploy that
     drops that version leaves the job blocked on every worker that has it no more."""
-    from projections import JobViews
-
     from jobledger.cli.session import open_engine
+    from jobledger.projections import JobViews
 
     with open_engine(store, config, purpose="definitions check --store") as engine:
         views = JobViews(engine.deps.store)

@@ -6,10 +6,10 @@ from typing import Annotated
 
 import typer
 
-from jobledger.cli import output
 from jobledger.cli.config_file import load_settings
 from jobledger.cli.logs import OneShotLogFormatOption, OneShotLogLevelOption, configure_one_shot
 from jobledger.cli.session import ConfigOption, Exit, StoreOption
+from jobledger.presentation import output
 
 
 def demo(

@@ -7,11 +7,11 @@ from typing import Annotated
 
 import typer
 
-from jobledger.cli import output
 from jobledger.cli.logs import OneShotLogFormatOption, OneShotLogLevelOption, configure_one_shot
 from jobledger.cli.params import Tenant
 from jobledger.cli.session import ConfigOption, Exit, JsonFlag, StoreOption, open_engine
-from jobledger.erasing import ErasureReport
+from jobledger.engine.erasure_commands import ErasureReport
+from jobledger.presentation import output
 
 
 def erase(

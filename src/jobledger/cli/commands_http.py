@@ -11,15 +11,15 @@ import typer
 
 from jobledger.api import require_http
 from jobledger.api.settings import ApiSettings, load_api_settings
-from jobledger.cli import output
 from jobledger.cli.config_file import load_settings
 from jobledger.cli.logs import LogFormat, LogFormatOption, LogLevel, LogLevelOption
 from jobledger.cli.logs import configure as configure_logs
 from jobledger.cli.reloading import reload_on_sighup
 from jobledger.cli.session import ConfigOption, StoreOption, open_engine
-from jobledger.errors import ConfigError
-from jobledger.ports import Queue, Tick
-from jobledger.redaction import redact
+from jobledger.domain.errors import ConfigError
+from jobledger.domain.redaction import redact
+from jobledger.orchestration.ports import Queue, Tick
+from jobledger.presentation import output
 
 
 class LeftToTheRunner:

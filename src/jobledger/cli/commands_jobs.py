@@ -8,7 +8,6 @@ from typing import Annotated, Any
 
 import typer
 
-from jobledger.cli import output
 from jobledger.cli.logs import OneShotLogFormatOption, OneShotLogLevelOption, configure_one_shot
 from jobledger.cli.params import (
     LARGEST,
@@ -19,10 +18,11 @@ from jobledger.cli.params import (
     parse_moment,
 )
 from jobledger.cli.session import ConfigOption, Exit, JsonFlag, Outside, StoreOption, open_engine
-from jobledger.engine import Engine
-from jobledger.identity import job_uuid
-from jobledger.ports import BlockedNote
-from jobledger.views import FamilyView, HistoryEntry, JobView
+from jobledger.domain.identity import job_uuid
+from jobledger.domain.views import FamilyView, HistoryEntry, JobView
+from jobledger.engine.engine import Engine
+from jobledger.orchestration.ports import BlockedNote
+from jobledger.presentation import output
 
 
 def submit(
@@ -250,7 +250,7 @@ def _print_job(
 
 def _blocked(engine: Engine, view: JobView) -> BlockedNote | None:
     """Why a worker left the job untouched, if that still applies (see projections.blocked)."""
-    from projections import JobViews
+    from jobledger.projections import JobViews
 
     uuid = str(job_uuid(view.tenant_id, view.job_id))
     return JobViews(engine.deps.store).blocked_note(uuid, view.version)

@@ -21,13 +21,7 @@ import typer
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from rich.table import Table
 
-from jobledger.cli import output
-from jobledger.cli.config_file import load_settings
-from jobledger.cli.logs import OneShotLogFormatOption, OneShotLogLevelOption, configure_one_shot
-from jobledger.cli.params import parse_moment
-from jobledger.cli.session import ConfigOption, JsonFlag
-from jobledger.errors import ConfigError
-from jobledger.signing import (
+from jobledger.adapters.signing import (
     KEYRING_FORMAT,
     Ed25519Signer,
     Keyring,
@@ -40,6 +34,12 @@ from jobledger.signing import (
     read_signing_keys,
     utc,
 )
+from jobledger.cli.config_file import load_settings
+from jobledger.cli.logs import OneShotLogFormatOption, OneShotLogLevelOption, configure_one_shot
+from jobledger.cli.params import parse_moment
+from jobledger.cli.session import ConfigOption, JsonFlag
+from jobledger.domain.errors import ConfigError
+from jobledger.presentation import output
 
 app = typer.Typer(help="Signing keys: make, list and retire them.", no_args_is_help=True)
 

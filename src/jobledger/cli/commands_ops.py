@@ -17,15 +17,12 @@ from enum import StrEnum
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import typer
-from projections import JobViews, StatusRow
-from projections.job_views import JobQuery, cursor
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 from rich.table import Table
 
 from jobledger.adapters.event_store import StoreMode
 from jobledger.api import require_http
-from jobledger.audit.schedule import load_anchor_settings
-from jobledger.cli import output
+from jobledger.audit.anchor_schedule import load_anchor_settings
 from jobledger.cli.config_file import Settings, load_settings
 from jobledger.cli.logs import (
     LogFormat,
@@ -40,11 +37,14 @@ from jobledger.cli.logs import configure as configure_logs
 from jobledger.cli.params import LARGEST, parse_bind, parse_moment
 from jobledger.cli.reloading import reload_on_sighup
 from jobledger.cli.session import ConfigOption, JsonFlag, StoreOption, open_engine
-from jobledger.engine import Engine
-from jobledger.ports import BlockedNote
-from jobledger.redaction import redact
-from jobledger.status import TERMINAL_STATUSES, UnknownStatusError, parse_statuses
-from jobledger.supervisor import Services, Supervisor
+from jobledger.domain.redaction import redact
+from jobledger.domain.status import TERMINAL_STATUSES, UnknownStatusError, parse_statuses
+from jobledger.engine.engine import Engine
+from jobledger.orchestration.ports import BlockedNote
+from jobledger.presentation import output
+from jobledger.projections import JobViews, StatusRow
+from jobledger.projections.job_views import JobQuery, cursor
+from jobledger.runtime.supervisor import Services, Supervisor
 
 if TYPE_CHECKING:
     from jobledger.api.settings import ApiSettings
@@ -411,7 +411,7 @@ def projections_status(
         views = _views(engine)
         lag = views.lag()
         if engine.config.transport == "kafka":
-            from projections.outbox import outbox_lag
+            from jobledger.projections.outbox import outbox_lag
 
             lag += outbox_lag(views.store)
     if json:

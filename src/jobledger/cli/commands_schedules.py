@@ -6,14 +6,14 @@ from enum import StrEnum
 from typing import Annotated, Any
 
 import typer
-from projections import JobViews
-from projections.schedules import ScheduleRow
 from rich.table import Table
 
-from jobledger.cli import output
 from jobledger.cli.params import LARGEST, InputOption, Tenant
 from jobledger.cli.session import ConfigOption, JsonFlag, StoreOption, open_engine
-from jobledger.schedule import MAX_CATCH_UP, ScheduleEntry, ScheduleView
+from jobledger.domain.schedule import MAX_CATCH_UP, ScheduleEntry, ScheduleView
+from jobledger.presentation import output
+from jobledger.projections import JobViews
+from jobledger.projections.schedules import ScheduleRow
 
 app = typer.Typer(
     help="Cron schedules that submit jobs: create, list, pause, resume, delete, trigger, "

@@ -14,7 +14,7 @@ set those two from the environment (relative to the current directory, as any
 environment path is). An ``[http]`` table holds the API's settings
 (:class:`jobledger.api.settings.ApiSettings`; ``JOBLEDGER_HTTP_*`` in the environment),
 an ``[anchors]`` table the runner's scheduled anchoring
-(:class:`jobledger.audit.schedule.AnchorSettings`; ``JOBLEDGER_ANCHORS_*``), and a
+(:class:`jobledger.audit.anchor_schedule.AnchorSettings`; ``JOBLEDGER_ANCHORS_*``), and a
 ``[signing]`` table the signing-keys file (``keys``, the setting ``signing_keys``:
 ``JOBLEDGER_SIGNING_KEYS``) and the keyring (``keyring``: ``JOBLEDGER_KEYRING``), relative
 to the file.
@@ -33,8 +33,8 @@ from typing import Any, cast
 from pydantic import ValidationError
 
 from jobledger.config import EngineConfig
-from jobledger.errors import ConfigError
-from jobledger.ports import StepExecutor
+from jobledger.domain.errors import ConfigError
+from jobledger.orchestration.ports import StepExecutor
 
 CLI_KEYS = ("definitions", "executor")
 HTTP_TABLE = "http"
@@ -64,7 +64,7 @@ class Settings:
     http: dict[str, Any] = field(default_factory=dict)
     """The file's ``[http]`` table: the API's settings (``jobledger.api.settings``)."""
     anchors: dict[str, Any] = field(default_factory=dict)
-    """The file's ``[anchors]`` table: scheduled anchoring (``jobledger.audit.schedule``)."""
+    """The file's ``[anchors]`` table: scheduled anchoring (``jobledger.audit.anchor_schedule``)."""
 
 
 def find_config_file(config_file: Path | None) -> Path | None:

@@ -19,7 +19,7 @@ from typing import Annotated
 
 import typer
 
-from jobledger import tracing
+from jobledger.orchestration import tracing
 
 
 class LogFormat(StrEnum):
@@ -68,7 +68,7 @@ JOB_FIELDS = ("tenant", "job", "step", "trace_id", "span_id")
 
 
 class JobContext(logging.Filter):
-    """Copies the log context (``jobledger.tracing.log_fields``: the job this thread is
+    """Copies the log context (``orchestration.tracing.log_fields``: the job this thread is
     working on, its trace) onto each record as it is logged, in the thread that logs it."""
 
     def filter(self, record: logging.LogRecord) -> bool:

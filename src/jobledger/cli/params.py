@@ -10,8 +10,8 @@ from typing import Annotated, Any
 
 import typer
 
-from jobledger.errors import InvalidPayloadError
-from jobledger.payloads import parse_json
+from jobledger.domain.errors import InvalidPayloadError
+from jobledger.domain.payloads import parse_json
 
 LARGEST: int = 2**63 - 1
 """The largest number a store holds (SQLite INTEGER, PostgreSQL bigint): the upper bound

@@ -16,9 +16,9 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from jobledger.cli import output
-from jobledger.engine import Engine
-from jobledger.errors import JobLedgerError
+from jobledger.domain.errors import JobLedgerError
+from jobledger.engine.engine import Engine
+from jobledger.presentation import output
 
 if TYPE_CHECKING:
     from jobledger.api.auth import Authenticator

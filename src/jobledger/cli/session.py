@@ -16,8 +16,7 @@ from eventsourcing.persistence import PersistenceError
 from jobledger.adapters.event_store import StoreMode
 from jobledger.adapters.notifier import MemoryNotifier
 from jobledger.cli.config_file import Settings, load_executor, load_settings
-from jobledger.engine import Engine
-from jobledger.errors import (
+from jobledger.domain.errors import (
     BrokenHistoryError,
     ConcurrencyError,
     ConfigError,
@@ -27,12 +26,13 @@ from jobledger.errors import (
     StoreUnavailableError,
     StoreUnreachableError,
 )
-from jobledger.ports import Notifier, Queue, StepExecutor
-from jobledger.redaction import redact
-from jobledger.registry import FunctionRegistry
+from jobledger.domain.redaction import redact
+from jobledger.engine.engine import Engine
+from jobledger.orchestration.ports import Notifier, Queue, StepExecutor
+from jobledger.orchestration.registry import FunctionRegistry
 
 if TYPE_CHECKING:
-    from jobledger.ports import WorkflowRegistry
+    from jobledger.orchestration.ports import WorkflowRegistry
 
 
 class Exit(IntEnum):

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from jobledger.demo.agent import words
-from jobledger.views import JobView
+from jobledger.domain.views import JobView
 
 FACT_CHECKER = "demo fact-checker"
 REVIEWER = "demo-reviewer"

@@ -27,16 +27,16 @@ from rich.text import Text
 from jobledger.adapters.clock import FakeClock
 from jobledger.adapters.notifier import MemoryNotifier
 from jobledger.adapters.ops import MemoryOps
-from jobledger.cli.output import history_table, money, when
 from jobledger.config import EngineConfig
 from jobledger.demo import fan_out_documents, field_notes, mission_document
 from jobledger.demo.agent import DemoAgent, EffectsLedger, SimulatedCrash, paragraphs, words
 from jobledger.demo.outside import REVIEWER, fact_check
-from jobledger.engine import Engine
-from jobledger.errors import TokenReplayedError
-from jobledger.redaction import redact
-from jobledger.status import JobStatus
-from jobledger.views import HistoryEntry
+from jobledger.domain.errors import TokenReplayedError
+from jobledger.domain.redaction import redact
+from jobledger.domain.status import JobStatus
+from jobledger.domain.views import HistoryEntry
+from jobledger.engine.engine import Engine
+from jobledger.presentation.output import history_table, money, when
 from jobledger.workflows import DefinitionRegistry, parse_definition
 
 WORKFLOW = "demo_mission"

@@ -33,9 +33,9 @@ from pydantic import (
     model_validator,
 )
 
-from jobledger.erasure import path_problem
-from jobledger.errors import JobLedgerError
-from jobledger.ports import RetryPolicy
+from jobledger.domain.erasure import path_problem
+from jobledger.domain.errors import JobLedgerError
+from jobledger.orchestration.ports import RetryPolicy
 from jobledger.workflows.conditions import Condition, is_json, parse_condition
 
 GATED_KINDS: Final = frozenset({"await_approval", "wait_event"})

@@ -19,8 +19,8 @@ import yaml
 from pydantic import ValidationError
 from pydantic_core import ErrorDetails
 
-from jobledger.errors import InvalidPayloadError
-from jobledger.payloads import MAX_DEPTH, MAX_INT_DIGITS, parse_json
+from jobledger.domain.errors import InvalidPayloadError
+from jobledger.domain.payloads import MAX_DEPTH, MAX_INT_DIGITS, parse_json
 from jobledger.workflows.definition import (
     GATED_KINDS,
     STEP_KINDS,

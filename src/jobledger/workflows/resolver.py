@@ -9,10 +9,10 @@ from datetime import UTC
 from pathlib import Path
 from typing import Any, assert_never
 
-from jobledger.children import MapRequest
-from jobledger.errors import UnknownWorkflowError
-from jobledger.ports import ApprovalSpec, Resolution, ResolveRequest
-from jobledger.status import JobStatus
+from jobledger.domain.errors import UnknownWorkflowError
+from jobledger.domain.fan_out import MapRequest
+from jobledger.domain.status import JobStatus
+from jobledger.orchestration.ports import ApprovalSpec, Resolution, ResolveRequest
 from jobledger.workflows.conditions import ABSENT, lookup
 from jobledger.workflows.definition import (
     MAX_CHILDREN,

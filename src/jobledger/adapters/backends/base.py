@@ -20,8 +20,8 @@ from typing import Any, ClassVar, Protocol
 from uuid import UUID
 
 from jobledger.adapters.store_url import StoreLocation
-from jobledger.errors import StoreSchemaError
-from jobledger.ports import Lock
+from jobledger.domain.errors import StoreSchemaError
+from jobledger.orchestration.ports import Lock
 
 SCHEMA_TABLE = "jobledger_schema"
 """One row per migration applied: (component, version, what it did, when)."""

@@ -20,7 +20,7 @@ from eventsourcing.sqlite import SQLiteCursor, SQLiteDatastore, SQLiteTransactio
 
 from jobledger.adapters.backends.base import Cursor, StoreBackend
 from jobledger.adapters.store_url import StoreLocation
-from jobledger.errors import StoreMissingError
+from jobledger.domain.errors import StoreMissingError
 
 
 class SQLiteBackend(StoreBackend):

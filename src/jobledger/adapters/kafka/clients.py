@@ -13,7 +13,7 @@ from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer
 from kafka.errors import KafkaError
 
 from jobledger.adapters.kafka.settings import KafkaSettings
-from jobledger.errors import StoreUnavailableError
+from jobledger.domain.errors import StoreUnavailableError
 
 log = logging.getLogger(__name__)
 

@@ -13,8 +13,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from jobledger.ports import Tick
-from jobledger.tracing import trace_context
+from jobledger.orchestration.ports import Tick
+from jobledger.orchestration.tracing import trace_context
 
 TICK_SCHEMA = "jobledger.tick/1"
 SIGNAL_SCHEMA = "jobledger.signal/1"

@@ -11,7 +11,7 @@ from kafka.errors import KafkaError
 from jobledger.adapters.kafka import clients
 from jobledger.adapters.kafka.clients import KafkaUnavailableError
 from jobledger.adapters.kafka.settings import KafkaSettings
-from jobledger.ports import OutboxMessage
+from jobledger.orchestration.ports import OutboxMessage
 
 
 class KafkaEventPublisher:

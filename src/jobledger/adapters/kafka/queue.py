@@ -13,8 +13,8 @@ from jobledger.adapters.kafka import clients
 from jobledger.adapters.kafka.clients import KafkaUnavailableError
 from jobledger.adapters.kafka.messages import encode_tick, job_key
 from jobledger.adapters.kafka.settings import KafkaSettings
-from jobledger.ports import Tick
-from jobledger.tracing import trace_headers
+from jobledger.orchestration.ports import Tick
+from jobledger.orchestration.tracing import trace_headers
 
 log = logging.getLogger(__name__)
 

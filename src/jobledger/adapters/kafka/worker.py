@@ -35,7 +35,6 @@ from typing import TYPE_CHECKING, Any, Protocol
 from kafka import ConsumerRebalanceListener, OffsetAndMetadata, TopicPartition
 from kafka.errors import KafkaError
 
-from jobledger import retry, tracing
 from jobledger.adapters.kafka import clients
 from jobledger.adapters.kafka.clients import KafkaUnavailableError
 from jobledger.adapters.kafka.messages import (
@@ -46,7 +45,7 @@ from jobledger.adapters.kafka.messages import (
     decode_tick,
 )
 from jobledger.adapters.kafka.settings import KafkaSettings
-from jobledger.errors import (
+from jobledger.domain.errors import (
     ConcurrencyError,
     DeploymentError,
     InvalidPayloadError,
@@ -55,14 +54,15 @@ from jobledger.errors import (
     StoreUnavailableError,
     UnknownJobError,
 )
-from jobledger.lanes import Lanes
-from jobledger.ports import Ops, OpsEvent, Queue, Tick
-from jobledger.status import JobStatus
-from jobledger.tracing import Span, Tracer, trace_context
-from jobledger.views import JobView
+from jobledger.domain.status import JobStatus
+from jobledger.domain.views import JobView
+from jobledger.orchestration import retry, tracing
+from jobledger.orchestration.lanes import Lanes
+from jobledger.orchestration.ports import Ops, OpsEvent, Queue, Tick
+from jobledger.orchestration.tracing import Span, Tracer, trace_context
 
 if TYPE_CHECKING:
-    from jobledger.orchestrator import TickReport
+    from jobledger.orchestration.orchestrator import TickReport
 
 log = logging.getLogger(__name__)
 

@@ -31,7 +31,7 @@ from jobledger.adapters.metrics.counting import OpsMetrics
 from jobledger.adapters.metrics.labels import OTHER, CappedLabel
 from jobledger.adapters.metrics.server import MetricsServer
 from jobledger.config import EngineConfig
-from jobledger.ports import OpsEvent
+from jobledger.orchestration.ports import OpsEvent
 
 __all__ = ["CONTENT_TYPE", "OTHER", "CappedLabel", "Metrics", "MetricsServer"]
 CONTENT_TYPE = CONTENT_TYPE_LATEST

@@ -14,7 +14,7 @@ from prometheus_client.registry import Collector
 
 from jobledger.adapters.follower import Lag
 from jobledger.adapters.metrics.labels import CappedLabel
-from jobledger.errors import JobLedgerError
+from jobledger.domain.errors import JobLedgerError
 
 log = logging.getLogger(__name__)
 

@@ -8,7 +8,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from jobledger.adapters.metrics.labels import CappedLabel
-from jobledger.ports import OpsEvent
+from jobledger.orchestration.ports import OpsEvent
 
 SECONDS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 900)
 """From a step that records only (milliseconds) to a model call of minutes."""

@@ -7,7 +7,7 @@ from wsgiref.simple_server import WSGIServer
 
 from prometheus_client import CollectorRegistry, start_http_server
 
-from jobledger.errors import ConfigError
+from jobledger.domain.errors import ConfigError
 
 
 class MetricsServer:

@@ -27,8 +27,6 @@ from fastapi.responses import (
     StreamingResponse,
 )
 from jinja2 import Environment, PackageLoader, select_autoescape
-from projections import JobViews
-from projections.job_views import JobQuery, cursor
 
 from jobledger.api import approvals as approval_requests
 from jobledger.api.auth import AuthenticationError, Authenticator, Principal, Role
@@ -44,7 +42,18 @@ from jobledger.api.live import LogBell, job_events, resume_after
 from jobledger.api.problems import Problem
 from jobledger.api.schedule_models import ScheduleSummary
 from jobledger.api.settings import ApiSettings
-from jobledger.cli.output import (
+from jobledger.domain.errors import (
+    ApprovalError,
+    InvalidPayloadError,
+    JobFinishedError,
+    JobLedgerError,
+    UnknownJobError,
+)
+from jobledger.domain.identity import job_uuid
+from jobledger.domain.job import Job
+from jobledger.domain.status import JobStatus, UnknownStatusError, parse_statuses
+from jobledger.engine.engine import Engine
+from jobledger.presentation.output import (
     audit_line,
     job_document,
     jsonable,
@@ -52,17 +61,8 @@ from jobledger.cli.output import (
     personal_paths,
     when,
 )
-from jobledger.engine import Engine
-from jobledger.errors import (
-    ApprovalError,
-    InvalidPayloadError,
-    JobFinishedError,
-    JobLedgerError,
-    UnknownJobError,
-)
-from jobledger.identity import job_uuid
-from jobledger.job import Job
-from jobledger.status import JobStatus, UnknownStatusError, parse_statuses
+from jobledger.projections import JobViews
+from jobledger.projections.job_views import JobQuery, cursor
 
 PREFIX = "/console"
 CSP = (

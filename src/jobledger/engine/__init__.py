@@ -1,0 +1,1 @@
+"""The engine: the composition root and the facade's parts over it."""

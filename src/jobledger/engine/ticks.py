@@ -1,0 +1,215 @@
+"""The tick, as the facade offers it: one job by hand, one tick as delivered, the local
+queue drained, and what a consumer does with a tick that cannot run as deployed."""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import replace
+
+from jobledger.domain.errors import (
+    ConfigError,
+    DeploymentError,
+    JobLedgerError,
+    StoreUnavailableError,
+)
+from jobledger.engine.admission_gate import Admitting
+from jobledger.orchestration import retry, tracing
+from jobledger.orchestration.lanes import Lanes
+from jobledger.orchestration.orchestrator import TickReport
+from jobledger.orchestration.ports import (
+    BlockedNote,
+    OpsEvent,
+    Tick,
+    WorkflowRegistry,
+)
+
+log = logging.getLogger(__name__)
+
+
+class TickRunner(Admitting):
+    def tick(self, tenant_id: str, job_id: str, reason: str = "queue") -> TickReport:
+        return self.run_tick(Tick(tenant_id, job_id, reason))
+
+    def run_tick(self, tick: Tick) -> TickReport:
+        """One tick as delivered (an interrupted tick's claim included), every error left
+        to the caller: what a consumer that answers with offsets needs (``handle`` is the
+        local queue's, which answers by re-enqueueing)."""
+        started = time.perf_counter()
+        try:
+            # Counted in flight, whoever runs it (run_until_idle, the run command's workers,
+            # a Kafka worker): a group commit waits only for ticks that are running.
+            with self.group.running():
+                report = self.orchestrator.tick(tick)
+        except JobLedgerError as error:
+            self._tick_ended(tick, "unknown", _error_outcome(error), started, error=error)
+            raise
+        self._tick_ended(tick, str(report.status), str(report.outcome), started, report=report)
+        self._after_tick(report, tick)
+        # Logged once its span has ended, under its ids, so the line joins the trace.
+        with tracing.logged(report.span, tenant=tick.tenant_id, job=tick.job_id, step=report.step):
+            log.info(
+                "tick %s/%s (%s): %s, %d step(s), now %s at step %d, v%d, %.1f ms",
+                tick.tenant_id,
+                tick.job_id,
+                tick.reason,
+                report.outcome,
+                report.steps_executed,
+                report.status,
+                report.step,
+                report.version,
+                (time.perf_counter() - started) * 1000,
+            )
+        return report
+
+    def _tick_ended(
+        self,
+        tick: Tick,
+        status: str,
+        outcome: str,
+        started: float,
+        *,
+        report: TickReport | None = None,
+        error: JobLedgerError | None = None,
+    ) -> None:
+        """One ops event per tick, however it ended: what tick counts and durations are
+        read from (a tick that raised says how, and of a store error which driver error)."""
+        metadata: dict[str, object] = {
+            "outcome": outcome,
+            "reason": tick.reason,
+            "durationMs": round((time.perf_counter() - started) * 1000, 3),
+        }
+        if report is not None:
+            metadata["stepsExecuted"] = report.steps_executed
+        if error is not None:
+            metadata["errorKind"] = _error_kind(error)
+        self.ops.record(
+            OpsEvent(
+                jobId=tick.job_id,
+                tenantId=tick.tenant_id,
+                eventType="job.tick.ended",
+                status=status,
+                metadata=metadata,
+            )
+        )
+
+    def run_until_idle(self, *, wait_for_timers: bool = False, max_ticks: int = 100_000) -> int:
+        """Handle the local queue's ticks until none is due (or, with ``wait_for_timers``,
+        until none is pending at all, sleeping on the engine's clock until each is due).
+        Up to ``concurrency`` ticks run at once, one job at a time each (lanes), and their
+        step appends are committed together. Returns how many ticks were handled; the
+        first error a tick raised is raised once the ticks in flight have finished."""
+        queue = self.deps.local_queue
+        if queue is None:
+            raise ConfigError("run_until_idle drives the local queue; this engine has another")
+        width = self.config.concurrency
+        taken = 0
+        errors: list[BaseException] = []
+
+        def handle(tick: Tick) -> None:
+            try:
+                self.handle(tick)
+            except BaseException as error:  # raised in the caller's thread, below
+                errors.append(error)
+
+        lanes: Lanes[Tick] = Lanes(width, handle, lambda tick: tick.job, name="jobledger-tick")
+        try:
+            while not errors:
+                busy = lanes.busy()
+                tick = queue.pop_due() if busy < width and taken < max_ticks else None
+                if tick is not None:
+                    lanes.put(tick)
+                    taken += 1
+                elif busy:
+                    lanes.wait_below(busy, timeout=0.05)
+                else:
+                    due = queue.next_due()
+                    if taken >= max_ticks or due is None or not wait_for_timers:
+                        break
+                    self.clock.sleep((due - self.clock.now()).total_seconds())
+            lanes.join()
+        finally:
+            for tick in lanes.close():  # only when a tick raised: the rest stay queued
+                queue.enqueue(tick)
+                taken -= 1
+        if errors:
+            raise errors[0]
+        return taken
+
+    def handle(self, tick: Tick) -> TickReport | None:
+        """What a queue consumer does with one tick: bad ticks are reported and dropped;
+        an infrastructure error is re-enqueued with a growing, jittered delay, never
+        turned into a failure; a deployment error leaves the job as it is (noted, warned)
+        for a later tick: the reconciler sends one while the job is due."""
+        try:
+            return self.run_tick(tick)
+        except DeploymentError as error:
+            self.deployment_blocked(error)
+        except StoreUnavailableError as error:
+            log.warning(
+                "tick for %s/%s hit a store error, retrying: %s", tick.tenant_id, tick.job_id, error
+            )
+            # The retry inherits the interrupted tick's claim, so it can go on at once
+            # instead of waiting out its own lease.
+            again = replace(
+                tick, claim_id=error.claim_id or tick.claim_id, attempt=tick.attempt + 1
+            )
+            delay = retry.INFRASTRUCTURE.delay(again.attempt)
+            self.queue.enqueue(again, delay_ms=round(delay * 1000), dedupe_key="infra-retry")
+        except JobLedgerError as error:
+            self.ops.record(
+                OpsEvent(
+                    jobId=tick.job_id,
+                    tenantId=tick.tenant_id,
+                    eventType="job.tick.rejected",
+                    status="unknown",
+                    metadata={"error": str(error), "reason": tick.reason},
+                )
+            )
+        return None
+
+    def deployment_blocked(self, error: DeploymentError) -> None:
+        """This worker could not run a job as deployed: warn in its log and leave a note
+        that ``show`` and ``list`` read. The job itself is not written to."""
+        log.warning(
+            "job %s/%s left untouched, to be retried later: %s",
+            error.tenant_id,
+            error.job_id,
+            error,
+        )
+        if self.blocked_notes is None or error.tenant_id is None or error.job_id is None:
+            return
+        note = BlockedNote(
+            tenant_id=error.tenant_id,
+            job_id=error.job_id,
+            version=error.version or 0,
+            reason=str(error),
+            worker_id=self.config.worker_id,
+            noticed_at=self.clock.now(),
+        )
+        try:
+            self.blocked_notes.note_blocked(note)
+        except Exception as failure:  # a note is a courtesy: the warning above was given
+            log.warning(
+                "could not note why %s/%s is blocked: %r", note.tenant_id, note.job_id, failure
+            )
+
+    def use_registry(self, registry: WorkflowRegistry) -> None:
+        """Run with these definitions from the next resolution on (a reload on SIGHUP).
+        One reference swap: each resolution reads one registry, the old or the new,
+        never a mix."""
+        self.registry = self.orchestrator.registry = registry
+
+
+def _error_outcome(error: JobLedgerError) -> str:
+    if isinstance(error, StoreUnavailableError):
+        return "store_error"
+    return "blocked" if isinstance(error, DeploymentError) else "rejected"
+
+
+def _error_kind(error: JobLedgerError) -> str:
+    """A store error by the driver's (or the library's) error class it translated, so
+    an outage and a lock timeout count apart; any other by its own class."""
+    if isinstance(error, StoreUnavailableError) and error.__cause__ is not None:
+        return type(error.__cause__).__name__
+    return type(error).__name__

@@ -1,0 +1,173 @@
+"""Group commit across jobs: the step appends of ticks running at once share one commit.
+
+Leader and followers, as in a database's own group commit (no committer thread: handing
+each append to another thread costs a GIL hand-off per step). The first tick to bring
+its append while no group is being written leads: it waits until every tick in flight
+has brought its append, ``max_batch`` are queued or ``max_batch_wait_ms`` has passed,
+then writes the group with ``JobStore.append_many`` and wakes the others. A tick goes on
+only once the group holding its append has committed; an append the store refused
+raises its refusal in its own tick, exactly as ``JobStore.append`` would.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
+from copy import copy
+from dataclasses import dataclass
+from typing import TypeVar
+
+from jobledger.domain.job import Job
+from jobledger.domain.keys import ConsumedKey
+from jobledger.orchestration.ports import Append, JobStore
+
+T = TypeVar("T")
+
+
+@dataclass(eq=False)
+class _Waiting:
+    append: Append
+    done: bool = False
+    error: Exception | None = None
+
+
+class GroupCommitter:
+    """Appends steps for the ticks of one worker. ``in_flight`` counts the ticks running
+    now (``running``): the leader waits for no more appends than could still come."""
+
+    def __init__(
+        self,
+        store: JobStore,
+        *,
+        max_batch: int,
+        max_wait_ms: float,
+        prepare: Callable[[Job], None] | None = None,
+    ) -> None:
+        self.store = store
+        self.prepare = prepare
+        """Done by each tick to its own job before it joins a group (the store's hashing
+        and signing): one leader writes a group at a time, so work left to the write
+        would be done one job after another while the other ticks wait."""
+        self.max_batch = max_batch
+        self.max_wait = max_wait_ms / 1000
+        self._changed = threading.Condition()
+        self._queue: list[_Waiting] = []
+        self._leading = False
+        self._in_flight = 0
+
+    @contextmanager
+    def running(self) -> Iterator[None]:
+        """Around each tick this worker runs, so a leader knows whom to wait for."""
+        with self._changed:
+            self._in_flight += 1
+        try:
+            yield
+        finally:
+            with self._changed:
+                self._in_flight -= 1
+                self._changed.notify_all()
+
+    def append(self, job: Job, *keys: ConsumedKey) -> None:
+        """``JobStore.append``, committed together with the other ticks' step appends."""
+        if self.prepare is not None:
+            self.prepare(job)
+        waiting = _Waiting(Append(job, keys))
+        with self._changed:
+            self._queue.append(waiting)
+            self._changed.notify_all()
+            while not waiting.done:
+                if self._leading:
+                    self._changed.wait()
+                    continue
+                self._leading = True
+                group = self._gather()
+                self._changed.release()
+                try:
+                    self._commit(group)
+                finally:
+                    self._changed.acquire()
+                    for written in group:
+                        written.done = True
+                    self._leading = False
+                    self._changed.notify_all()
+        if waiting.error is not None:
+            raise waiting.error
+
+    def _gather(self) -> list[_Waiting]:
+        """Called by the leader holding the lock: wait for the group to fill, take it."""
+        deadline = time.monotonic() + self.max_wait
+        while len(self._queue) < min(self.max_batch, max(self._in_flight, 1)):
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            self._changed.wait(left)
+        group, self._queue = self._queue[: self.max_batch], self._queue[self.max_batch :]
+        return group
+
+    def _commit(self, group: list[_Waiting]) -> None:
+        """Outside the lock: the next group gathers while this one is written."""
+        try:
+            if len(group) == 1:
+                # A group of one is today's append, word for word.
+                self.store.append(group[0].append.job, *group[0].append.keys)
+                return
+            refusals = self.store.append_many([w.append for w in group])
+        except Exception as error:
+            # The group's commit failed (or its acknowledgement was lost): each tick of
+            # it gets its own copy of the error (a tick adds its claim to it) and handles
+            # it as its own failed append.
+            for waiting in group:
+                waiting.error = _own(error)
+            return
+        for waiting, refusal in zip(group, refusals, strict=True):
+            waiting.error = refusal
+
+
+def _own(error: Exception) -> Exception:
+    """A copy of the error for one tick; the error itself if it cannot be copied."""
+    try:
+        return copy(error)
+    except Exception:
+        return error
+
+
+class SharedLoop:
+    """One event loop, on its own thread, for every ``async def execute`` of a worker:
+    each tick's thread waits for its own coroutine while the loop runs them all at once."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def run(self, awaitable: Awaitable[T]) -> T:
+        # Scheduled in a copy of this thread's context (call_soon_threadsafe's), so the
+        # coroutine logs under the step's job fields and makes its spans the step's children.
+        return asyncio.run_coroutine_threadsafe(_awaited(awaitable), self._started()).result()
+
+    def _started(self) -> asyncio.AbstractEventLoop:
+        with self._lock:
+            if self._loop is None:
+                loop = asyncio.new_event_loop()
+                threading.Thread(
+                    target=_serve, args=(loop,), name="jobledger-async-steps", daemon=True
+                ).start()
+                self._loop = loop
+            return self._loop
+
+    def close(self) -> None:
+        with self._lock:
+            loop, self._loop = self._loop, None
+        if loop is not None:
+            loop.call_soon_threadsafe(loop.stop)
+
+
+def _serve(loop: asyncio.AbstractEventLoop) -> None:
+    loop.run_forever()
+    loop.close()
+
+
+async def _awaited(awaitable: Awaitable[T]) -> T:
+    return await awaitable

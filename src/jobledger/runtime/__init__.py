@@ -1,0 +1,1 @@
+"""The process: the supervisor and the runners that configure it."""
