@@ -49,7 +49,7 @@ from jobledger.adapters.mapper import SealedMapper
 from jobledger.domain import chain, event_decoding
 from jobledger.domain.identity import job_uuid
 from jobledger.domain.job import Job
-from jobledger.orchestration.ports import StepRequest
+from jobledger.domain.steps import StepRequest
 from jobledger.orchestration.registry import linear_workflow
 
 Encoder = Callable[[dict[str, Any]], bytes]

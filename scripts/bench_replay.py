@@ -42,7 +42,7 @@ from jobledger.audit.replay import replay_job
 from jobledger.domain.identity import job_uuid
 from jobledger.domain.job import Job
 from jobledger.domain.status import JobStatus
-from jobledger.orchestration.ports import ResolveRequest
+from jobledger.domain.steps import ResolveRequest
 from jobledger.workflows import WorkflowDefinition, parse_definition, resolve
 
 BENCH = """

@@ -55,7 +55,8 @@ from jobledger import (
     linear_workflow,
 )
 from jobledger.domain.identity import job_uuid
-from jobledger.orchestration.ports import ApprovalRequest, IssuedToken
+from jobledger.domain.steps import IssuedToken
+from jobledger.orchestration.ports import ApprovalRequest
 
 EVENT = "go"
 TARGET_MS = {"sqlite": 1.0, "postgres": 2.0}

@@ -13,12 +13,8 @@ import pytest
 
 from jobledger.domain.errors import JobLedgerError, UnknownWorkflowError
 from jobledger.domain.status import JobStatus
-from jobledger.orchestration.ports import (
-    ApprovalSpec,
-    ResolveRequest,
-    RetryPolicy,
-    WorkflowRegistry,
-)
+from jobledger.domain.steps import ApprovalSpec, ResolveRequest, RetryPolicy
+from jobledger.orchestration.ports import WorkflowRegistry
 from jobledger.workflows import (
     DefinitionError,
     DefinitionRegistry,

@@ -19,8 +19,9 @@ from jobledger.adapters.store_url import parse_store_url
 from jobledger.audit.export import consumed_keys
 from jobledger.domain.errors import JobNotWaitingError, TokenMismatchError, WorkflowNotDeployedError
 from jobledger.domain.identity import job_uuid
+from jobledger.domain.steps import ApprovalSpec, IssuedToken
 from jobledger.domain.views import JobView
-from jobledger.orchestration.ports import ApprovalRequest, ApprovalSpec, IssuedToken, Tick
+from jobledger.orchestration.ports import ApprovalRequest, Tick
 from jobledger.orchestration.reconciler import Reconciler
 from jobledger.projections import JobViews
 from jobledger.runtime.embedded_runner import EmbeddedRunner

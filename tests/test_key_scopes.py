@@ -24,9 +24,10 @@ from jobledger.domain.errors import ApprovalAlreadyDecidedError, TokenReplayedEr
 from jobledger.domain.identity import KEY_SCHEME, LEGACY_KEY_SCHEME, key_uuid, step_key
 from jobledger.domain.job import Job
 from jobledger.domain.keys import ConsumedKey, KeyKind
+from jobledger.domain.steps import ApprovalSpec, IssuedToken
 from jobledger.domain.views import JobView
 from jobledger.engine.engine import SignalOutcome
-from jobledger.orchestration.ports import ApprovalRequest, ApprovalSpec, IssuedToken
+from jobledger.orchestration.ports import ApprovalRequest
 from tests.support.engines import CountingExecutor, EngineFactory
 
 PARTITIONS = (1, 2, 4)

@@ -7,8 +7,9 @@ from pathlib import Path
 
 from jobledger import Engine, JobStatus, StepRequest, StepResult
 from jobledger.adapters.clock import FakeClock
+from jobledger.domain.steps import IssuedToken
 from jobledger.domain.views import JobView
-from jobledger.orchestration.ports import ApprovalRequest, IssuedToken
+from jobledger.orchestration.ports import ApprovalRequest
 from jobledger.workflows import DefinitionRegistry, load_definitions
 from tests.support.engines import EngineFactory
 

@@ -27,8 +27,9 @@ from jobledger.adapters.notifier import (
 )
 from jobledger.domain.errors import ConfigError
 from jobledger.domain.status import JobStatus
+from jobledger.domain.steps import IssuedToken
 from jobledger.domain.views import JobView
-from jobledger.orchestration.ports import ApprovalRequest, IssuedToken
+from jobledger.orchestration.ports import ApprovalRequest
 
 NOW = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
 TOKEN = IssuedToken(token="eyJ.token", nonce="n1", token_sha256="ab" * 32, expires_at=NOW)

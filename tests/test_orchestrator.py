@@ -25,8 +25,9 @@ from jobledger.adapters.clock import FakeClock
 from jobledger.adapters.local_queue import LocalQueue
 from jobledger.adapters.ops import MemoryOps
 from jobledger.domain.identity import job_uuid
+from jobledger.domain.steps import IssuedToken
 from jobledger.domain.views import JobView
-from jobledger.orchestration.ports import ApprovalRequest, IssuedToken
+from jobledger.orchestration.ports import ApprovalRequest
 from tests.support.engines import TOKEN_SECRET, CountingExecutor, EngineFactory, agent_steps
 
 

@@ -50,8 +50,9 @@ from jobledger.domain.errors import (
 from jobledger.domain.identity import job_uuid, key_uuid
 from jobledger.domain.job import Job
 from jobledger.domain.keys import ConsumedKey, KeyKind
+from jobledger.domain.steps import StepRequest
 from jobledger.orchestration import retry
-from jobledger.orchestration.ports import StepRequest, Tick
+from jobledger.orchestration.ports import Tick
 from jobledger.projections import JobViews
 from tests.support.engines import CountingExecutor, EngineFactory, default_registry
 from tests.support.outage import DiskFull, Outage

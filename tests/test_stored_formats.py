@@ -38,8 +38,8 @@ from jobledger.domain.errors import BrokenHistoryError
 from jobledger.domain.identity import job_uuid
 from jobledger.domain.job import Job
 from jobledger.domain.keys import KeyKind, key_id
+from jobledger.domain.steps import ApprovalSpec
 from jobledger.domain.substate import ApprovalGate, BufferedSignal, EventWait, JobBudget
-from jobledger.orchestration.ports import ApprovalSpec
 from tests.support.engines import TOKEN_SECRET, CountingExecutor
 from tests.support.notifiers import Inbox
 

@@ -31,8 +31,8 @@ from jobledger.domain.errors import (
     TokenReplayedError,
     UnauthorisedDeciderError,
 )
+from jobledger.domain.steps import ApprovalSpec
 from jobledger.engine.engine import SignalOutcome
-from jobledger.orchestration.ports import ApprovalSpec
 from tests.support.engines import TOKEN_SECRET, CountingExecutor, EngineFactory
 from tests.support.notifiers import Inbox
 

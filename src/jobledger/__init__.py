@@ -17,17 +17,11 @@ from jobledger.domain.errors import (
     WorkflowNotDeployedError,
 )
 from jobledger.domain.status import JobStatus
+from jobledger.domain.steps import Resolution, ResolveRequest, RetryPolicy, StepRequest, StepResult
 from jobledger.domain.views import HistoryEntry, JobView
 from jobledger.engine.engine import Engine
 from jobledger.orchestration.orchestrator import Outcome, TickReport
-from jobledger.orchestration.ports import (
-    Resolution,
-    ResolveRequest,
-    RetryPolicy,
-    StepRequest,
-    StepResult,
-    Tick,
-)
+from jobledger.orchestration.ports import Tick
 from jobledger.orchestration.registry import FunctionRegistry, linear_workflow
 
 __all__ = [

@@ -8,7 +8,8 @@ from collections.abc import Callable
 import pytest
 
 from jobledger import Engine, FunctionRegistry, JobStatus, Resolution, linear_workflow
-from jobledger.orchestration.ports import ApprovalRequest, ApprovalSpec, Notifier
+from jobledger.domain.steps import ApprovalSpec
+from jobledger.orchestration.ports import ApprovalRequest, Notifier
 
 Open = Callable[[Notifier, FunctionRegistry], Engine]
 """An engine on the test's store that tells ``notifier``."""

@@ -25,8 +25,8 @@ from jobledger.api.auth import Role, key_sha256
 from jobledger.api.connections import Connections
 from jobledger.api.server import ApiServer as Serving
 from jobledger.api.settings import ApiSettings
+from jobledger.domain.steps import ApprovalSpec
 from jobledger.engine.engine import Engine
-from jobledger.orchestration.ports import ApprovalSpec
 from jobledger.projections import JobViews
 from tests.support.engines import agent_steps
 

@@ -3,8 +3,9 @@ runs on it too, in tests/test_contracts.py)."""
 
 from __future__ import annotations
 
+from jobledger.domain.steps import IssuedToken
 from jobledger.domain.views import JobView
-from jobledger.orchestration.ports import ApprovalRequest, IssuedToken
+from jobledger.orchestration.ports import ApprovalRequest
 
 
 class Inbox:

@@ -12,8 +12,9 @@ import jwt
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, ValidationError
 
 from jobledger.domain.errors import ExpiredTokenError, InvalidTokenError
+from jobledger.domain.steps import IssuedToken
 from jobledger.domain.views import JobView
-from jobledger.orchestration.ports import IssuedToken, TokenClaims
+from jobledger.orchestration.ports import TokenClaims
 
 REQUIRED_CLAIMS = ["iss", "aud", "exp", "iat", "jti", "tid", "job", "step", "evt", "wfv"]
 MAX_TOKEN_LENGTH = 4096

@@ -32,8 +32,9 @@ from typing import Any, TextIO
 
 from jobledger.domain.chain import canonical_json
 from jobledger.domain.errors import ConfigError
+from jobledger.domain.steps import IssuedToken
 from jobledger.domain.views import JobView
-from jobledger.orchestration.ports import ApprovalRequest, IssuedToken, Notifier
+from jobledger.orchestration.ports import ApprovalRequest, Notifier
 
 log = logging.getLogger(__name__)
 

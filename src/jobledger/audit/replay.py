@@ -50,8 +50,8 @@ from jobledger.config import EngineConfig
 from jobledger.domain import erasure, transition
 from jobledger.domain.job import Claim, Job
 from jobledger.domain.status import JobStatus
+from jobledger.domain.steps import Resolution, ResolveRequest
 from jobledger.domain.substate import EventWait
-from jobledger.orchestration.ports import Resolution, ResolveRequest
 from jobledger.workflows.definition import WorkflowDefinition
 from jobledger.workflows.resolver import resolve
 

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
-from jobledger.orchestration.ports import StepRequest, StepResult
+from jobledger.domain.steps import StepRequest, StepResult
 
 _WORD = re.compile(r"[a-z]+(?:'[a-z]+)?")
 _COMMON = (

@@ -19,8 +19,8 @@ from typing import Any
 from jobledger.domain import erasure, fan_out
 from jobledger.domain.job import Claim, Job
 from jobledger.domain.status import JobStatus
+from jobledger.domain.steps import ApprovalSpec, IssuedToken, Resolution
 from jobledger.domain.substate import EventWait
-from jobledger.orchestration.ports import ApprovalSpec, IssuedToken, Resolution
 
 DEFAULT_EVENT_NAME = "job.resume"
 """The event a ``waiting_event`` step waits for when its resolution names none."""

@@ -41,16 +41,13 @@ from jobledger.domain.job import WAKE_REASONS, Claim, Job
 from jobledger.domain.keys import ConsumedKey, KeyKind, key_id
 from jobledger.domain.payloads import json_object, text
 from jobledger.domain.status import JobStatus
+from jobledger.domain.steps import IssuedToken
 from jobledger.domain.views import JobView
 from jobledger.engine.admission_gate import Admitting
 from jobledger.engine.engine_parts import _check_id
 from jobledger.orchestration import retry, tracing
 from jobledger.orchestration.child_jobs import child_budget
-from jobledger.orchestration.ports import (
-    IssuedToken,
-    Tick,
-    TokenClaims,
-)
+from jobledger.orchestration.ports import Tick, TokenClaims
 
 if TYPE_CHECKING:
     from jobledger.audit.replay import ReplayReport

@@ -41,6 +41,14 @@ from jobledger.domain.job import Claim, Job
 from jobledger.domain.keys import ConsumedKey
 from jobledger.domain.payloads import json_object
 from jobledger.domain.status import JobStatus
+from jobledger.domain.steps import (
+    IssuedToken,
+    Resolution,
+    ResolveRequest,
+    RetryPolicy,
+    StepRequest,
+    StepResult,
+)
 from jobledger.domain.transition import StepOutcome, Transition
 from jobledger.domain.views import JobView
 from jobledger.orchestration import tracing
@@ -52,21 +60,15 @@ from jobledger.orchestration.ports import (
     ApprovalRequest,
     Clock,
     Cost,
-    IssuedToken,
     JobStore,
     Leases,
     Notifier,
     Ops,
     OpsEvent,
     Queue,
-    Resolution,
-    ResolveRequest,
     ResumeTokens,
-    RetryPolicy,
     StepExecutor,
     StepRates,
-    StepRequest,
-    StepResult,
     Tick,
     WorkflowRegistry,
 )

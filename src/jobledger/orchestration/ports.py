@@ -15,17 +15,19 @@ from uuid import UUID
 
 from jobledger.domain.admission import Queued
 from jobledger.domain.errors import DuplicateKeyError, VersionConflict
-from jobledger.domain.fan_out import MapRequest
 from jobledger.domain.job import Job
 from jobledger.domain.keys import ConsumedKey
 from jobledger.domain.schedule import Schedule
 from jobledger.domain.status import JobStatus
+from jobledger.domain.steps import (
+    IssuedToken,
+    Resolution,
+    ResolveRequest,
+    StepRequest,
+    StepResult,
+)
 from jobledger.domain.substate import ApprovalGate
 from jobledger.domain.views import JobView
-
-SIDE_EFFECT_STEP_TYPES = frozenset({"run_interaction_task"})
-COSTLY_STEP_TYPES = frozenset({"run_interaction_task"})
-
 
 # ---- values crossing the ports -----------------------------------------------------------
 
@@ -52,111 +54,6 @@ class Tick:
     def job(self) -> tuple[str, str]:
         """The job it advances: a worker's lane (one tick of a job at a time)."""
         return (self.tenant_id, self.job_id)
-
-
-@dataclass(frozen=True)
-class RetryPolicy:
-    max_attempts: int = 3
-    initial_backoff_ms: int = 1_000
-    multiplier: float = 2.0
-    max_backoff_ms: int = 300_000
-    retry_on: frozenset[str] = frozenset()
-    """Error kinds that retry; empty means every error marked retryable."""
-
-    def backoff_ms(self, attempt: int) -> int:
-        """Delay before retry number ``attempt`` (1-based)."""
-        delay = self.initial_backoff_ms * self.multiplier ** (attempt - 1)
-        return int(min(delay, self.max_backoff_ms))
-
-    def allows(self, attempt: int, kind: str) -> bool:
-        return attempt <= self.max_attempts and (not self.retry_on or kind in self.retry_on)
-
-
-@dataclass(frozen=True)
-class ResolveRequest:
-    workflow_type: str
-    workflow_version: int
-    budget: Mapping[str, Any]
-    state: Mapping[str, Any]
-    current_step: int
-    """How many steps the job has recorded; the next one is current_step + 1."""
-    status: JobStatus
-    reason: str
-    now: datetime
-    cursor: str | None = None
-    """The name of the definition step to run next; None before the first step."""
-    visits: Mapping[str, int] = field(default_factory=dict)
-    """How many times each named step has been recorded (bounds cycles)."""
-
-
-@dataclass(frozen=True)
-class ApprovalSpec:
-    """A human gate: who may decide, for how long, and where each decision leads."""
-
-    approvers: tuple[str, ...] = ()
-    """Who may decide; empty means any caller the deployment trusts."""
-    expires_ms: int | None = None
-    on_approve: str | None = None
-    on_reject: str | None = None
-    """None fails the job on rejection."""
-    on_expire: str | None = None
-    """None fails the job when the request expires."""
-
-
-@dataclass(frozen=True)
-class Resolution:
-    """What the workflow decides for the next step: the seed's Resolution fields."""
-
-    step_type: str
-    next_status: JobStatus
-    triggered_by: str = "workflow"
-    transition_reason: str = ""
-    resume_delay_ms: int | None = None
-    wait_event_name: str | None = None
-    state_patch: dict[str, Any] = field(default_factory=dict)
-    output: dict[str, Any] = field(default_factory=dict)
-    retry_policy: RetryPolicy | None = None
-    params: dict[str, Any] = field(default_factory=dict)
-    """Inputs for the executor (a prompt, a tool name, ...)."""
-    step_name: str | None = None
-    """The definition step this resolution runs (None for unnamed workflows)."""
-    next_step: str | None = None
-    """Where the job goes after this step (after its wait, if it opens one)."""
-    resume_at: datetime | None = None
-    """An absolute time for a waiting_time step; wins over resume_delay_ms."""
-    wait_timeout_ms: int | None = None
-    """How long a waiting_event step waits before ``on_timeout``."""
-    on_timeout: str | None = None
-    """The step after a wait timeout; None fails the job."""
-    approval: ApprovalSpec | None = None
-    children: MapRequest | None = None
-    """The children a map step spawns and the join it waits on."""
-
-    @property
-    def has_side_effect(self) -> bool:
-        return self.step_type in SIDE_EFFECT_STEP_TYPES
-
-    @property
-    def is_costly(self) -> bool:
-        return self.step_type in COSTLY_STEP_TYPES
-
-
-@dataclass(frozen=True)
-class StepRequest:
-    job: JobView
-    step_number: int
-    step_type: str
-    triggered_by: str
-    idempotency_key: str
-    """Stable for this step across every re-delivery: pass it to external systems."""
-    resolution: Resolution
-
-
-@dataclass(frozen=True)
-class StepResult:
-    output: dict[str, Any] = field(default_factory=dict)
-    state_patch: dict[str, Any] = field(default_factory=dict)
-    cost_usd: Decimal | float | int | str = 0
 
 
 @dataclass(frozen=True)
@@ -208,14 +105,6 @@ class TokenClaims:
     event_name: str
     workflow_version: int
     nonce: str
-    expires_at: datetime
-
-
-@dataclass(frozen=True)
-class IssuedToken:
-    token: str
-    nonce: str
-    token_sha256: str
     expires_at: datetime
 
 

@@ -8,7 +8,7 @@ from typing import Any
 
 from jobledger.domain.erasure import path_problem
 from jobledger.domain.errors import UnknownWorkflowError
-from jobledger.orchestration.ports import Resolution, ResolveRequest
+from jobledger.domain.steps import Resolution, ResolveRequest
 
 Resolver = Callable[[ResolveRequest], Resolution]
 

@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from uuid import UUID
 
 from jobledger.domain.job import Job
+from jobledger.domain.steps import IssuedToken, Resolution
 from jobledger.domain.transition import StepOutcome
-from jobledger.orchestration.ports import IssuedToken, Resolution
 
 KEPT_AT_MOST = 1024
 """Entries whose retry never comes (the job was cancelled or taken over meanwhile) are

@@ -35,7 +35,7 @@ from pydantic import (
 
 from jobledger.domain.erasure import path_problem
 from jobledger.domain.errors import JobLedgerError
-from jobledger.orchestration.ports import RetryPolicy
+from jobledger.domain.steps import RetryPolicy
 from jobledger.workflows.conditions import Condition, is_json, parse_condition
 
 GATED_KINDS: Final = frozenset({"await_approval", "wait_event"})

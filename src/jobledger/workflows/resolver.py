@@ -12,7 +12,7 @@ from typing import Any, assert_never
 from jobledger.domain.errors import UnknownWorkflowError
 from jobledger.domain.fan_out import MapRequest
 from jobledger.domain.status import JobStatus
-from jobledger.orchestration.ports import ApprovalSpec, Resolution, ResolveRequest
+from jobledger.domain.steps import ApprovalSpec, Resolution, ResolveRequest
 from jobledger.workflows.conditions import ABSENT, lookup
 from jobledger.workflows.definition import (
     MAX_CHILDREN,
