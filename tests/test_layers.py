@@ -138,3 +138,11 @@ def test_the_package_facade_counts_as_the_interfaces(tmp_path: Path) -> None:
     source.write_text("from jobledger import Engine\nfrom jobledger.domain import chain\n")
     assert imports(source, modules()) == {"jobledger", "jobledger.domain.chain"}
     assert layer("jobledger") == "interfaces" and layer("jobledger.domain.chain") == "core"
+
+
+def test_the_architecture_map_names_every_folder() -> None:
+    """docs/architecture.md's map is the folder tree: each folder stands in it, in its layer."""
+    text = (ROOT / "docs" / "architecture.md").read_text(encoding="utf-8")
+    block = text.split("## The map", 1)[1].split("```")[1]
+    for folder in set(FOLDERS) - {"config"}:
+        assert f"{folder}/" in block, f"the map does not show {folder}/"
