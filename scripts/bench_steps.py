@@ -473,7 +473,8 @@ class Bench:
         # Each slice drains the ticks in flight: slices of at least 4 K ticks keep the
         # K jobs overlapping for all but a sliver of the run.
         chunk = max(
-            4 * self.engine.config.concurrency, steps // (50 * self.args.max_steps_per_tick)
+            4 * self.engine.config.batching.concurrency,
+            steps // (50 * self.args.max_steps_per_tick),
         )
         elapsed = 0.0
         with Progress(label, steps) as progress:

@@ -100,7 +100,7 @@ def test_an_expired_token_is_refused_by_the_engines_clock(
 ) -> None:
     token = waiting(engine, inbox, "j1")
     version = engine.job("acme", "j1").version
-    clock.advance(timedelta(seconds=engine.config.token_ttl_seconds + 1))
+    clock.advance(timedelta(seconds=engine.config.tokens.ttl_seconds + 1))
     with api.client(token) as http:
         detail = problem(http.post("/v1/resume", json={}), 401, "ExpiredTokenError")
     assert detail.startswith("resume token expired at ")

@@ -504,7 +504,11 @@ def test_configuration_comes_from_jobledger_environment_variables(
 
     config = EngineConfig()
 
-    assert (config.max_steps_per_tick, config.cost_ceiling_usd, config.resume_mode) == (
+    assert (
+        config.ticks.max_steps_per_tick,
+        config.limits.cost_ceiling_usd,
+        config.ticks.resume_mode,
+    ) == (
         7,
         Decimal("12.50"),
         "scan_only",

@@ -65,8 +65,11 @@ def fresh_copy(destination: Path) -> Path:
     ).stdout.split(b"\0")
     for name in filter(None, files):
         source = ROOT / name.decode()
-        if source.is_file():
-            target = destination / name.decode()
+        target = destination / name.decode()
+        if source.is_symlink():  # src/jobledger/projections: a clone has the link too
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.symlink_to(source.readlink())
+        elif source.is_file():
             target.parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(source, target)
     return destination

@@ -1,56 +1,162 @@
-"""jobledger: a durable, event-sourced job and mission engine."""
+"""jobledger: a durable, event-sourced job and mission engine.
 
-from jobledger.config import EngineConfig
+What this package exports (``__all__``, listed in docs/api.md) is its public API; the
+layer folders beneath it are internal.
+"""
+
+from jobledger.adapters.clock import FakeClock
+from jobledger.adapters.notifier import JsonLinesNotifier, MemoryNotifier, WebhookNotifier
+from jobledger.audit.replay import ReplayReport, replay_job
+from jobledger.config import ConcurrencyLimit, EngineConfig
 from jobledger.domain.errors import (
+    ApprovalAlreadyDecidedError,
+    ApprovalError,
+    BrokenHistoryError,
+    ConcurrencyError,
     ConfigError,
     DeploymentError,
     DuplicateKeyError,
+    ErasureError,
+    ExpiredTokenError,
     IdempotencyKeyReusedError,
     InvalidPayloadError,
+    InvalidScheduleError,
+    InvalidTokenError,
     JobConflictError,
+    JobErasedError,
+    JobFinishedError,
     JobLedgerError,
+    JobNotWaitingError,
+    NoPersonalDataError,
+    ScheduleExistsError,
+    ScheduleStateError,
+    StaleApprovalError,
     StepError,
+    StoreCorruptError,
+    StoreMissingError,
+    StoreSchemaError,
     StoreUnavailableError,
+    StoreUnreachableError,
+    SubjectErasedError,
+    SubjectKeyError,
+    TokenError,
+    TokenMismatchError,
+    TokenReplayedError,
+    UnauthorisedDeciderError,
     UnknownJobError,
+    UnknownScheduleError,
+    UnknownSubjectError,
     UnknownWorkflowError,
     VersionConflict,
     WorkflowNotDeployedError,
 )
 from jobledger.domain.status import JobStatus
-from jobledger.domain.steps import Resolution, ResolveRequest, RetryPolicy, StepRequest, StepResult
+from jobledger.domain.steps import (
+    ApprovalSpec,
+    IssuedToken,
+    Resolution,
+    ResolveRequest,
+    RetryPolicy,
+    StepRequest,
+    StepResult,
+)
 from jobledger.domain.views import HistoryEntry, JobView
 from jobledger.engine.engine import Engine
 from jobledger.orchestration.orchestrator import Outcome, TickReport
-from jobledger.orchestration.ports import Tick
+from jobledger.orchestration.ports import (
+    ApprovalRequest,
+    Clock,
+    Notifier,
+    StepExecutor,
+    Tick,
+    WorkflowRegistry,
+)
 from jobledger.orchestration.registry import FunctionRegistry, linear_workflow
+from jobledger.orchestration.tracing import Tracer
+from jobledger.projections.outbox import decode_event
+from jobledger.workflows import (
+    DefinitionError,
+    DefinitionRegistry,
+    WorkflowDefinition,
+    load_definitions,
+    parse_definition,
+)
 
 __all__ = [
+    "ApprovalAlreadyDecidedError",
+    "ApprovalError",
+    "ApprovalRequest",
+    "ApprovalSpec",
+    "BrokenHistoryError",
+    "Clock",
+    "ConcurrencyError",
+    "ConcurrencyLimit",
     "ConfigError",
+    "DefinitionError",
+    "DefinitionRegistry",
     "DeploymentError",
     "DuplicateKeyError",
     "Engine",
     "EngineConfig",
+    "ErasureError",
+    "ExpiredTokenError",
+    "FakeClock",
     "FunctionRegistry",
     "HistoryEntry",
     "IdempotencyKeyReusedError",
     "InvalidPayloadError",
+    "InvalidScheduleError",
+    "InvalidTokenError",
+    "IssuedToken",
     "JobConflictError",
+    "JobErasedError",
+    "JobFinishedError",
     "JobLedgerError",
+    "JobNotWaitingError",
     "JobStatus",
     "JobView",
+    "JsonLinesNotifier",
+    "MemoryNotifier",
+    "NoPersonalDataError",
+    "Notifier",
     "Outcome",
+    "ReplayReport",
     "Resolution",
     "ResolveRequest",
     "RetryPolicy",
+    "ScheduleExistsError",
+    "ScheduleStateError",
+    "StaleApprovalError",
     "StepError",
+    "StepExecutor",
     "StepRequest",
     "StepResult",
+    "StoreCorruptError",
+    "StoreMissingError",
+    "StoreSchemaError",
     "StoreUnavailableError",
+    "StoreUnreachableError",
+    "SubjectErasedError",
+    "SubjectKeyError",
     "Tick",
     "TickReport",
+    "TokenError",
+    "TokenMismatchError",
+    "TokenReplayedError",
+    "Tracer",
+    "UnauthorisedDeciderError",
     "UnknownJobError",
+    "UnknownScheduleError",
+    "UnknownSubjectError",
     "UnknownWorkflowError",
     "VersionConflict",
+    "WebhookNotifier",
+    "WorkflowDefinition",
     "WorkflowNotDeployedError",
+    "WorkflowRegistry",
+    "decode_event",
     "linear_workflow",
+    "load_definitions",
+    "parse_definition",
+    "replay_job",
 ]

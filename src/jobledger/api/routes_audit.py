@@ -60,7 +60,7 @@ def verify_tenant(tenant: str, caller: Caller, engine: EngineDep) -> TenantVerdi
 
 def _signatures(engine: Engine) -> Signatures | None:
     """The configured keyring, read at each request: a key published since is known."""
-    path = engine.deps.config.keyring
+    path = engine.deps.config.signing.keyring
     return Signatures(Keyring.from_file(path)) if path is not None else None
 
 

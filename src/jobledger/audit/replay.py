@@ -46,7 +46,7 @@ from typing import Any, Final
 from uuid import UUID
 
 from jobledger.audit.errors import ReplayError
-from jobledger.config import EngineConfig
+from jobledger.config import TickOptions
 from jobledger.domain import erasure, transition
 from jobledger.domain.job import Claim, Job
 from jobledger.domain.status import JobStatus
@@ -59,7 +59,7 @@ Resolver = Callable[[ResolveRequest], Resolution]
 
 UNKNOWN_REASON: Final = "replay"
 """The tick reason used when the history does not record it."""
-DEFAULT_WAIT_MS: Final[int] = EngineConfig.model_fields["default_wait_ms"].default
+DEFAULT_WAIT_MS: Final[int] = TickOptions.model_fields["default_wait_ms"].default
 """A waiting_time step without a delay of its own waits this long (the engine's default)."""
 SAFE: Final = "safe to migrate"
 FINISHED: Final = "nothing to migrate"

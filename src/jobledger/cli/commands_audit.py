@@ -380,7 +380,7 @@ def verify(
     cutoff = _moment(unsigned_before, "--unsigned-before")
     anchor_log = _read_anchors(anchors, tsa_ca, store, config) if anchors is not None else None
     with open_engine(store, config, purpose="verify", mode="read") as engine:
-        keyring = keyring if keyring is not None else engine.deps.config.keyring
+        keyring = keyring if keyring is not None else engine.deps.config.signing.keyring
         if cutoff is not None and keyring is None:
             raise typer.BadParameter("--unsigned-before needs a keyring (--keyring FILE)")
         signatures = Signatures(Keyring.from_file(keyring), cutoff) if keyring is not None else None

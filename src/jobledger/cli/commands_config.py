@@ -16,7 +16,7 @@ from jobledger.audit.anchor_schedule import env_name as anchors_env_name
 from jobledger.cli.config_file import CLI_KEYS, Settings, env_name, load_settings
 from jobledger.cli.logs import OneShotLogFormatOption, OneShotLogLevelOption, configure_one_shot
 from jobledger.cli.session import ConfigOption, JsonFlag, StoreOption
-from jobledger.config import EngineConfig
+from jobledger.config import SETTINGS
 from jobledger.domain.redaction import redact
 from jobledger.presentation.output import console, jsonable, print_json
 
@@ -29,8 +29,8 @@ def effective(settings: Settings) -> list[dict[str, Any]]:
     """Every setting: its value (secrets hidden, a store URL without its password) and
     its source: ``flag``, ``env`` (the variable named), ``file`` (the file) or ``default``."""
     rows = []
-    for name in [*EngineConfig.model_fields, *CLI_KEYS]:
-        value = getattr(settings.engine, name, None) if name not in CLI_KEYS else None
+    for name in [*SETTINGS, *CLI_KEYS]:
+        value = settings.engine.setting(name) if name not in CLI_KEYS else None
         if name == "definitions":
             value = settings.definitions
         elif name == "executor":

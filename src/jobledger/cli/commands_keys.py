@@ -257,8 +257,8 @@ def _files(
 ) -> tuple[Path | None, Path | None]:
     """The flag, else the configured file (env, then the config file), else DIR's."""
     engine = load_settings(config, None).engine
-    keys = keys or engine.signing_keys
-    keyring = keyring or engine.keyring
+    keys = keys or engine.signing.signing_keys
+    keyring = keyring or engine.signing.keyring
     if default_dir is not None:
         keys = keys or default_dir / KEYS_FILE
         keyring = keyring or default_dir / KEYRING_FILE

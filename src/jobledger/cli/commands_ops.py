@@ -333,7 +333,7 @@ def reconcile(
         metrics=False,
     ) as engine:
         result, handled = Supervisor(engine, services).reconcile_once()
-        ticks_topic = engine.config.kafka_ticks_topic
+        ticks_topic = engine.config.kafka.ticks_topic
     extra = {"published": result.enqueued} if kafka else {"handled": handled}
     if json:
         output.print_json({**vars(result), **extra})
@@ -479,7 +479,7 @@ def _serve(
 
 def _setup(engine: Engine, settings: Settings, runs_steps: bool) -> list[str]:
     """What the process runs with, so a wrong store or a missing definition shows at once."""
-    partitions = engine.config.partitions
+    partitions = engine.config.store.partitions
     lines = [
         f"store: {redact(engine.config.store_url)} ({partitions} partition(s)); "
         f"transport: {engine.config.transport}"
@@ -506,7 +506,7 @@ def _banner(name: str, engine: Engine, services: Services, kafka: bool) -> str:
     ]
     return (
         f"jobledger {name}: {', '.join(p for p in parts if p)} on {where} and Kafka at "
-        f"{engine.config.kafka_bootstrap_servers} (Ctrl-C to stop)"
+        f"{engine.config.kafka.bootstrap_servers} (Ctrl-C to stop)"
     )
 
 

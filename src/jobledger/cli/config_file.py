@@ -4,7 +4,8 @@ Precedence, highest first: ``--store``; the environment; the config file; the de
 :class:`~jobledger.config.EngineConfig` (a variable set for one command beats the file it
 runs beside, as in most tools). The config file is ``--config FILE``, else
 ``./jobledger.toml`` when there is one, else ``$JOBLEDGER_CONFIG``. Its keys are
-EngineConfig fields (``store_url``, ``cost_ceiling_usd``, ``token_secret``, ...) plus two of
+EngineConfig's settings by their flat names (``store_url``, ``cost_ceiling_usd``,
+``token_secret``, ...: :data:`jobledger.config.SETTINGS`) plus two of
 the CLI's own: ``definitions`` (a directory) and ``executor`` (``module:attr`` of a
 StepExecutor, or of a class or factory that makes one). Every path the file names is
 relative to the file: the definitions, a SQLite store (``sqlite:///jobs.db`` is the
@@ -32,7 +33,7 @@ from typing import Any, cast
 
 from pydantic import ValidationError
 
-from jobledger.config import EngineConfig
+from jobledger.config import SETTINGS, EngineConfig
 from jobledger.domain.errors import ConfigError
 from jobledger.orchestration.ports import StepExecutor
 
@@ -86,9 +87,7 @@ def load_settings(config_file: Path | None, store_url: str | None) -> Settings:
             raise ConfigError(f"config file {str(config_file)!r}: [{name}] must be a table")
     if config_file is not None:
         values.update(signing_settings(values, config_file))
-    in_env = {
-        key for key in [*EngineConfig.model_fields, *CLI_KEYS] if os.environ.get(env_name(key))
-    }
+    in_env = {key for key in [*SETTINGS, *CLI_KEYS] if os.environ.get(env_name(key))}
     values = {key: value for key, value in values.items() if key not in in_env}
     sources = {key: "file" for key in values} | {key: "env" for key in in_env}
     definitions = values.pop("definitions", None)
@@ -184,7 +183,7 @@ def _problem(detail: Any) -> str:
     key = ".".join(str(part) for part in detail["loc"])
     kind, ctx = detail["type"], detail.get("ctx") or {}
     if kind == "extra_forbidden":
-        known = ", ".join([*EngineConfig.model_fields, *CLI_KEYS])
+        known = ", ".join([*SETTINGS, *CLI_KEYS])
         return f"unknown setting {key!r} (known: {known})"
     if kind == "too_short":
         return (

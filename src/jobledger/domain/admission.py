@@ -78,9 +78,9 @@ class Policy:
     """The window and the limits, as the config states them."""
 
     def __init__(self, config: EngineConfig) -> None:
-        self.window = config.admission_window
-        self.aging_seconds = config.priority_aging_seconds
-        self.limits = tuple(config.concurrency_limits)
+        self.window = config.admission.admission_window
+        self.aging_seconds = config.admission.priority_aging_seconds
+        self.limits = tuple(config.admission.concurrency_limits)
 
     @property
     def enabled(self) -> bool:

@@ -126,19 +126,19 @@ def build(
     The store signs what it writes with ``signer``, or the configured signing keys.
     Spans go to ``tracer``, else to the configured exporter (``otel_exporter``).
 
-    Metrics are kept when ``metrics`` says so or ``config.metrics_port`` is set: their
+    Metrics are kept when ``metrics`` says so or ``config.metrics.port`` is set: their
     counting sink then gets every ops event beside the given (or logging) sink.
 
     The transport is decided here, once: a process that runs on Kafka says so in the
     config it builds from (the CLI's ``--transport``), never by swapping queues later."""
     subject_keys = SubjectKeyTable(master=_master_key(config))
-    if signer is None and store_mode != "read" and config.signing_keys is not None:
-        signer = Ed25519Signer.from_file(config.signing_keys)
+    if signer is None and store_mode != "read" and config.signing.signing_keys is not None:
+        signer = Ed25519Signer.from_file(config.signing.signing_keys)
     store = EventSourcedJobStore(
         parse_store_url(config.store_url),
-        partitions=config.partitions,
-        cache_size=config.cache_size,
-        snapshot_interval=config.snapshot_interval,
+        partitions=config.store.partitions,
+        cache_size=config.store.cache_size,
+        snapshot_interval=config.store.snapshot_interval,
         mode=store_mode,
         sealer=sealer if sealer is not None else FieldCipher(subject_keys),
         signer=signer,
@@ -147,7 +147,7 @@ def build(
     clock = _store_time(clock if clock is not None else SystemClock(), store)
     chosen, local_queue, kafka_queue = _queue(config, clock, queue)
     sink = ops if ops is not None else LoggingOps()
-    kept = _metrics(config, clock) if metrics or config.metrics_port is not None else None
+    kept = _metrics(config, clock) if metrics or config.metrics.port is not None else None
     return Deps(
         config=config,
         registry=registry,
@@ -216,21 +216,21 @@ def _metrics(config: EngineConfig, clock: Clock) -> Metrics:
 
 
 def _tracer(config: EngineConfig) -> Tracer:
-    if config.otel_exporter == "none":
+    if config.otel.exporter == "none":
         return NOOP  # no SDK loaded, no span made
     # Imported here: the OpenTelemetry SDK is the otel extra's, loaded only when asked for.
     try:
         from jobledger.adapters.otel import OtelTracer
     except ImportError as error:
         raise ConfigError(
-            f"otel_exporter {config.otel_exporter} needs the otel extra "
+            f"otel_exporter {config.otel.exporter} needs the otel extra "
             f"(pip install 'jobledger[otel]'): {error}"
         ) from None
-    return OtelTracer.exporting(config.otel_exporter, service_name=config.otel_service_name)
+    return OtelTracer.exporting(config.otel.exporter, service_name=config.otel.service_name)
 
 
 def _master_key(config: EngineConfig) -> bytes | None:
-    secret = config.erasure_master_key
+    secret = config.store.erasure_master_key
     try:
         return None if secret is None else master_key(secret.get_secret_value())
     except MasterKeyError as error:
@@ -240,23 +240,27 @@ def _master_key(config: EngineConfig) -> bytes | None:
 def _notifier(config: EngineConfig, given: Notifier | None) -> Notifier | None:
     """The configured notifier, beside the one the caller hands in (the CLI keeps what a
     tick hands out, to print it); each shielded from the other's failures."""
-    if config.notifier is None:
+    if config.notifications.notifier is None:
         return given
-    secret = config.notifier_secret.get_secret_value() if config.notifier_secret else None
-    configured = notifier_from_spec(config.notifier, secret=secret)
+    secret = (
+        config.notifications.notifier_secret.get_secret_value()
+        if config.notifications.notifier_secret
+        else None
+    )
+    configured = notifier_from_spec(config.notifications.notifier, secret=secret)
     return Notifiers(*(n for n in (given, configured) if n is not None))
 
 
 def _tokens(config: EngineConfig) -> ResumeTokens | None:
-    if config.token_secret is None:
+    if config.tokens.secret is None:
         return None
     return JwtResumeTokens(
-        secret=config.token_secret.get_secret_value(),
-        key_id=config.token_key_id,
-        ttl_seconds=config.token_ttl_seconds,
-        issuer=config.token_issuer,
-        audience=config.token_audience,
+        secret=config.tokens.secret.get_secret_value(),
+        key_id=config.tokens.key_id,
+        ttl_seconds=config.tokens.ttl_seconds,
+        issuer=config.tokens.issuer,
+        audience=config.tokens.audience,
         previous_keys={
-            kid: key.get_secret_value() for kid, key in config.token_previous_keys.items()
+            kid: key.get_secret_value() for kid, key in config.tokens.previous_keys.items()
         },
     )

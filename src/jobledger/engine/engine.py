@@ -72,8 +72,8 @@ class Engine(ErasureCommands, TickRunner, JobReader):
         self.orchestrator = Orchestrator(deps)
         self.group = GroupCommitter(
             deps.store,
-            max_batch=deps.config.max_batch,
-            max_wait_ms=deps.config.max_batch_wait_ms,
+            max_batch=deps.config.batching.max_batch,
+            max_wait_ms=deps.config.batching.max_batch_wait_ms,
             prepare=deps.store.sealing.seal_pending,
         )
         """Commits the step appends of the ticks this engine runs at once together."""
@@ -110,7 +110,7 @@ class Engine(ErasureCommands, TickRunner, JobReader):
         a token secret is configured. Any clock but a ``FakeClock`` is set to the store's
         (``StoreTimeClock``). The store signs every event it writes with
         ``signer`` and seals personal values with ``sealer`` when given. With ``metrics``
-        (or ``config.metrics_port``) it keeps Prometheus metrics (``deps.metrics``). Its spans go to
+        (or ``config.metrics.port``) it keeps Prometheus metrics (``deps.metrics``). Its spans go to
         ``tracer``, else to the exporter the config names (none by default)."""
         config = config if config is not None else EngineConfig()
         if store_url is not None:

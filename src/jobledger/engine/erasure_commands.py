@@ -64,7 +64,7 @@ class ErasureCommands(JobCommands):
         keys = self._keys()
         check_subject(subject)
         text(by, what="erased by", max_bytes=200)
-        text(reason, what="erasure reason", max_bytes=self.config.max_payload_bytes)
+        text(reason, what="erasure reason", max_bytes=self.config.limits.max_payload_bytes)
         found = keys.keys_of(tenant_id, subject)
         if not found:
             return self._finish_shred(keys, tenant_id, subject)
@@ -124,7 +124,7 @@ class ErasureCommands(JobCommands):
         the subject's other jobs' too, so only erasing the subject destroys it."""
         keys = self._keys()
         text(by, what="erased by", max_bytes=200)
-        text(reason, what="erasure reason", max_bytes=self.config.max_payload_bytes)
+        text(reason, what="erasure reason", max_bytes=self.config.limits.max_payload_bytes)
         key_id, state = self._own_key(keys, tenant_id, job_id)
         if state.erased_at is not None:  # erased, its shred left pending: tried again
             shredded = keys.shred(self.clock.now())

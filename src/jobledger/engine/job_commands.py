@@ -145,7 +145,9 @@ class JobCommands(Admitting):
             job_id=job_id,
             workflow_type=workflow_type,
             workflow_version=workflow_version,
-            state=json_object(input, what="job input", max_bytes=self.config.max_payload_bytes),
+            state=json_object(
+                input, what="job input", max_bytes=self.config.limits.max_payload_bytes
+            ),
             mission_id=mission_id,
             employee_id=employee_id,
             correlation_id=correlation_id,
@@ -206,7 +208,7 @@ class JobCommands(Admitting):
         """Write the job (in the trace the submit span began, recorded on it) and enqueue
         its first tick; or find it written already."""
         workflow_type = asked.workflow_type
-        limit = self.config.max_payload_bytes
+        limit = self.config.limits.max_payload_bytes
         job = Job.submit(
             tenant_id=tenant_id,
             job_id=job_id,
@@ -383,7 +385,9 @@ class JobCommands(Admitting):
         claims = self.tokens.verify(token, now=self.clock.now())
         if tenant_id is not None and tenant_id != claims.tenant_id:
             raise TokenMismatchError("the resume token belongs to another tenant")
-        data = json_object(payload, what="resume payload", max_bytes=self.config.max_payload_bytes)
+        data = json_object(
+            payload, what="resume payload", max_bytes=self.config.limits.max_payload_bytes
+        )
         token_sha256 = hashlib.sha256(token.encode()).hexdigest()
         woken = _Wake(self._wake_claim)
 
@@ -486,7 +490,9 @@ class JobCommands(Admitting):
         signal id makes delivery idempotent."""
         _check_id("event_name", event_name)
         _check_id("signal_id", signal_id)
-        data = json_object(payload, what="signal payload", max_bytes=self.config.max_payload_bytes)
+        data = json_object(
+            payload, what="signal payload", max_bytes=self.config.limits.max_payload_bytes
+        )
         outcome = SignalOutcome.BUFFERED
         woken = _Wake(self._wake_claim)
 
@@ -530,7 +536,7 @@ class JobCommands(Admitting):
             raise InvalidPayloadError(f"decision must be approve or reject, got {decision!r}")
         _check_id("decided_by", decided_by)
         if comment is not None:
-            text(comment, what="approval comment", max_bytes=self.config.max_payload_bytes)
+            text(comment, what="approval comment", max_bytes=self.config.limits.max_payload_bytes)
 
         def decide(job: Job) -> list[ConsumedKey]:
             if self._key_used(job, KeyKind.APPROVAL, approval_id):
@@ -574,7 +580,7 @@ class JobCommands(Admitting):
     ) -> JobView:
         """Lift a job's limits (recorded with who and why); a parked job goes on."""
         _check_id("raised_by", raised_by)
-        text(reason, what="budget raise reason", max_bytes=self.config.max_payload_bytes)
+        text(reason, what="budget raise reason", max_bytes=self.config.limits.max_payload_bytes)
         changes = {
             k: v
             for k, v in {
@@ -601,7 +607,7 @@ class JobCommands(Admitting):
         """Terminal. A step still running finishes, but its result is discarded and
         recorded as such; open resume tokens and approvals stop working."""
         _check_id("by", by)
-        text(reason, what="cancel reason", max_bytes=self.config.max_payload_bytes)
+        text(reason, what="cancel reason", max_bytes=self.config.limits.max_payload_bytes)
 
         def cancel(job: Job) -> list[ConsumedKey]:
             job.cancel(reason=reason, cancelled_by=by, now=self.clock.now())
@@ -704,7 +710,7 @@ class JobCommands(Admitting):
             return None
         if not self.orchestrator.has_pinned(job):
             return None
-        lease = timedelta(milliseconds=self.config.lease_ms)
+        lease = timedelta(milliseconds=self.config.leases.ms)
         return Claim(self.config.worker_id, uuid4().hex, self.clock.now() + lease)
 
     def _wake(self, job: Job, reason: str, claim_id: str | None = None) -> None:
@@ -757,7 +763,7 @@ class JobCommands(Admitting):
         if by is not None:
             _check_id("by", by)
         if reason is not None:
-            text(reason, what="migration reason", max_bytes=self.config.max_payload_bytes)
+            text(reason, what="migration reason", max_bytes=self.config.limits.max_payload_bytes)
         reports: list[ReplayReport] = []
 
         def move(job: Job) -> list[ConsumedKey]:
@@ -772,7 +778,7 @@ class JobCommands(Admitting):
                 to_version,
                 force=force,
                 now=now,
-                default_wait_ms=self.config.default_wait_ms,
+                default_wait_ms=self.config.ticks.default_wait_ms,
                 kept_until=self._kept_until(job),
             )
             migration.migrate(job, report, to_version, by=by, reason=reason, now=now)

@@ -90,7 +90,7 @@ class JobReader(EngineParts):
 
         job = self._load(tenant_id, job_id)
         events = self.store.events(job.id)
-        wait_ms = self.config.default_wait_ms
+        wait_ms = self.config.ticks.default_wait_ms
         if definition is not None:
             return replay_job(events, definition, default_wait_ms=wait_ms)
         target = job.workflow_version if version is None else version
@@ -131,7 +131,7 @@ class JobReader(EngineParts):
         for found, records in read_jobs(store, uuids):
             try:
                 events = events_of(records)
-                wait_ms = self.config.default_wait_ms
+                wait_ms = self.config.ticks.default_wait_ms
                 reports.append(replay_job(events, definition, default_wait_ms=wait_ms))
             except ReplayError as error:
                 raise ReplayError(f"job {found}: {error}") from None

@@ -85,7 +85,7 @@ class ScheduleCommands:
         times = CronTimes.parse(cron, timezone)
         policies = Policies.parse(catch_up, catch_up_max, overlap)
         version = self.engine._workflow_version(workflow_type, workflow_version)
-        limit = self.engine.config.max_payload_bytes
+        limit = self.engine.config.limits.max_payload_bytes
         payload = json_object(input, what="schedule input", max_bytes=limit)
         self._check_no_personal_data(payload, workflow_type, version)
         schedule = Schedule.create(

@@ -102,7 +102,7 @@ class TickRunner(Admitting):
         queue = self.deps.local_queue
         if queue is None:
             raise ConfigError("run_until_idle drives the local queue; this engine has another")
-        width = self.config.concurrency
+        width = self.config.batching.concurrency
         taken = 0
         errors: list[BaseException] = []
 

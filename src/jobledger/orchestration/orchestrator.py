@@ -209,7 +209,7 @@ class Orchestrator:
         leases = wiring.leases
         self.heartbeats = (
             Heartbeats(
-                leases, self.clock, self.ops, lease_ms=config.lease_ms, worker_id=config.worker_id
+                leases, self.clock, self.ops, lease_ms=config.leases.ms, worker_id=config.worker_id
             )
             if leases is not None
             else None
@@ -659,7 +659,7 @@ class Orchestrator:
         job.claim(
             worker_id=self.config.worker_id,
             claim_id=run.claim_id,
-            lease_until=now + timedelta(milliseconds=self.config.lease_ms),
+            lease_until=now + timedelta(milliseconds=self.config.leases.ms),
             reason=run.tick.reason,
             now=now,
         )
@@ -731,7 +731,7 @@ class Orchestrator:
             raise InvalidPayloadError(
                 f"the executor returned {type(result).__name__}, not a StepResult"
             )
-        limit = self.config.max_payload_bytes
+        limit = self.config.limits.max_payload_bytes
         output = json_object(
             {**resolution.output, **_mapping(result.output, "step output")},
             what="step output",
@@ -801,7 +801,7 @@ class Orchestrator:
         assert self.tokens is not None  # checked before the side effect
         now = self.clock.now()
         # The token lives as long as the wait: until its timeout or the job's deadline.
-        timeout_at = transition.resume_at(resolution, now, self.config.default_wait_ms)
+        timeout_at = transition.resume_at(resolution, now, self.config.ticks.default_wait_ms)
         ends = min((m for m in (timeout_at, job.deadline_at) if m is not None), default=None)
         return self.tokens.issue(
             JobView.of(job),
@@ -823,18 +823,18 @@ class Orchestrator:
         one append, and one event when the step itself leaves the job queued."""
         at = executed.ended_at
         step = transition.decide(
-            run.job, resolution, at=at, default_wait_ms=self.config.default_wait_ms
+            run.job, resolution, at=at, default_wait_ms=self.config.ticks.default_wait_ms
         )
         run.steps += 1
         # Carry the next step's claim in this same commit: one durable write per step.
         # Its lease runs from now, not from the step's end: a record that lands late
         # (kept through a full disk) must not hand the next step a lapsed lease.
-        goes_on = run.steps < self.config.max_steps_per_tick
+        goes_on = run.steps < self.config.ticks.max_steps_per_tick
         continuation = (
             Claim(
                 self.config.worker_id,
                 run.claim_id,
-                self.clock.now() + timedelta(milliseconds=self.config.lease_ms),
+                self.clock.now() + timedelta(milliseconds=self.config.leases.ms),
             )
             if goes_on
             else None
@@ -855,7 +855,7 @@ class Orchestrator:
             idempotencyKey=step.idempotency_key,
             costUsd=str(executed.cost_usd),
             stepsExecutedThisTick=run.steps,
-            maxStepsPerTick=self.config.max_steps_per_tick,
+            maxStepsPerTick=self.config.ticks.max_steps_per_tick,
         )
 
     def commit_step(self, run: _Run, step: Transition, build: Callable[[Job], None]) -> None:
@@ -971,7 +971,7 @@ class Orchestrator:
         if job.status is JobStatus.WAITING_CHILDREN:
             self.schedule_deadline(job)
             return Outcome.IDLE if run.steps == 0 else Outcome.ADVANCED
-        if job.status is JobStatus.QUEUED and run.steps < self.config.max_steps_per_tick:
+        if job.status is JobStatus.QUEUED and run.steps < self.config.ticks.max_steps_per_tick:
             return None
         return Outcome.ADVANCED
 
@@ -1013,11 +1013,11 @@ class Orchestrator:
             stepNumber=job.current_step,
             transitionReason=resolution.transition_reason,
             resumeAt=job.resume_at.isoformat(),
-            resumeMode=self.config.resume_mode,
+            resumeMode=self.config.ticks.resume_mode,
         )
         delay_ms = max(0, _millis(due - now))
-        limit = self.config.inline_resume_max_delay_ms
-        if run.steps < self.config.max_steps_per_tick and delay_ms <= limit:
+        limit = self.config.ticks.inline_resume_max_delay_ms
+        if run.steps < self.config.ticks.max_steps_per_tick and delay_ms <= limit:
             # Sleep the exact remainder: a truncated delay could wake just before resume_at.
             self.clock.sleep((due - now).total_seconds())
             self.report(
@@ -1038,7 +1038,7 @@ class Orchestrator:
             job,
             "job.burst_continued",
             stepNumber=job.current_step,
-            maxStepsPerTick=self.config.max_steps_per_tick,
+            maxStepsPerTick=self.config.ticks.max_steps_per_tick,
         )
         self.queue.enqueue(
             Tick(job.tenant_id, job.job_id, "burst_continuation", trace_context=self.carrier()),
@@ -1056,7 +1056,7 @@ class Orchestrator:
             )
 
     def schedule(self, job: Job, at: datetime, dedupe_key: str, now: datetime) -> None:
-        if self.config.resume_mode == "scan_only":
+        if self.config.ticks.resume_mode == "scan_only":
             return
         self.queue.enqueue(
             Tick(job.tenant_id, job.job_id, "waiting_time_resume", trace_context=self.carrier()),

@@ -162,7 +162,7 @@ class Supervisor:
                 self.kafka,
                 stopping=self.stopping,
                 max_poll_records=self.services.max_poll_records,
-                concurrency=self.engine.config.concurrency,
+                concurrency=self.engine.config.batching.concurrency,
                 on_tick=on_tick,
                 after_effect=after_effect,
             )
@@ -200,11 +200,11 @@ class Supervisor:
             metrics.watch_status(self.views)
             metrics.watch_log_reader("views", self.views)
         if self.kafka_workers:
-            metrics.watch_consumers(list(self.kafka_workers), self.engine.config.kafka_group_id)
+            metrics.watch_consumers(list(self.kafka_workers), self.engine.config.kafka.group_id)
         config = self.engine.config
-        if config.metrics_port is None:
+        if config.metrics.port is None:
             return None
-        return metrics.serve(config.metrics_host, config.metrics_port)
+        return metrics.serve(config.metrics.host, config.metrics.port)
 
     def _api(self) -> ApiServer | None:
         """The HTTP API, its socket bound now: a port in use stops the process before
@@ -371,7 +371,7 @@ class LocalWorker:
         self._counting = threading.Lock()
 
     def run(self) -> None:
-        width = self.engine.config.concurrency
+        width = self.engine.config.batching.concurrency
         lanes: Lanes[Tick] = Lanes(
             width, self.handle, lambda tick: tick.job, name="jobledger-worker"
         )

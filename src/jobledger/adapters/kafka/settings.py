@@ -26,22 +26,8 @@ class KafkaSettings:
 
     @classmethod
     def of(cls, config: EngineConfig) -> KafkaSettings:
-        return cls(
-            bootstrap_servers=config.kafka_bootstrap_servers,
-            ticks_topic=config.kafka_ticks_topic,
-            ticks_dlq_topic=config.kafka_ticks_dlq_topic,
-            signals_topic=config.kafka_signals_topic,
-            signals_dlq_topic=config.kafka_signals_dlq_topic,
-            events_topic=config.kafka_events_topic,
-            group_id=config.kafka_group_id,
-            client_id=config.kafka_client_id,
-            create_topics=config.kafka_create_topics,
-            topic_partitions=config.kafka_topic_partitions,
-            replication_factor=config.kafka_replication_factor,
-            session_timeout_ms=config.kafka_session_timeout_ms,
-            send_timeout_ms=config.kafka_send_timeout_ms,
-            worker_id=config.worker_id,
-        )
+        # The group and these settings name their fields alike.
+        return cls(**dict(config.kafka), worker_id=config.worker_id)
 
     @property
     def servers(self) -> list[str]:

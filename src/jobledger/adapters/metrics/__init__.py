@@ -63,7 +63,7 @@ class Metrics:
     @classmethod
     def of(cls, config: EngineConfig, now: Now = _utc_now) -> Metrics:
         return cls(
-            tenant_label=config.metrics_tenant_label, tenant_cap=config.metrics_tenant_cap, now=now
+            tenant_label=config.metrics.tenant_label, tenant_cap=config.metrics.tenant_cap, now=now
         )
 
     def record(self, event: OpsEvent) -> None:
