@@ -24,33 +24,25 @@ from jobledger import (
     Engine,
     EngineConfig,
     FunctionRegistry,
-    JobStatus,
     Outcome,
-    Resolution,
     StepRequest,
     StepResult,
     StoreUnavailableError,
     Tick,
-    linear_workflow,
 )
 from jobledger.adapters.backends.postgres import OneTripRecorder
 from jobledger.domain.job import Job
 from jobledger.domain.keys import ConsumedKey
 from jobledger.orchestration.ports import Append, JobStore, Refusal
-from tests.support.engines import StoreWrapper, open_engine
+from tests.support.engines import StoreWrapper, agent_steps, open_engine
+from tests.support.workflows import linear_registry
 
 TENANT = "crash-tenant"
 
 
 def registry() -> FunctionRegistry:
     """``agentN``: N side-effecting steps, then a pure ``complete`` step (step N + 1)."""
-    registry = FunctionRegistry()
-    for n in (3, 5):
-        steps = [Resolution("run_interaction_task", JobStatus.QUEUED) for _ in range(n)]
-        registry.register(
-            f"agent{n}", 1, linear_workflow([*steps, Resolution("complete", JobStatus.COMPLETED)])
-        )
-    return registry
+    return linear_registry({f"agent{n}": agent_steps(n) for n in (3, 5)})
 
 
 def append_line(path: Path, line: str) -> None:

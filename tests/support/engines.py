@@ -11,17 +11,10 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
-from jobledger import (
-    Engine,
-    FunctionRegistry,
-    JobStatus,
-    Resolution,
-    StepRequest,
-    StepResult,
-    linear_workflow,
-)
+from jobledger import Engine, FunctionRegistry, Resolution, StepRequest, StepResult
 from jobledger.adapters.event_store import EventSourcedJobStore
 from jobledger.orchestration.ports import JobStore
+from tests.support.workflows import DONE, STEP, linear_registry, sleep_ms
 
 TOKEN_SECRET = "test-secret-test-secret-test-secret-0123"
 
@@ -64,26 +57,13 @@ class CountingExecutor:
 
 def agent_steps(n: int) -> list[Resolution]:
     """n side-effecting agent steps, then complete."""
-    steps = [Resolution("run_interaction_task", JobStatus.QUEUED) for _ in range(n)]
-    return [*steps, Resolution("complete", JobStatus.COMPLETED)]
+    return [*[STEP] * n, DONE]
 
 
 def default_registry() -> FunctionRegistry:
-    registry = FunctionRegistry()
-    registry.register("agent3", 1, linear_workflow(agent_steps(3)))
-    registry.register(
-        "timer",
-        1,
-        linear_workflow(
-            [
-                Resolution("run_interaction_task", JobStatus.QUEUED),
-                Resolution("wait_time", JobStatus.WAITING_TIME, resume_delay_ms=3 * 86_400_000),
-                Resolution("run_interaction_task", JobStatus.QUEUED),
-                Resolution("complete", JobStatus.COMPLETED),
-            ]
-        ),
+    return linear_registry(
+        {"agent3": agent_steps(3), "timer": [STEP, sleep_ms(3 * 86_400_000), STEP, DONE]}
     )
-    return registry
 
 
 def store_of(engine: Engine) -> EventSourcedJobStore:
