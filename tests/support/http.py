@@ -38,6 +38,7 @@ TENANTS = ("acme", "globex")
 _TLS = ssl.create_default_context()
 APPROVER = "ann"
 """The subject the test approval lists (an approver JWT is issued to her)."""
+PROBLEM = "application/problem+json"
 
 
 def api_registry() -> FunctionRegistry:
@@ -139,3 +140,12 @@ def start_api(
     finally:
         server.stop()
         thread.join(15)
+
+
+def problem(response: httpx.Response, status: int) -> dict[str, Any]:
+    """The problem document of an error ``response``, which must have ``status``."""
+    assert response.status_code == status, response.text
+    assert response.headers["content-type"] == PROBLEM
+    body: dict[str, Any] = response.json()
+    assert body["status"] == status
+    return body
