@@ -40,3 +40,14 @@ def linear_registry(workflows: Mapping[str, Sequence[Resolution]]) -> FunctionRe
     for name, steps in workflows.items():
         registry.register(name, 1, linear_workflow(steps))
     return registry
+
+
+def tasks_definition(workflow_type: str, *tasks: str) -> str:
+    """The YAML definition (version 1) of one agent step per task, each named after its
+    ``task`` parameter, in order, then ``done``."""
+    steps = [
+        f"  {task}: {{kind: run_interaction_task, params: {{task: {task}}}, next: {after}}}\n"
+        for task, after in zip(tasks, [*tasks[1:], "done"], strict=True)
+    ]
+    head = f"\ntype: {workflow_type}\nversion: 1\nstart: {tasks[0]}\nsteps:\n"
+    return head + "".join(steps) + "  done: {kind: complete}\n"
