@@ -20,6 +20,7 @@ from tests.support.engines import (
     default_registry,
     open_engine,
 )
+from tests.support.http import ApiServer, api_registry, start_api
 from tests.support.kafka_broker import kafka_bootstrap, kafka_topics  # noqa: F401  (one broker per run)
 from tests.support.services import postgres_schema_url
 from tests.support.tsa import local_tsa  # noqa: F401  (one local RFC 3161 TSA per run)
@@ -87,3 +88,16 @@ def make_engine(
     yield make
     for engine in opened:
         engine.close()
+
+
+@pytest.fixture
+def engine(make_engine: EngineFactory) -> Engine:
+    """The API tests' engine, on ``api_registry``; a module that needs another defines its own."""
+    return make_engine(registry=api_registry())
+
+
+@pytest.fixture
+def api(engine: Engine, tmp_path: Path) -> Iterator[ApiServer]:
+    """The API over the module's ``engine``."""
+    with start_api(engine, tmp_path) as server:
+        yield server

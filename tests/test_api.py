@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -27,29 +26,7 @@ from jobledger.engine.engine import Engine
 from jobledger.projections import JobViews
 from tests.support.audit import RawEvents
 from tests.support.engines import EngineFactory, store_of, writes
-from tests.support.http import APPROVER, ApiServer, api_key, api_registry, start_api, token
-
-PROBLEM = "application/problem+json"
-
-
-@pytest.fixture
-def engine(make_engine: EngineFactory) -> Engine:
-    return make_engine(registry=api_registry())
-
-
-@pytest.fixture
-def api(engine: Engine, tmp_path: Path) -> Iterator[ApiServer]:
-    with start_api(engine, tmp_path) as server:
-        yield server
-
-
-def problem(response: Any, status: int) -> dict[str, Any]:
-    assert response.status_code == status, response.text
-    assert response.headers["content-type"] == PROBLEM
-    body: dict[str, Any] = response.json()
-    assert body["status"] == status
-    return body
-
+from tests.support.http import APPROVER, ApiServer, api_key, api_registry, problem, start_api, token
 
 # ---- health ----------------------------------------------------------------------------
 

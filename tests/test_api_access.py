@@ -8,7 +8,7 @@ import json
 import sqlite3
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -37,26 +37,12 @@ from tests.support.http import (
     start_api,
     token,
 )
-
-PROBLEM = "application/problem+json"
-
-
-@pytest.fixture
-def engine(make_engine: EngineFactory) -> Engine:
-    return make_engine(registry=api_registry())
-
-
-@pytest.fixture
-def api(engine: Engine, tmp_path: Path) -> Iterator[ApiServer]:
-    with start_api(engine, tmp_path) as server:
-        yield server
+from tests.support.http import problem as problem_body
 
 
 def problem(response: httpx.Response, status: int) -> dict[str, Any]:
-    assert response.status_code == status, response.text
-    assert response.headers["content-type"] == PROBLEM
-    body: dict[str, Any] = response.json()
-    assert body["status"] == status and body["type"].startswith("urn:jobledger:error:")
+    body = problem_body(response, status)
+    assert body["type"].startswith("urn:jobledger:error:")
     return body
 
 

@@ -4,7 +4,6 @@ a real uvicorn server on SQLite and PostgreSQL."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +15,7 @@ from jobledger.audit import export as exporting
 from jobledger.workflows import DefinitionRegistry
 from tests.support.audit import MISSION_V1, ScoringAgent, definition, mission
 from tests.support.engines import EngineFactory, store_of
-from tests.support.http import ApiServer, start_api, token
+from tests.support.http import ApiServer, token
 
 
 @pytest.fixture
@@ -30,12 +29,6 @@ def engine(make_engine: EngineFactory) -> Engine:
     engine.run_until_idle()
     assert engine.job("acme", "a1").status is JobStatus.WAITING_EVENT
     return engine
-
-
-@pytest.fixture
-def api(engine: Engine, tmp_path: Path) -> Iterator[ApiServer]:
-    with start_api(engine, tmp_path) as server:
-        yield server
 
 
 def test_a_tenants_export_streams_its_jobs_as_json_lines_that_import_elsewhere(

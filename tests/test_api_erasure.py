@@ -4,9 +4,7 @@ never a body field), and ``data_subject`` on submit. Every refusal writes nothin
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from datetime import datetime
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -17,9 +15,8 @@ from jobledger.api.auth import Role
 from jobledger.domain.erasure import ERASED
 from jobledger.engine.engine import Engine
 from tests.support.engines import EngineFactory, agent_steps
-from tests.support.http import ApiServer, api_key, api_registry, start_api, token
+from tests.support.http import PROBLEM, ApiServer, api_key, api_registry, token
 
-PROBLEM = "application/problem+json"
 ERASURES = "/v1/tenants/acme/erasures"
 ADA = {"customer": {"email": "ada@example.com", "plan": "gold"}}
 
@@ -31,12 +28,6 @@ def engine(make_engine: EngineFactory) -> Engine:
         "profile", 1, linear_workflow(agent_steps(1)), personal_data=("customer.email",)
     )
     return make_engine(registry=registry)
-
-
-@pytest.fixture
-def api(engine: Engine, tmp_path: Path) -> Iterator[ApiServer]:
-    with start_api(engine, tmp_path) as server:
-        yield server
 
 
 def problem(response: httpx.Response, status: int, error: str) -> str:

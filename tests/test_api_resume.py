@@ -4,9 +4,7 @@ one wait; what is refused is refused with the engine's error type and writes not
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from datetime import timedelta
-from pathlib import Path
 from typing import Any
 
 import jwt
@@ -16,10 +14,8 @@ from jobledger.adapters.clock import FakeClock
 from jobledger.api.auth import Role
 from jobledger.engine.engine import Engine
 from tests.support.engines import EngineFactory
-from tests.support.http import ApiServer, api_registry, start_api
+from tests.support.http import PROBLEM, ApiServer, api_registry
 from tests.support.notifiers import Inbox
-
-PROBLEM = "application/problem+json"
 
 
 @pytest.fixture
@@ -30,12 +26,6 @@ def inbox() -> Inbox:
 @pytest.fixture
 def engine(make_engine: EngineFactory, inbox: Inbox) -> Engine:
     return make_engine(registry=api_registry(), notifier=inbox)
-
-
-@pytest.fixture
-def api(engine: Engine, tmp_path: Path) -> Iterator[ApiServer]:
-    with start_api(engine, tmp_path) as server:
-        yield server
 
 
 def waiting(engine: Engine, inbox: Inbox, job_id: str) -> str:

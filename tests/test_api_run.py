@@ -22,16 +22,9 @@ from tests.support import pythonpath
 from tests.support.cli import JOBLEDGER, announced, run_jobledger
 from tests.support.http import api_key, write_keys_file
 from tests.support.sse import SseReader
+from tests.support.workflows import tasks_definition
 
-CHORES = """
-type: chores
-version: 1
-start: one
-steps:
-  one: {kind: run_interaction_task, params: {task: one}, next: two}
-  two: {kind: run_interaction_task, params: {task: two}, next: done}
-  done: {kind: complete}
-"""
+CHORES = tasks_definition("chores", "one", "two")
 EXECUTOR = """
 from jobledger import StepRequest, StepResult
 

@@ -5,8 +5,6 @@ refused naming what was wrong, with nothing written."""
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
@@ -17,10 +15,8 @@ from jobledger.api.auth import Role
 from jobledger.api.paths import id_path
 from jobledger.domain.identity import schedule_uuid
 from jobledger.engine.engine import Engine
-from tests.support.engines import EngineFactory
-from tests.support.http import ApiServer, api_key, api_registry, start_api, token
+from tests.support.http import ApiServer, api_key, problem, token
 
-PROBLEM = "application/problem+json"
 TENANT = "acme"
 BASE = f"/v1/tenants/{TENANT}/schedules"
 DAILY = {
@@ -30,25 +26,6 @@ DAILY = {
     "input": {"report": "daily"},
 }
 """07:00 in Paris: 06:00 UTC in winter (the FakeClock starts on 2026-01-01 00:00 UTC)."""
-
-
-@pytest.fixture
-def engine(make_engine: EngineFactory) -> Engine:
-    return make_engine(registry=api_registry())
-
-
-@pytest.fixture
-def api(engine: Engine, tmp_path: Path) -> Iterator[ApiServer]:
-    with start_api(engine, tmp_path) as server:
-        yield server
-
-
-def problem(response: httpx.Response, status: int) -> dict[str, Any]:
-    assert response.status_code == status, response.text
-    assert response.headers["content-type"] == PROBLEM
-    body: dict[str, Any] = response.json()
-    assert body["status"] == status
-    return body
 
 
 def at(name: str, tail: str = "") -> str:

@@ -62,6 +62,7 @@ from tests.support.audit import (
 )
 from tests.support.engines import EngineFactory, default_registry
 from tests.support.evidence import edit_event, fix_manifest, rehash
+from tests.support.workflows import DONE, STEP, sleep_ms
 
 T = "acme"
 
@@ -345,18 +346,7 @@ def test_replay_refuses_another_workflow_and_works_with_python_workflows(
     make_engine: EngineFactory,
 ) -> None:
     registry = default_registry()
-    registry.register(
-        "timer",
-        2,
-        linear_workflow(
-            [
-                Resolution("run_interaction_task", JobStatus.QUEUED),
-                Resolution("wait_time", JobStatus.WAITING_TIME, resume_delay_ms=86_400_000),
-                Resolution("run_interaction_task", JobStatus.QUEUED),
-                Resolution("complete", JobStatus.COMPLETED),
-            ]
-        ),
-    )
+    registry.register("timer", 2, linear_workflow([STEP, sleep_ms(86_400_000), STEP, DONE]))
     engine = make_engine(registry=registry)
     engine.submit(T, "j", "timer", workflow_version=1)
     engine.run_until_idle()

@@ -6,17 +6,9 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
-from tests.support.cli import run_jobledger
+from tests.support.cli import NOTE, run_jobledger
 
 SECRET = "0123456789abcdef0123456789abcdef"
-DEFINITION = """
-type: note
-version: 1
-start: write
-steps:
-  write: {kind: run_interaction_task, params: {task: write}, next: done}
-  done: {kind: complete}
-"""
 EXECUTOR = """
 from jobledger import StepRequest, StepResult
 
@@ -35,7 +27,7 @@ def project(directory: Path) -> Path:
     paths relative to the file."""
     directory.mkdir(parents=True)
     (directory / "definitions").mkdir()
-    (directory / "definitions" / "note.yaml").write_text(DEFINITION)
+    (directory / "definitions" / "note.yaml").write_text(NOTE)
     (directory / "writer_executor.py").write_text(EXECUTOR)
     config = directory / "tick.toml"
     config.write_text(

@@ -12,16 +12,7 @@ from typing import Any
 from jobledger.adapters.signing import Ed25519Signer, Keyring
 from jobledger.cli.config_file import load_settings
 from jobledger.domain.errors import ConfigError
-from tests.support.cli import run_jobledger
-
-NOTE = """
-type: note
-version: 1
-start: write
-steps:
-  write: {kind: run_interaction_task, params: {task: write}, next: done}
-  done: {kind: complete}
-"""
+from tests.support.cli import NOTE, run_jobledger
 
 
 def ok(cwd: Path, *args: str, **env: str) -> str:

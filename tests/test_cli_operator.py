@@ -12,17 +12,9 @@ from typing import Any
 import pytest
 
 from tests.support.cli import JOBLEDGER, run_jobledger
+from tests.support.workflows import tasks_definition
 
-THREE_STEPS = """
-type: chores
-version: 1
-start: one
-steps:
-  one: {kind: run_interaction_task, params: {task: one}, next: two}
-  two: {kind: run_interaction_task, params: {task: two}, next: three}
-  three: {kind: run_interaction_task, params: {task: three}, next: done}
-  done: {kind: complete}
-"""
+THREE_STEPS = tasks_definition("chores", "one", "two", "three")
 EXECUTOR = """
 from jobledger import StepRequest, StepResult
 

@@ -8,18 +8,12 @@ import time
 from collections import Counter
 from datetime import UTC, datetime, timedelta
 
-from jobledger import (
-    FunctionRegistry,
-    JobStatus,
-    Resolution,
-    StepRequest,
-    StepResult,
-    linear_workflow,
-)
+from jobledger import FunctionRegistry, JobStatus, StepRequest, StepResult
 from jobledger.adapters.clock import StoreTimeClock, SystemClock
 from jobledger.adapters.event_store import EventSourcedJobStore
 from jobledger.adapters.store_url import parse_store_url
 from tests.support.engines import CountingExecutor, EngineFactory
+from tests.support.workflows import DONE, STEP, linear_registry, sleep_ms
 
 TENANT = "acme"
 FIVE_MINUTES = timedelta(minutes=5)
@@ -42,24 +36,9 @@ class SkewedClock:
 
 
 def napping() -> FunctionRegistry:
-    registry = FunctionRegistry()
-    registry.register(
-        "nap",
-        1,
-        linear_workflow(
-            [
-                Resolution("run_interaction_task", JobStatus.QUEUED),
-                Resolution(
-                    "wait_time",
-                    JobStatus.WAITING_TIME,
-                    resume_delay_ms=round(FIVE_MINUTES.total_seconds() * 1000),
-                ),
-                Resolution("run_interaction_task", JobStatus.QUEUED),
-                Resolution("complete", JobStatus.COMPLETED),
-            ]
-        ),
+    return linear_registry(
+        {"nap": [STEP, sleep_ms(round(FIVE_MINUTES.total_seconds() * 1000)), STEP, DONE]}
     )
-    return registry
 
 
 def test_a_worker_ten_minutes_ahead_does_not_fire_a_five_minute_timer_at_once(

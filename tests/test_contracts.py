@@ -96,53 +96,45 @@ class TestLeasesOnPostgreSQL(LeasesContract):
 # ---- locks -----------------------------------------------------------------------------------
 
 
-class TestFileLock(LockContract):
+class StoreUrlLocks(LockContract):
+    """The lock ``lock_for`` gives a store URL, which must be a ``lock_type``."""
+
+    lock_type: type[FileLock | AdvisoryLock]
+
+    @pytest.fixture
+    def make_lock(self, url: str) -> Iterator[LockMaker]:
+        made: list[Any] = []
+
+        def make(name: str) -> FileLock | AdvisoryLock:
+            lock = lock_for(parse_store_url(url), name)
+            assert isinstance(lock, self.lock_type)
+            made.append(lock)
+            return lock
+
+        yield make
+        for lock in made:
+            lock.release()
+
+    @pytest.fixture
+    def lock_code(self, url: str) -> LockCode:
+        return lambda name: _lock_code(url, name)
+
+
+class TestFileLock(StoreUrlLocks):
+    lock_type = FileLock
+
     @pytest.fixture
     def url(self, tmp_path: Path) -> str:
         return sqlite_url(tmp_path)
 
-    @pytest.fixture
-    def make_lock(self, url: str) -> Iterator[LockMaker]:
-        made: list[Any] = []
-
-        def make(name: str) -> FileLock:
-            lock = lock_for(parse_store_url(url), name)
-            assert isinstance(lock, FileLock)
-            made.append(lock)
-            return lock
-
-        yield make
-        for lock in made:
-            lock.release()
-
-    @pytest.fixture
-    def lock_code(self, url: str) -> LockCode:
-        return lambda name: _lock_code(url, name)
-
 
 @pytest.mark.postgres
-class TestAdvisoryLock(LockContract):
+class TestAdvisoryLock(StoreUrlLocks):
+    lock_type = AdvisoryLock
+
     @pytest.fixture
     def url(self) -> Iterator[str]:
         yield from postgres_schema_url()
-
-    @pytest.fixture
-    def make_lock(self, url: str) -> Iterator[LockMaker]:
-        made: list[Any] = []
-
-        def make(name: str) -> AdvisoryLock:
-            lock = lock_for(parse_store_url(url), name)
-            assert isinstance(lock, AdvisoryLock)
-            made.append(lock)
-            return lock
-
-        yield make
-        for lock in made:
-            lock.release()
-
-    @pytest.fixture
-    def lock_code(self, url: str) -> LockCode:
-        return lambda name: _lock_code(url, name)
 
 
 def _lock_code(url: str, name: str) -> str:

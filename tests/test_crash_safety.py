@@ -19,7 +19,6 @@ from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
-from uuid import UUID
 
 import pytest
 from eventsourcing.persistence import OperationalError, StoredEvent
@@ -44,7 +43,7 @@ from jobledger.orchestration.ports import JobStore
 from jobledger.runtime.embedded_runner import EmbeddedRunner
 from tests.support import pythonpath
 from tests.support.crash_worker import TENANT, FileCountingExecutor, read_counts, registry
-from tests.support.engines import CountingExecutor, EngineFactory
+from tests.support.engines import CountingExecutor, EngineFactory, StoreAround
 
 JOB = "job-1"
 AGENT_STEPS = 3  # "agent3": three side-effecting steps, then the pure step 4 "complete"
@@ -59,18 +58,14 @@ class Crash(BaseException):
 # ---- in-process fault injection ----------------------------------------------------------
 
 
-class CrashAfterAppend:
+class CrashAfterAppend(StoreAround):
     """A JobStore that dies right after an append has committed, when ``crashes_on`` says
     the append was the one to die after."""
 
     def __init__(self, inner: JobStore, crashes_on: Callable[[Job, list[object]], bool]) -> None:
-        self.inner = inner
+        super().__init__(inner)
         self.crashes_on = crashes_on
         self.crashed = False
-
-    def __getattr__(self, name: str) -> Any:
-        """The rest of the port is the real store's."""
-        return getattr(self.inner, name)
 
     def append(self, job: Job, *keys: ConsumedKey) -> None:
         fatal = not self.crashed and self.crashes_on(job, list(job.pending_events))
@@ -78,15 +73,6 @@ class CrashAfterAppend:
         if fatal:
             self.crashed = True
             raise Crash
-
-    def load(self, job_uuid: UUID) -> Job | None:
-        return self.inner.load(job_uuid)
-
-    def find_key(self, job_uuid: UUID, key_id: UUID) -> ConsumedKey | None:
-        return self.inner.find_key(job_uuid, key_id)
-
-    def events(self, job_uuid: UUID, **window: int | None) -> list[Job.Event]:
-        return self.inner.events(job_uuid, **window)
 
 
 class CrashInSideEffect:

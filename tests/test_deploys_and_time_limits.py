@@ -27,6 +27,7 @@ from jobledger.projections import JobViews
 from jobledger.runtime.embedded_runner import EmbeddedRunner
 from tests.support.engines import CountingExecutor, EngineFactory, agent_steps
 from tests.support.notifiers import Inbox as InboxOfJobs
+from tests.support.workflows import DONE, linear_registry, sleep_ms, wait_event
 
 HOUR = 3_600_000
 DAY = 24 * HOUR
@@ -192,38 +193,11 @@ def test_a_worker_without_the_pinned_version_never_takes_over_a_lapsed_lease(
 
 
 def waits_for_event(timeout_ms: int | None = None) -> FunctionRegistry:
-    registry = FunctionRegistry()
-    registry.register(
-        "wait",
-        1,
-        linear_workflow(
-            [
-                Resolution(
-                    "wait_event",
-                    JobStatus.WAITING_EVENT,
-                    wait_event_name="reply",
-                    wait_timeout_ms=timeout_ms,
-                ),
-                Resolution("complete", JobStatus.COMPLETED),
-            ]
-        ),
-    )
-    return registry
+    return linear_registry({"wait": [wait_event("reply", timeout_ms), DONE]})
 
 
 def long_timer(hours: int) -> FunctionRegistry:
-    registry = FunctionRegistry()
-    registry.register(
-        "nap",
-        1,
-        linear_workflow(
-            [
-                Resolution("wait_time", JobStatus.WAITING_TIME, resume_delay_ms=hours * HOUR),
-                Resolution("complete", JobStatus.COMPLETED),
-            ]
-        ),
-    )
-    return registry
+    return linear_registry({"nap": [sleep_ms(hours * HOUR), DONE]})
 
 
 def test_a_job_waiting_for_an_event_fails_at_its_deadline(

@@ -14,12 +14,7 @@ from typing import Any
 import jwt
 import pytest
 
-from jobledger import (
-    ConfigError,
-    Engine,
-    InvalidPayloadError,
-    JobStatus,
-)
+from jobledger import ConfigError, Engine, InvalidPayloadError, JobStatus
 from jobledger.adapters.clock import FakeClock
 from jobledger.adapters.jwt_tokens import JwtResumeTokens
 from jobledger.adapters.store_url import parse_store_url
@@ -163,29 +158,71 @@ def test_a_surrogate_pair_is_text_and_accepted() -> None:
     assert json_object({"a": "\U0001f600"}, what="job input", max_bytes=100) == {"a": "\U0001f600"}
 
 
-def test_a_lone_surrogate_in_input_or_free_text_is_refused_and_writes_nothing(
-    make_engine: EngineFactory,
-) -> None:
-    engine = make_engine()
-    engine.submit("t", "other", "agent3")
-    before = writes(engine)
-    with pytest.raises(InvalidPayloadError, match="job input holds a lone surrogate"):
-        engine.submit("t", "j", "agent3", input={"a": "\ud800"})
-    with pytest.raises(InvalidPayloadError, match="cancel reason holds a lone surrogate"):
-        engine.cancel("t", "other", "why\ud800", by="ops")
-    assert writes(engine) == before
+LIMIT = {"max_payload_bytes": 1024}
+TOO_LONG = "x" * 1025
 
 
-def test_a_deep_or_huge_input_is_refused_by_submit_and_writes_nothing(
+@pytest.mark.parametrize(
+    ("config", "job", "refused", "match"),
+    [
+        pytest.param(
+            {},
+            "other",
+            lambda engine: engine.submit("t", "j", "agent3", input={"a": "\ud800"}),
+            "job input holds a lone surrogate",
+            id="a-lone-surrogate-in-input",
+        ),
+        pytest.param(
+            {},
+            "other",
+            lambda engine: engine.cancel("t", "other", "why\ud800", by="ops"),
+            "cancel reason holds a lone surrogate",
+            id="a-lone-surrogate-in-free-text",
+        ),
+        pytest.param(
+            {},
+            "other",
+            lambda engine: engine.submit("t", "deep", "agent3", input=nested(100_000)),
+            "nested deeper",
+            id="a-deep-input",
+        ),
+        pytest.param(
+            {},
+            "other",
+            lambda engine: engine.submit("t", "big", "agent3", input={"n": 10**4999}),
+            "integer of 5000 digits",
+            id="a-huge-input",
+        ),
+        pytest.param(
+            LIMIT,
+            "j",
+            lambda engine: engine.raise_budget(
+                "t", "j", raised_by="ops", reason=TOO_LONG, max_steps=50
+            ),
+            "budget raise reason is 1025 bytes",
+            id="a-budget-raise-reason-over-the-payload-limit",
+        ),
+        pytest.param(
+            LIMIT,
+            "j",
+            lambda engine: engine.migrate("t", "j", 1, by="ops", reason=TOO_LONG, force=True),
+            "migration reason is 1025 bytes",
+            id="a-migration-reason-over-the-payload-limit",
+        ),
+    ],
+)
+def test_hostile_or_oversized_input_is_refused_and_writes_nothing(
     make_engine: EngineFactory,
+    config: dict[str, int],
+    job: str,
+    refused: Callable[[Engine], object],
+    match: str,
 ) -> None:
-    engine = make_engine()
-    engine.submit("t", "other", "agent3")
+    engine = make_engine(config=config)
+    engine.submit("t", job, "agent3")
     before = writes(engine)
-    with pytest.raises(InvalidPayloadError, match="nested deeper"):
-        engine.submit("t", "deep", "agent3", input=nested(100_000))
-    with pytest.raises(InvalidPayloadError, match="integer of 5000 digits"):
-        engine.submit("t", "big", "agent3", input={"n": 10**4999})
+    with pytest.raises(InvalidPayloadError, match=match):
+        refused(engine)
     assert writes(engine) == before
 
 
@@ -308,10 +345,6 @@ def test_a_lower_case_schema_of_63_characters_is_allowed() -> None:
 # ---- free text over the payload limit ------------------------------------------------------
 
 
-LIMIT = {"max_payload_bytes": 1024}
-TOO_LONG = "x" * 1025
-
-
 def test_a_cancel_reason_over_the_payload_limit_is_refused(make_engine: EngineFactory) -> None:
     engine = make_engine(config=LIMIT)
     engine.submit("t", "j", "agent3")
@@ -321,17 +354,6 @@ def test_a_cancel_reason_over_the_payload_limit_is_refused(make_engine: EngineFa
     assert str(raised.value) == "cancel reason is 1025 bytes, over the limit of 1024"
     assert writes(engine) == before
     assert engine.cancel("t", "j", reason="x" * 1024, by="ops").status is JobStatus.CANCELLED
-
-
-def test_a_budget_raise_reason_over_the_payload_limit_is_refused(
-    make_engine: EngineFactory,
-) -> None:
-    engine = make_engine(config=LIMIT)
-    engine.submit("t", "j", "agent3")
-    before = writes(engine)
-    with pytest.raises(InvalidPayloadError, match="budget raise reason is 1025 bytes"):
-        engine.raise_budget("t", "j", raised_by="ops", reason=TOO_LONG, max_steps=50)
-    assert writes(engine) == before
 
 
 def test_an_approval_comment_over_the_payload_limit_is_refused(make_engine: EngineFactory) -> None:
@@ -345,17 +367,6 @@ def test_an_approval_comment_over_the_payload_limit_is_refused(make_engine: Engi
         engine.decide("t", "j", view.pending_approval_id, "approve", "lead", TOO_LONG)
     assert writes(engine) == before
     assert engine.job("t", "j").status is JobStatus.AWAITING_APPROVAL
-
-
-def test_a_migration_reason_over_the_payload_limit_is_refused(
-    make_engine: EngineFactory,
-) -> None:
-    engine = make_engine(config=LIMIT)
-    engine.submit("t", "j", "agent3")
-    before = writes(engine)
-    with pytest.raises(InvalidPayloadError, match="migration reason is 1025 bytes"):
-        engine.migrate("t", "j", 1, by="ops", reason=TOO_LONG, force=True)
-    assert writes(engine) == before
 
 
 def test_free_text_must_be_text(make_engine: EngineFactory) -> None:

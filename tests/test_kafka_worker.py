@@ -25,16 +25,7 @@ from uuid import UUID
 import pytest
 from kafka import KafkaProducer, TopicPartition
 
-from jobledger import (
-    Engine,
-    EngineConfig,
-    FunctionRegistry,
-    JobStatus,
-    Resolution,
-    StoreUnavailableError,
-    Tick,
-    linear_workflow,
-)
+from jobledger import Engine, EngineConfig, FunctionRegistry, JobStatus, StoreUnavailableError, Tick
 from jobledger.adapters.event_store import EventSourcedJobStore
 from jobledger.adapters.kafka import KafkaQueue, SignalMessage, job_key
 from jobledger.adapters.kafka.messages import (
@@ -54,12 +45,7 @@ from jobledger.orchestration.ports import JobStore
 from jobledger.runtime.kafka_runner import KafkaRunner, KafkaRunnerSettings
 from tests.support import pythonpath
 from tests.support.crash_worker import read_counts
-from tests.support.engines import (
-    TOKEN_SECRET,
-    CountingExecutor,
-    StoreWrapper,
-    default_registry,
-)
+from tests.support.engines import TOKEN_SECRET, CountingExecutor, StoreWrapper, default_registry
 from tests.support.engines import open_engine as build_engine
 from tests.support.kafka_broker import (
     KafkaTopics,
@@ -71,6 +57,7 @@ from tests.support.kafka_broker import (
 )
 from tests.support.outage import Outage
 from tests.support.services import postgres_schema_url
+from tests.support.workflows import DONE, STEP, linear_registry, sleep_ms, wait_event
 
 TENANT = "acme"
 PROCS = [sys.executable, "-m", "tests.support.kafka_procs"]
@@ -568,20 +555,7 @@ def test_two_consumers_share_the_partitions_and_hand_them_over_on_a_rebalance(
 
 
 def wait_registry() -> FunctionRegistry:
-    registry = FunctionRegistry()
-    registry.register(
-        "wait",
-        1,
-        linear_workflow(
-            [
-                Resolution("run_interaction_task", JobStatus.QUEUED),
-                Resolution("wait_event", JobStatus.WAITING_EVENT, wait_event_name="invoice.paid"),
-                Resolution("run_interaction_task", JobStatus.QUEUED),
-                Resolution("complete", JobStatus.COMPLETED),
-            ]
-        ),
-    )
-    return registry
+    return linear_registry({"wait": [STEP, wait_event("invoice.paid"), STEP, DONE]})
 
 
 def test_a_published_signal_resumes_a_waiting_job_once(
@@ -631,19 +605,7 @@ def test_a_published_signal_resumes_a_waiting_job_once(
 def test_the_reconciler_publishes_a_timer_when_it_is_due(
     store_url: str, kafka_topics: KafkaTopics
 ) -> None:
-    registry = FunctionRegistry()
-    registry.register(
-        "nap",
-        1,
-        linear_workflow(
-            [
-                Resolution("run_interaction_task", JobStatus.QUEUED),
-                Resolution("wait_time", JobStatus.WAITING_TIME, resume_delay_ms=1_500),
-                Resolution("run_interaction_task", JobStatus.QUEUED),
-                Resolution("complete", JobStatus.COMPLETED),
-            ]
-        ),
-    )
+    registry = linear_registry({"nap": [STEP, sleep_ms(1_500), STEP, DONE]})
     executor = CountingExecutor()
     engine = open_engine(
         store_url, kafka_topics, executor, registry=registry, inline_resume_max_delay_ms=0

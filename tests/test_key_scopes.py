@@ -18,7 +18,6 @@ import pytest
 
 from jobledger import Engine, FunctionRegistry, JobStatus, Resolution, linear_workflow
 from jobledger.adapters.clock import FakeClock
-from jobledger.adapters.event_store import EventSourcedJobStore
 from jobledger.audit import export as exporting
 from jobledger.domain.errors import ApprovalAlreadyDecidedError, TokenReplayedError
 from jobledger.domain.identity import KEY_SCHEME, LEGACY_KEY_SCHEME, key_uuid, step_key
@@ -28,7 +27,8 @@ from jobledger.domain.steps import ApprovalSpec, IssuedToken
 from jobledger.domain.views import JobView
 from jobledger.engine.engine import SignalOutcome
 from jobledger.orchestration.ports import ApprovalRequest
-from tests.support.engines import CountingExecutor, EngineFactory
+from tests.support.engines import CountingExecutor, EngineFactory, store_of
+from tests.support.workflows import DONE, STEP, linear_registry, wait_event
 
 PARTITIONS = (1, 2, 4)
 
@@ -48,34 +48,15 @@ class Inbox:
 
 
 def registry() -> FunctionRegistry:
-    registry = FunctionRegistry()
-    registry.register(
-        "wait",
-        1,
-        linear_workflow(
-            [
-                Resolution("run_interaction_task", JobStatus.QUEUED),
-                Resolution("wait_event", JobStatus.WAITING_EVENT, wait_event_name="go"),
-                Resolution("complete", JobStatus.COMPLETED),
-            ]
-        ),
-    )
-    registry.register(
-        "gate",
-        1,
-        linear_workflow(
-            [
+    return linear_registry(
+        {
+            "wait": [STEP, wait_event("go"), DONE],
+            "gate": [
                 Resolution("await_approval", JobStatus.AWAITING_APPROVAL, approval=ApprovalSpec()),
-                Resolution("complete", JobStatus.COMPLETED),
-            ]
-        ),
+                DONE,
+            ],
+        }
     )
-    return registry
-
-
-def store_of(engine: Engine) -> EventSourcedJobStore:
-    assert isinstance(engine.store, EventSourcedJobStore)
-    return engine.store
 
 
 # ---- signal ids are scoped to their job -------------------------------------------------

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import shutil
 import tempfile
-import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
@@ -31,16 +30,10 @@ from datetime import datetime, timedelta
 from decimal import Decimal
 from typing import Any, ClassVar
 
-import psycopg
 import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
-from hypothesis.stateful import (
-    RuleBasedStateMachine,
-    invariant,
-    rule,
-    run_state_machine_as_test,
-)
+from hypothesis.stateful import RuleBasedStateMachine, invariant, rule, run_state_machine_as_test
 
 from jobledger import (
     Engine,
@@ -67,7 +60,7 @@ from jobledger.orchestration.orchestrator import TickReport
 from jobledger.orchestration.ports import JobStore
 from tests.support.engines import StoreWrapper
 from tests.support.engines import open_engine as build_engine
-from tests.support.services import POSTGRES_URL, REQUIRE_SERVICES
+from tests.support.services import POSTGRES_URL, REQUIRE_SERVICES, fresh_schema_url
 
 LEASE = timedelta(seconds=60)
 STEP_COST = Decimal("0.01")
@@ -316,14 +309,8 @@ def fresh_store(backend: str) -> Iterator[str]:
             shutil.rmtree(directory, ignore_errors=True)
         return
     assert POSTGRES_URL
-    schema = f"m_{uuid.uuid4().hex[:12]}"
-    with psycopg.connect(POSTGRES_URL, autocommit=True) as conn:
-        conn.execute(f"CREATE SCHEMA {schema}")
-    try:
-        yield f"{POSTGRES_URL}?schema={schema}"
-    finally:
-        with psycopg.connect(POSTGRES_URL, autocommit=True) as conn:
-            conn.execute(f"DROP SCHEMA {schema} CASCADE")
+    with fresh_schema_url(POSTGRES_URL, "m_") as url:
+        yield url
 
 
 # ---- the machine --------------------------------------------------------------------------

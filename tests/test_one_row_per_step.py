@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from jobledger import Engine, JobStatus, Outcome, Resolution, linear_workflow
+from jobledger import Engine, JobStatus, Outcome, linear_workflow
 from jobledger.adapters.clock import FakeClock
 from jobledger.domain.errors import DuplicateKeyError, VersionConflict
 from jobledger.domain.identity import job_uuid
@@ -27,6 +27,7 @@ from jobledger.orchestration.ports import Append
 from jobledger.orchestration.registry import FunctionRegistry
 from tests.support.engines import EngineFactory, default_registry, store_of
 from tests.support.notifiers import Inbox
+from tests.support.workflows import LAST_STEP, wait_event
 
 WAIT_THEN_RUN = "wait-then-run"
 
@@ -117,16 +118,7 @@ def test_the_folded_claim_is_held_as_a_claimed_one_would_be(
 
 def wait_registry() -> FunctionRegistry:
     registry = default_registry()
-    registry.register(
-        WAIT_THEN_RUN,
-        1,
-        linear_workflow(
-            [
-                Resolution("wait_event", JobStatus.WAITING_EVENT, wait_event_name="go"),
-                Resolution("run_interaction_task", JobStatus.COMPLETED),
-            ]
-        ),
-    )
+    registry.register(WAIT_THEN_RUN, 1, linear_workflow([wait_event("go"), LAST_STEP]))
     return registry
 
 

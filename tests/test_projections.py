@@ -5,15 +5,17 @@ from __future__ import annotations
 import subprocess
 import sys
 import textwrap
+from collections.abc import Sequence
 from datetime import timedelta
 from decimal import Decimal
 from typing import Any
 
 import pytest
+from eventsourcing.persistence import Notification
 
 from jobledger import Engine, JobStatus, Resolution, StepRequest, linear_workflow
 from jobledger.adapters.clock import FakeClock
-from jobledger.adapters.event_store import EventSourcedJobStore
+from jobledger.adapters.event_store import EventSourcedJobStore, LedgerPartition
 from jobledger.adapters.local_queue import LocalQueue
 from jobledger.adapters.locks import lock_for
 from jobledger.adapters.ops import MemoryOps
@@ -69,15 +71,22 @@ def test_incremental_views_equal_a_rebuild_from_zero(
     assert views.lag_total() == 0
 
 
-def test_a_crash_between_view_write_and_tracking_cannot_happen(
-    make_engine: EngineFactory, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def one_job_pending(
+    make_engine: EngineFactory,
+) -> tuple[Engine, JobViews, LedgerPartition, Sequence[Notification]]:
+    """An engine that ran one job, its views, and the batch its first partition has for them."""
     engine = make_engine()
     views = views_of(engine)
     engine.submit("t", "j", "agent3")
     engine.run_until_idle()
     partition = engine.store.partitions[0]  # type: ignore[attr-defined]
-    batch = views.pending(partition)
+    return engine, views, partition, views.pending(partition)
+
+
+def test_a_crash_between_view_write_and_tracking_cannot_happen(
+    make_engine: EngineFactory, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _, views, partition, batch = one_job_pending(make_engine)
 
     def crash(*args: Any, **kwargs: Any) -> None:
         raise RuntimeError("power cut after the view rows were written")
@@ -96,12 +105,7 @@ def test_a_crash_between_view_write_and_tracking_cannot_happen(
 
 
 def test_a_redelivered_batch_is_ignored(make_engine: EngineFactory, clock: FakeClock) -> None:
-    engine = make_engine()
-    views = views_of(engine)
-    engine.submit("t", "j", "agent3")
-    engine.run_until_idle()
-    partition = engine.store.partitions[0]  # type: ignore[attr-defined]
-    batch = views.pending(partition)
+    engine, views, partition, batch = one_job_pending(make_engine)
 
     views.process(partition, batch)
     views.process(partition, batch)

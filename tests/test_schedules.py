@@ -509,56 +509,59 @@ def fire_times(engine: Engine, clock: FakeClock, name: str, firings: int) -> lis
     return [f"{t:%d %H:%M} UTC = {t.astimezone(zone):%H:%M %Z}" for t in times]  # type: ignore[str-format]
 
 
-def test_spring_forward_in_paris_fires_the_skipped_time_when_the_clocks_resume(
-    make_engine: EngineFactory, clock: FakeClock
+@pytest.mark.parametrize(
+    ("start", "name", "cron", "expected"),
+    [
+        # 2026-03-29: 02:00 CET becomes 03:00 CEST. cronsim (Debian cron's rule) runs a job
+        # of the skipped hour at once when the clocks resume: 02:30 fires at 03:00 CEST.
+        pytest.param(
+            datetime(2026, 3, 27, 12, tzinfo=UTC),
+            "night",
+            "30 2 * * *",
+            [
+                "28 01:30 UTC = 02:30 CET",
+                "29 01:00 UTC = 03:00 CEST",
+                "30 00:30 UTC = 02:30 CEST",
+                "31 00:30 UTC = 02:30 CEST",
+            ],
+            id="spring-forward-fires-the-skipped-time-when-the-clocks-resume",
+        ),
+        # 2026-10-25: 03:00 CEST becomes 02:00 CET, so 02:30 happens twice; cronsim fires
+        # it once, at its first occurrence (CEST).
+        pytest.param(
+            datetime(2026, 10, 23, 12, tzinfo=UTC),
+            "night",
+            "30 2 * * *",
+            ["24 00:30 UTC = 02:30 CEST", "25 00:30 UTC = 02:30 CEST", "26 01:30 UTC = 02:30 CET"],
+            id="fall-back-fires-the-repeated-time-once",
+        ),
+        # cronsim schedules expressions finer than an hour normally: 02:00 comes twice.
+        pytest.param(
+            datetime(2026, 10, 24, 23, 30, tzinfo=UTC),
+            "hourly",
+            "0 * * * *",
+            [
+                "25 00:00 UTC = 02:00 CEST",
+                "25 01:00 UTC = 02:00 CET",
+                "25 02:00 UTC = 03:00 CET",
+                "25 03:00 UTC = 04:00 CET",
+            ],
+            id="an-hourly-schedule-fires-every-real-hour-across-fall-back",
+        ),
+    ],
+)
+def test_a_schedule_in_paris_across_a_clock_change(
+    make_engine: EngineFactory,
+    clock: FakeClock,
+    start: datetime,
+    name: str,
+    cron: str,
+    expected: list[str],
 ) -> None:
-    """2026-03-29: 02:00 CET becomes 03:00 CEST. cronsim (Debian cron's rule) runs a job of
-    the skipped hour at once when the clocks resume: 02:30 fires at 03:00 CEST."""
     engine = make_engine()
-    clock.set(datetime(2026, 3, 27, 12, tzinfo=UTC))
-    engine.schedules.create(
-        T, "night", cron="30 2 * * *", timezone="Europe/Paris", workflow_type="agent3"
-    )
-    assert fire_times(engine, clock, "night", 4) == [
-        "28 01:30 UTC = 02:30 CET",
-        "29 01:00 UTC = 03:00 CEST",
-        "30 00:30 UTC = 02:30 CEST",
-        "31 00:30 UTC = 02:30 CEST",
-    ]
-
-
-def test_fall_back_in_paris_fires_the_repeated_time_once(
-    make_engine: EngineFactory, clock: FakeClock
-) -> None:
-    """2026-10-25: 03:00 CEST becomes 02:00 CET, so 02:30 happens twice; cronsim fires it
-    once, at its first occurrence (CEST). An hourly schedule fires every real hour."""
-    engine = make_engine()
-    clock.set(datetime(2026, 10, 23, 12, tzinfo=UTC))
-    engine.schedules.create(
-        T, "night", cron="30 2 * * *", timezone="Europe/Paris", workflow_type="agent3"
-    )
-    assert fire_times(engine, clock, "night", 3) == [
-        "24 00:30 UTC = 02:30 CEST",
-        "25 00:30 UTC = 02:30 CEST",
-        "26 01:30 UTC = 02:30 CET",
-    ]
-
-
-def test_an_hourly_schedule_fires_every_real_hour_across_fall_back(
-    make_engine: EngineFactory, clock: FakeClock
-) -> None:
-    """cronsim schedules expressions finer than an hour normally: 02:00 comes twice."""
-    engine = make_engine()
-    clock.set(datetime(2026, 10, 24, 23, 30, tzinfo=UTC))
-    engine.schedules.create(
-        T, "hourly", cron="0 * * * *", timezone="Europe/Paris", workflow_type="agent3"
-    )
-    assert fire_times(engine, clock, "hourly", 4) == [
-        "25 00:00 UTC = 02:00 CEST",
-        "25 01:00 UTC = 02:00 CET",
-        "25 02:00 UTC = 03:00 CET",
-        "25 03:00 UTC = 04:00 CET",
-    ]
+    clock.set(start)
+    engine.schedules.create(T, name, cron=cron, timezone="Europe/Paris", workflow_type="agent3")
+    assert fire_times(engine, clock, name, len(expected)) == expected
 
 
 # ---- the command line ----------------------------------------------------------------------

@@ -22,16 +22,9 @@ from jobledger.domain.identity import job_uuid
 from tests.support.audit import RawEvents
 from tests.support.cli import JOBLEDGER, Cli, make_cli
 from tests.support.engines import EngineFactory, store_of
+from tests.support.workflows import tasks_definition
 
-NOTE = """
-type: note
-version: 1
-start: draft
-steps:
-  draft: {kind: run_interaction_task, params: {task: draft}, next: publish}
-  publish: {kind: run_interaction_task, params: {task: publish}, next: done}
-  done: {kind: complete}
-"""
+NOTE = tasks_definition("note", "draft", "publish")
 
 
 def signing_cli(tmp_path: Path, store_url: str) -> Cli:

@@ -13,21 +13,13 @@ from typing import Any
 import pytest
 from eventsourcing.persistence import OperationalError
 
-from jobledger import (
-    Engine,
-    FunctionRegistry,
-    JobStatus,
-    Outcome,
-    Resolution,
-    StepRequest,
-    StepResult,
-    linear_workflow,
-)
+from jobledger import Engine, FunctionRegistry, JobStatus, Outcome, StepRequest, StepResult
 from jobledger.domain.errors import VersionConflict
 from jobledger.domain.identity import job_uuid, step_key
 from jobledger.domain.job import Job
 from jobledger.engine.engine import SignalOutcome
 from tests.support.engines import CountingExecutor, EngineFactory
+from tests.support.workflows import DONE, STEP, linear_registry, wait_event
 
 JOB = "job-1"
 TENANT = "acme"
@@ -35,20 +27,7 @@ TENANT = "acme"
 
 def step_then_wait_registry() -> FunctionRegistry:
     """A paid step, then a wait for ``go``, then a second paid step."""
-    registry = FunctionRegistry()
-    registry.register(
-        "mission",
-        1,
-        linear_workflow(
-            [
-                Resolution("run_interaction_task", JobStatus.QUEUED),
-                Resolution("wait_event", JobStatus.WAITING_EVENT, wait_event_name="go"),
-                Resolution("run_interaction_task", JobStatus.QUEUED),
-                Resolution("complete", JobStatus.COMPLETED),
-            ]
-        ),
-    )
-    return registry
+    return linear_registry({"mission": [STEP, wait_event("go"), STEP, DONE]})
 
 
 class InputDuringStep(CountingExecutor):

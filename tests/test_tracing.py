@@ -22,16 +22,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import StatusCode
 
-from jobledger import (
-    Engine,
-    EngineConfig,
-    FunctionRegistry,
-    JobStatus,
-    Resolution,
-    StepRequest,
-    StepResult,
-    linear_workflow,
-)
+from jobledger import Engine, EngineConfig, FunctionRegistry, JobStatus, StepRequest, StepResult
 from jobledger.adapters.kafka.messages import SignalMessage
 from jobledger.adapters.kafka.publisher import KafkaEventPublisher
 from jobledger.adapters.kafka.worker import KafkaWorker
@@ -46,25 +37,14 @@ from jobledger.projections.outbox import Outbox
 from tests.support.engines import TOKEN_SECRET, CountingExecutor, EngineFactory, store_of
 from tests.support.engines import open_engine as build_engine
 from tests.support.kafka_broker import KafkaTopics, headers, read_topic, wait_for
+from tests.support.workflows import LAST_STEP, STEP, linear_registry, wait_event
 
 TENANT = "acme"
 
 
 def three_steps() -> FunctionRegistry:
     """An agent step, a wait for ``go``, an agent step that completes the job."""
-    registry = FunctionRegistry()
-    registry.register(
-        "traced",
-        1,
-        linear_workflow(
-            [
-                Resolution("run_interaction_task", JobStatus.QUEUED),
-                Resolution("wait_event", JobStatus.WAITING_EVENT, wait_event_name="go"),
-                Resolution("run_interaction_task", JobStatus.COMPLETED),
-            ]
-        ),
-    )
-    return registry
+    return linear_registry({"traced": [STEP, wait_event("go"), LAST_STEP]})
 
 
 @pytest.fixture

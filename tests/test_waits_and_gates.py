@@ -9,15 +9,7 @@ from typing import Any
 import jwt
 import pytest
 
-from jobledger import (
-    Engine,
-    FunctionRegistry,
-    JobStatus,
-    Outcome,
-    Resolution,
-    StepRequest,
-    linear_workflow,
-)
+from jobledger import Engine, FunctionRegistry, JobStatus, Outcome, StepRequest
 from jobledger.adapters.clock import FakeClock
 from jobledger.adapters.ops import MemoryOps
 from jobledger.domain.errors import (
@@ -35,48 +27,15 @@ from jobledger.domain.steps import ApprovalSpec
 from jobledger.engine.engine import SignalOutcome
 from tests.support.engines import TOKEN_SECRET, CountingExecutor, EngineFactory
 from tests.support.notifiers import Inbox
+from tests.support.workflows import DONE, SEND_100, STEP, linear_registry, review, wait_event
 
 
 def wait_workflow(timeout_ms: int | None = None) -> FunctionRegistry:
-    registry = FunctionRegistry()
-    registry.register(
-        "wait",
-        1,
-        linear_workflow(
-            [
-                Resolution("run_interaction_task", JobStatus.QUEUED),
-                Resolution(
-                    "wait_event",
-                    JobStatus.WAITING_EVENT,
-                    wait_event_name="invoice.paid",
-                    wait_timeout_ms=timeout_ms,
-                ),
-                Resolution("complete", JobStatus.COMPLETED),
-            ]
-        ),
-    )
-    return registry
+    return linear_registry({"wait": [STEP, wait_event("invoice.paid", timeout_ms), DONE]})
 
 
 def approval_workflow(**spec: Any) -> FunctionRegistry:
-    registry = FunctionRegistry()
-    registry.register(
-        "gate",
-        1,
-        linear_workflow(
-            [
-                Resolution("run_interaction_task", JobStatus.QUEUED, params={"send": "$100"}),
-                Resolution(
-                    "await_approval",
-                    JobStatus.AWAITING_APPROVAL,
-                    step_name="review",
-                    approval=ApprovalSpec(**spec),
-                ),
-                Resolution("complete", JobStatus.COMPLETED),
-            ]
-        ),
-    )
-    return registry
+    return linear_registry({"gate": [SEND_100, review(ApprovalSpec(**spec)), DONE]})
 
 
 def event_count(engine: Engine, tenant: str = "t", job: str = "j") -> int:

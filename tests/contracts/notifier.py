@@ -7,9 +7,10 @@ from collections.abc import Callable
 
 import pytest
 
-from jobledger import Engine, FunctionRegistry, JobStatus, Resolution, linear_workflow
+from jobledger import Engine, FunctionRegistry, JobStatus
 from jobledger.domain.steps import ApprovalSpec
 from jobledger.orchestration.ports import ApprovalRequest, Notifier
+from tests.support.workflows import DONE, STEP, linear_registry, review, wait_event
 
 Open = Callable[[Notifier, FunctionRegistry], Engine]
 """An engine on the test's store that tells ``notifier``."""
@@ -17,25 +18,16 @@ Open = Callable[[Notifier, FunctionRegistry], Engine]
 
 def waits_then_asks() -> FunctionRegistry:
     """A step, a wait for ``invoice.paid``, an approval by alice, then done."""
-    registry = FunctionRegistry()
-    registry.register(
-        "gate",
-        1,
-        linear_workflow(
-            [
-                Resolution("run_interaction_task", JobStatus.QUEUED),
-                Resolution("wait_event", JobStatus.WAITING_EVENT, wait_event_name="invoice.paid"),
-                Resolution(
-                    "await_approval",
-                    JobStatus.AWAITING_APPROVAL,
-                    step_name="review",
-                    approval=ApprovalSpec(approvers=("alice",)),
-                ),
-                Resolution("complete", JobStatus.COMPLETED),
+    return linear_registry(
+        {
+            "gate": [
+                STEP,
+                wait_event("invoice.paid"),
+                review(ApprovalSpec(approvers=("alice",))),
+                DONE,
             ]
-        ),
+        }
     )
-    return registry
 
 
 class NotifierContract:

@@ -57,6 +57,17 @@ def run_jobledger(
     )
 
 
+NOTE = """
+type: note
+version: 1
+start: write
+steps:
+  write: {kind: run_interaction_task, params: {task: write}, next: done}
+  done: {kind: complete}
+"""
+"""One agent step, ``write`` (the CLI tests' plainest definition)."""
+
+
 TICKET = """
 type: ticket
 version: 1

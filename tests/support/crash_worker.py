@@ -18,39 +18,30 @@ from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
-from uuid import UUID
 
 from jobledger import (
     Engine,
     EngineConfig,
     FunctionRegistry,
-    JobStatus,
     Outcome,
-    Resolution,
     StepRequest,
     StepResult,
     StoreUnavailableError,
     Tick,
-    linear_workflow,
 )
 from jobledger.adapters.backends.postgres import OneTripRecorder
 from jobledger.domain.job import Job
 from jobledger.domain.keys import ConsumedKey
 from jobledger.orchestration.ports import Append, JobStore, Refusal
-from tests.support.engines import StoreWrapper, open_engine
+from tests.support.engines import StoreAround, StoreWrapper, agent_steps, open_engine
+from tests.support.workflows import linear_registry
 
 TENANT = "crash-tenant"
 
 
 def registry() -> FunctionRegistry:
     """``agentN``: N side-effecting steps, then a pure ``complete`` step (step N + 1)."""
-    registry = FunctionRegistry()
-    for n in (3, 5):
-        steps = [Resolution("run_interaction_task", JobStatus.QUEUED) for _ in range(n)]
-        registry.register(
-            f"agent{n}", 1, linear_workflow([*steps, Resolution("complete", JobStatus.COMPLETED)])
-        )
-    return registry
+    return linear_registry({f"agent{n}": agent_steps(n) for n in (3, 5)})
 
 
 def append_line(path: Path, line: str) -> None:
@@ -103,17 +94,13 @@ class FileCountingExecutor:
         )
 
 
-class HangAfterRecord:
+class HangAfterRecord(StoreAround):
     """A JobStore that hangs right after the append recording ``step`` has committed."""
 
     def __init__(self, inner: JobStore, step: int, marker: Path) -> None:
-        self.inner = inner
+        super().__init__(inner)
         self.step = step
         self.marker = marker
-
-    def __getattr__(self, name: str) -> Any:
-        """The rest of the port is the real store's."""
-        return getattr(self.inner, name)
 
     def append(self, job: Job, *keys: ConsumedKey) -> None:
         records_step = any(
@@ -123,15 +110,6 @@ class HangAfterRecord:
         self.inner.append(job, *keys)
         if records_step:
             hang(self.marker)
-
-    def load(self, job_uuid: UUID) -> Job | None:
-        return self.inner.load(job_uuid)
-
-    def find_key(self, job_uuid: UUID, key_id: UUID) -> ConsumedKey | None:
-        return self.inner.find_key(job_uuid, key_id)
-
-    def events(self, job_uuid: UUID, **window: int | None) -> list[Job.Event]:
-        return self.inner.events(job_uuid, **window)
 
 
 def group_recording(step: int, events: list[object]) -> list[str]:
@@ -155,18 +133,14 @@ def hang_with(marker: Path, jobs: list[str]) -> None:
         time.sleep(60)
 
 
-class HangAfterGroupCommit:
+class HangAfterGroupCommit(StoreAround):
     """A JobStore that hangs right after a group recording ``step`` for several jobs has
     committed, before any of its ticks hears so."""
 
     def __init__(self, inner: JobStore, step: int, marker: Path) -> None:
-        self.inner = inner
+        super().__init__(inner)
         self.step = step
         self.marker = marker
-
-    def __getattr__(self, name: str) -> Any:
-        """The rest of the port is the real store's."""
-        return getattr(self.inner, name)
 
     def append_many(self, appends: Sequence[Append]) -> list[Refusal | None]:
         jobs = group_recording(self.step, [e for a in appends for e in a.job.pending_events])

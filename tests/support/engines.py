@@ -10,18 +10,14 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
+from uuid import UUID
 
-from jobledger import (
-    Engine,
-    FunctionRegistry,
-    JobStatus,
-    Resolution,
-    StepRequest,
-    StepResult,
-    linear_workflow,
-)
+from jobledger import Engine, FunctionRegistry, Resolution, StepRequest, StepResult
 from jobledger.adapters.event_store import EventSourcedJobStore
+from jobledger.domain.job import Job
+from jobledger.domain.keys import ConsumedKey
 from jobledger.orchestration.ports import JobStore
+from tests.support.workflows import DONE, STEP, linear_registry, sleep_ms
 
 TOKEN_SECRET = "test-secret-test-secret-test-secret-0123"
 
@@ -41,6 +37,26 @@ def open_engine(*, wrap_store: StoreWrapper | None = None, **options: Any) -> En
     # Why rebuild rather than patch: the engine's wiring (its Deps) decides who holds
     # the store; a test only says what the store does.
     return Engine(replace(opened.deps, store=wrap_store(opened.deps.store)))
+
+
+class StoreAround:
+    """A test's store around the real one (``inner``): what a subclass does not override
+    is the real store's."""
+
+    def __init__(self, inner: JobStore) -> None:
+        self.inner = inner
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    def load(self, job_uuid: UUID) -> Job | None:
+        return self.inner.load(job_uuid)
+
+    def find_key(self, job_uuid: UUID, key_id: UUID) -> ConsumedKey | None:
+        return self.inner.find_key(job_uuid, key_id)
+
+    def events(self, job_uuid: UUID, **window: int | None) -> list[Job.Event]:
+        return self.inner.events(job_uuid, **window)
 
 
 class CountingExecutor:
@@ -64,26 +80,13 @@ class CountingExecutor:
 
 def agent_steps(n: int) -> list[Resolution]:
     """n side-effecting agent steps, then complete."""
-    steps = [Resolution("run_interaction_task", JobStatus.QUEUED) for _ in range(n)]
-    return [*steps, Resolution("complete", JobStatus.COMPLETED)]
+    return [*[STEP] * n, DONE]
 
 
 def default_registry() -> FunctionRegistry:
-    registry = FunctionRegistry()
-    registry.register("agent3", 1, linear_workflow(agent_steps(3)))
-    registry.register(
-        "timer",
-        1,
-        linear_workflow(
-            [
-                Resolution("run_interaction_task", JobStatus.QUEUED),
-                Resolution("wait_time", JobStatus.WAITING_TIME, resume_delay_ms=3 * 86_400_000),
-                Resolution("run_interaction_task", JobStatus.QUEUED),
-                Resolution("complete", JobStatus.COMPLETED),
-            ]
-        ),
+    return linear_registry(
+        {"agent3": agent_steps(3), "timer": [STEP, sleep_ms(3 * 86_400_000), STEP, DONE]}
     )
-    return registry
 
 
 def store_of(engine: Engine) -> EventSourcedJobStore:

@@ -11,15 +11,10 @@ from collections import Counter, defaultdict
 from collections.abc import Iterable
 from pathlib import Path
 
-from jobledger import (
-    FunctionRegistry,
-    JobStatus,
-    Resolution,
-    StepRequest,
-    StepResult,
-    linear_workflow,
-)
+from jobledger import FunctionRegistry, StepRequest, StepResult
 from tests.support.crash_worker import append_line
+from tests.support.engines import agent_steps
+from tests.support.workflows import linear_registry
 
 NOOP_DEFINITION = (
     "type: noop\nversion: 1\nstart: work\nsteps:\n"
@@ -31,12 +26,7 @@ NOOP_DEFINITION = (
 
 def registry() -> FunctionRegistry:
     """``noop``: one side-effecting step; ``agent3``: three."""
-    registry = FunctionRegistry()
-    for name, n in (("noop", 1), ("agent3", 3)):
-        steps = [Resolution("run_interaction_task", JobStatus.QUEUED) for _ in range(n)]
-        done = Resolution("complete", JobStatus.COMPLETED)
-        registry.register(name, 1, linear_workflow([*steps, done]))
-    return registry
+    return linear_registry({"noop": agent_steps(1), "agent3": agent_steps(3)})
 
 
 class RunRecorder:

@@ -19,7 +19,7 @@ from typing import Any
 import httpx
 import jwt
 
-from jobledger import FunctionRegistry, JobStatus, Resolution, linear_workflow
+from jobledger import FunctionRegistry
 from jobledger.api.app import create_app
 from jobledger.api.auth import Role, key_sha256
 from jobledger.api.connections import Connections
@@ -29,6 +29,7 @@ from jobledger.domain.steps import ApprovalSpec
 from jobledger.engine.engine import Engine
 from jobledger.projections import JobViews
 from tests.support.engines import agent_steps
+from tests.support.workflows import DONE, SEND_100, STEP, linear_registry, review, wait_event
 
 JWT_SECRET = "api-test-secret-api-test-secret-0123456789"
 ISSUER = "https://issuer.test"
@@ -37,40 +38,18 @@ TENANTS = ("acme", "globex")
 _TLS = ssl.create_default_context()
 APPROVER = "ann"
 """The subject the test approval lists (an approver JWT is issued to her)."""
+PROBLEM = "application/problem+json"
 
 
 def api_registry() -> FunctionRegistry:
     """agent3 (three steps), wait (waits for ``invoice.paid``), gate (an approval by ann)."""
-    registry = FunctionRegistry()
-    registry.register("agent3", 1, linear_workflow(agent_steps(3)))
-    registry.register(
-        "wait",
-        1,
-        linear_workflow(
-            [
-                Resolution("run_interaction_task", JobStatus.QUEUED),
-                Resolution("wait_event", JobStatus.WAITING_EVENT, wait_event_name="invoice.paid"),
-                Resolution("complete", JobStatus.COMPLETED),
-            ]
-        ),
+    return linear_registry(
+        {
+            "agent3": agent_steps(3),
+            "wait": [STEP, wait_event("invoice.paid"), DONE],
+            "gate": [SEND_100, review(ApprovalSpec(approvers=(APPROVER,))), DONE],
+        }
     )
-    registry.register(
-        "gate",
-        1,
-        linear_workflow(
-            [
-                Resolution("run_interaction_task", JobStatus.QUEUED, params={"send": "$100"}),
-                Resolution(
-                    "await_approval",
-                    JobStatus.AWAITING_APPROVAL,
-                    step_name="review",
-                    approval=ApprovalSpec(approvers=(APPROVER,)),
-                ),
-                Resolution("complete", JobStatus.COMPLETED),
-            ]
-        ),
-    )
-    return registry
 
 
 def token(
@@ -161,3 +140,12 @@ def start_api(
     finally:
         server.stop()
         thread.join(15)
+
+
+def problem(response: httpx.Response, status: int) -> dict[str, Any]:
+    """The problem document of an error ``response``, which must have ``status``."""
+    assert response.status_code == status, response.text
+    assert response.headers["content-type"] == PROBLEM
+    body: dict[str, Any] = response.json()
+    assert body["status"] == status
+    return body

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 
 import psycopg
 import pytest
@@ -20,11 +21,18 @@ def postgres_schema_url() -> Iterator[str]:
         if REQUIRE_SERVICES:
             pytest.fail("JOBLEDGER_TEST_POSTGRES_URL is not set but services are required")
         pytest.skip("PostgreSQL not configured (set JOBLEDGER_TEST_POSTGRES_URL)")
-    schema = f"t_{uuid.uuid4().hex[:12]}"
-    with psycopg.connect(POSTGRES_URL, autocommit=True) as conn:
+    with fresh_schema_url(POSTGRES_URL, "t_") as url:
+        yield url
+
+
+@contextmanager
+def fresh_schema_url(postgres_url: str, prefix: str) -> Iterator[str]:
+    """A new schema named ``prefix`` and a random suffix, dropped when the block ends."""
+    schema = f"{prefix}{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(postgres_url, autocommit=True) as conn:
         conn.execute(f"CREATE SCHEMA {schema}")
     try:
-        yield f"{POSTGRES_URL}?schema={schema}"
+        yield f"{postgres_url}?schema={schema}"
     finally:
-        with psycopg.connect(POSTGRES_URL, autocommit=True) as conn:
+        with psycopg.connect(postgres_url, autocommit=True) as conn:
             conn.execute(f"DROP SCHEMA {schema} CASCADE")

@@ -15,6 +15,7 @@ from jobledger.cli.params import (
     InputOption,
     JobId,
     Tenant,
+    VersionOption,
     parse_moment,
 )
 from jobledger.cli.session import ConfigOption, Exit, JsonFlag, Outside, StoreOption, open_engine
@@ -29,12 +30,7 @@ def submit(
     tenant: Tenant,
     job: JobId,
     workflow: Annotated[str, typer.Argument(metavar="WORKFLOW", help="Workflow type.")],
-    version: Annotated[
-        int | None,
-        typer.Option(
-            "--version", min=1, max=LARGEST, help="Definition version (default: the newest)."
-        ),
-    ] = None,
+    version: VersionOption = None,
     input: InputOption = None,
     budget: BudgetOption = None,
     idempotency_key: Annotated[

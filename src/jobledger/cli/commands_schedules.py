@@ -8,7 +8,7 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from jobledger.cli.params import LARGEST, InputOption, Tenant
+from jobledger.cli.params import InputOption, Tenant, VersionOption
 from jobledger.cli.session import ConfigOption, JsonFlag, StoreOption, open_engine
 from jobledger.domain.schedule import MAX_CATCH_UP, ScheduleEntry, ScheduleView
 from jobledger.presentation import output
@@ -51,12 +51,7 @@ def create(
     workflow: Annotated[
         str, typer.Option("--workflow", metavar="W", help="Workflow type each firing submits.")
     ],
-    version: Annotated[
-        int | None,
-        typer.Option(
-            "--version", min=1, max=LARGEST, help="Definition version (default: the newest)."
-        ),
-    ] = None,
+    version: VersionOption = None,
     input: InputOption = None,
     catch_up: Annotated[
         CatchUpChoice,

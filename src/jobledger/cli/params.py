@@ -74,6 +74,10 @@ BudgetOption = Annotated[
 PayloadOption = Annotated[
     JsonObject | None, _json_option("--payload", "Merged into the job's state: JSON or @file.")
 ]
+VersionOption = Annotated[
+    int | None,
+    typer.Option("--version", min=1, max=LARGEST, help="Definition version (default: the newest)."),
+]
 Tenant = Annotated[str, typer.Argument(metavar="TENANT", help="Tenant id.", show_default=False)]
 JobId = Annotated[str, typer.Argument(metavar="JOB", help="Job id.", show_default=False)]
 
