@@ -417,15 +417,13 @@ class Bench:
         for job_id in job_ids:
             self.submit(job_id, steps_per_job)
         self.submitted += 1
-        # K ticks at once: the engine's width is the scenario's K (its config is frozen,
-        # and run_until_idle reads it on each call).
-        self.engine.config = self.engine.config.model_copy(update={"concurrency": concurrency})
         rows_before = count_rows(self.store)
         self.counter.reset()
         profiler = cProfile.Profile() if self.args.profile else None
         cpu_started = time.process_time()
         steps = concurrency * steps_per_job
-        seconds = self.tick_until_idle(f"{self.label}: {name} K={concurrency}", steps, profiler)
+        label = f"{self.label}: {name} K={concurrency}"
+        seconds = self.tick_until_idle(label, steps, concurrency, profiler)
         cpu_seconds = time.process_time() - cpu_started
         counts = self.counter.reset()
         rows = count_rows(self.store) - rows_before
@@ -468,21 +466,21 @@ class Bench:
             traced=self.traced,
         )
 
-    def tick_until_idle(self, label: str, steps: int, profiler: cProfile.Profile | None) -> float:
-        """``run_until_idle`` in slices, so progress can be shown; returns the seconds."""
+    def tick_until_idle(
+        self, label: str, steps: int, concurrency: int, profiler: cProfile.Profile | None
+    ) -> float:
+        """``run_until_idle`` in slices, ``concurrency`` (K) ticks at once, so progress can
+        be shown; returns the seconds."""
         # Each slice drains the ticks in flight: slices of at least 4 K ticks keep the
         # K jobs overlapping for all but a sliver of the run.
-        chunk = max(
-            4 * self.engine.config.batching.concurrency,
-            steps // (50 * self.args.max_steps_per_tick),
-        )
+        chunk = max(4 * concurrency, steps // (50 * self.args.max_steps_per_tick))
         elapsed = 0.0
         with Progress(label, steps) as progress:
             while True:
                 started = time.perf_counter()
                 if profiler is not None:
                     profiler.enable()
-                handled = self.engine.run_until_idle(max_ticks=chunk)
+                handled = self.engine.run_until_idle(max_ticks=chunk, concurrency=concurrency)
                 if profiler is not None:
                     profiler.disable()
                 elapsed += time.perf_counter() - started

@@ -112,8 +112,8 @@ def engine_for(make_engine: EngineFactory, *documents: str, **options: Any) -> E
 
 
 def children_of(engine: Engine, job_id: str) -> list[Job]:
-    job = engine._load(TENANT, job_id)
-    return [engine._load(TENANT, child) for child in sorted(job.children)]
+    job = engine.jobs.load(TENANT, job_id)
+    return [engine.jobs.load(TENANT, child) for child in sorted(job.children)]
 
 
 def test_a_map_step_fans_out_and_joins_all_children(make_engine: EngineFactory) -> None:
@@ -121,7 +121,7 @@ def test_a_map_step_fans_out_and_joins_all_children(make_engine: EngineFactory) 
     engine.submit(TENANT, "m1", "mission", input={"topics": ["a", "b", "c"], "brief": "x"})
     engine.run_until_idle()
 
-    job = engine._load(TENANT, "m1")
+    job = engine.jobs.load(TENANT, "m1")
     assert job.status is JobStatus.COMPLETED
     kids = children_of(engine, "m1")
     assert [k.job_id for k in kids] == ["m1.1.0", "m1.1.1", "m1.1.2"]
@@ -142,7 +142,7 @@ def statuses(engine: Engine, job_id: str) -> dict[str, JobStatus]:
 
 
 def results_by_status(engine: Engine, job_id: str) -> list[str]:
-    return [entry["status"] for entry in engine._load(TENANT, job_id).state["findings"]]
+    return [entry["status"] for entry in engine.jobs.load(TENANT, job_id).state["findings"]]
 
 
 def test_fail_fast_fails_the_parent_and_cancels_the_children_still_running(
@@ -152,7 +152,7 @@ def test_fail_fast_fails_the_parent_and_cancels_the_children_still_running(
     engine.submit(TENANT, "m", "mission", input={"topics": ["bad", "slow", "slow"], "brief": "x"})
     engine.run_until_idle()
 
-    job = engine._load(TENANT, "m")
+    job = engine.jobs.load(TENANT, "m")
     assert job.status is JobStatus.FAILED
     assert job.last_error == "child m.1.0 failed: no sources found"
     assert statuses(engine, "m") == {
@@ -167,7 +167,7 @@ def test_collect_keeps_failures_as_results_and_goes_on(make_engine: EngineFactor
     engine.submit(TENANT, "m", "mission", input={"topics": ["bad", "a"], "brief": "x"})
     engine.run_until_idle()
 
-    job = engine._load(TENANT, "m")
+    job = engine.jobs.load(TENANT, "m")
     assert job.status is JobStatus.COMPLETED
     bad, good = job.state["findings"]
     assert bad == {
@@ -186,7 +186,7 @@ def test_join_any_goes_on_with_the_first_child_and_cancels_the_rest(
     engine.submit(TENANT, "m", "mission", input={"topics": ["slow", "a", "slow"], "brief": "x"})
     engine.run_until_idle()
 
-    assert engine._load(TENANT, "m").status is JobStatus.COMPLETED
+    assert engine.jobs.load(TENANT, "m").status is JobStatus.COMPLETED
     assert results_by_status(engine, "m") == ["unfinished", "completed", "unfinished"]
     assert statuses(engine, "m") == {
         "m.1.0": JobStatus.CANCELLED,
@@ -200,7 +200,7 @@ def test_join_n_fails_once_too_few_children_can_complete(make_engine: EngineFact
     engine.submit(TENANT, "m", "mission", input={"topics": ["bad", "slow", "bad"], "brief": "x"})
     engine.run_until_idle()
 
-    job = engine._load(TENANT, "m")
+    job = engine.jobs.load(TENANT, "m")
     assert job.status is JobStatus.FAILED
     assert job.last_error == "only 1 children can still complete; join 2"
     assert statuses(engine, "m")["m.1.1"] is JobStatus.CANCELLED
@@ -212,12 +212,12 @@ def test_a_join_that_times_out_takes_on_timeout_with_the_results_so_far(
     engine = engine_for(make_engine, parent(timeout=60, on_timeout="gave_up", on_failure="collect"))
     engine.submit(TENANT, "m", "mission", input={"topics": ["a", "slow"], "brief": "x"})
     engine.run_until_idle()
-    assert engine._load(TENANT, "m").status is JobStatus.WAITING_CHILDREN
+    assert engine.jobs.load(TENANT, "m").status is JobStatus.WAITING_CHILDREN
 
     clock.advance(timedelta(seconds=61))
     engine.run_until_idle(wait_for_timers=True)
 
-    job = engine._load(TENANT, "m")
+    job = engine.jobs.load(TENANT, "m")
     assert job.status is JobStatus.FAILED and job.last_error == "the join timed out"
     assert results_by_status(engine, "m") == ["completed", "unfinished"]
     assert statuses(engine, "m")["m.1.1"] is JobStatus.CANCELLED
@@ -245,12 +245,12 @@ def test_childrens_cost_counts_toward_the_parents_budget(make_engine: EngineFact
     )
     engine.run_until_idle()
 
-    job = engine._load(TENANT, "m")
+    job = engine.jobs.load(TENANT, "m")
     # Three children at 0.10 each: the join is met, then the parent is parked, not completed.
     assert job.status is JobStatus.BUDGET_EXCEEDED
     assert job.last_error == "budget max_cost_usd reached: 0.30 of 0.25"
     # Each child may spend what the parent had left when it was spawned.
-    assert engine._load(TENANT, "m.1.0").budget.max_cost_usd == Decimal("0.25")
+    assert engine.jobs.load(TENANT, "m.1.0").budget.max_cost_usd == Decimal("0.25")
 
 
 def test_a_redelivered_tick_spawns_no_second_child(make_engine: EngineFactory) -> None:
@@ -292,8 +292,8 @@ def test_a_crash_between_a_childs_end_and_its_report_is_repaired_by_the_reconcil
         crashing.tick(TENANT, "m.1.0")
     monkeypatch.undo()
     # The child's end committed; its parent never heard. The process and its queue are gone.
-    assert crashing._load(TENANT, "m.1.0").status is JobStatus.COMPLETED
-    assert crashing._load(TENANT, "m").children["m.1.0"]["end"] is None
+    assert crashing.jobs.load(TENANT, "m.1.0").status is JobStatus.COMPLETED
+    assert crashing.jobs.load(TENANT, "m").children["m.1.0"]["end"] is None
 
     queue = LocalQueue(clock)
     fresh = engine_for(make_engine, parent(), queue=queue)
@@ -312,7 +312,7 @@ def test_a_crash_between_a_childs_end_and_its_report_is_repaired_by_the_reconcil
     fresh.run_until_idle()
     reconciler.stop()
 
-    job = fresh._load(TENANT, "m")
+    job = fresh.jobs.load(TENANT, "m")
     assert job.status is JobStatus.COMPLETED
     assert results_by_status(fresh, "m") == ["completed", "completed"]
     tenant_jobs = sorted(row.job_id for row in views.jobs(limit=100) if row.tenant_id == TENANT)
@@ -350,10 +350,10 @@ def test_replay_verify_and_export_import_keep_the_family(
     target = engine_for(make_engine, parent(), store_url=fresh_store_url)
     assert isinstance(target.store, EventSourcedJobStore)
     exporting.import_file(target.store, path)
-    imported = target._load(TENANT, "m")
+    imported = target.jobs.load(TENANT, "m")
     assert sorted(imported.children) == ["m.1.0", "m.1.1"]
-    assert target._load(TENANT, "m.1.1").parent == {"job_id": "m", "step_number": 1, "index": 1}
-    assert imported.state["findings"] == engine._load(TENANT, "m").state["findings"]
+    assert target.jobs.load(TENANT, "m.1.1").parent == {"job_id": "m", "step_number": 1, "index": 1}
+    assert imported.state["findings"] == engine.jobs.load(TENANT, "m").state["findings"]
 
 
 def test_the_verifier_finds_a_child_its_parent_never_spawned(
@@ -495,15 +495,15 @@ def test_sigkill_mid_spawn_then_a_restarted_worker_finishes_with_nothing_twice(
 
     # From the store: the spawn is recorded, one child of three was submitted.
     store = make_engine(registry=spawn_worker.registry())
-    mission = store._load(spawn_worker.TENANT, spawn_worker.MISSION)
+    mission = store.jobs.load(spawn_worker.TENANT, spawn_worker.MISSION)
     assert mission.status is JobStatus.WAITING_CHILDREN and len(mission.children) == 3
-    existing = [c for c in sorted(mission.children) if store._fetch(spawn_worker.TENANT, c)]
+    existing = [c for c in sorted(mission.children) if store.jobs.fetch(spawn_worker.TENANT, c)]
     assert existing == ["mission-1.1.0"]
 
     restarted = subprocess.run(command, env=env, capture_output=True, text=True, timeout=120)
     assert restarted.returncode == 0, restarted.stderr
 
-    mission = store._load(spawn_worker.TENANT, spawn_worker.MISSION)
+    mission = store.jobs.load(spawn_worker.TENANT, spawn_worker.MISSION)
     assert mission.status is JobStatus.COMPLETED
     assert [r["status"] for r in mission.state["done_items"]] == ["completed"] * 3
     ids = ["mission-1.1.0", "mission-1.1.1", "mission-1.1.2"]
@@ -542,7 +542,7 @@ def test_a_fan_out_over_the_real_kafka_broker(store_url: str, kafka_topics: Kafk
         worker.stop()
         thread.join(timeout=30)
 
-    job = engine._load(TENANT, "k")
+    job = engine.jobs.load(TENANT, "k")
     assert job.status is JobStatus.COMPLETED
     assert [r["result"]["topic"] for r in job.state["findings"]] == ["a", "b", "c"]
     # The children's first ticks and the parent's wake-up travelled on the ticks topic.
@@ -593,7 +593,7 @@ def test_a_state_value_that_is_not_a_list_fails_the_job_saying_so(
     engine.submit(TENANT, "m", "mission", input={"topics": "a", "brief": "x"})
     engine.run_until_idle()
 
-    job = engine._load(TENANT, "m")
+    job = engine.jobs.load(TENANT, "m")
     assert job.status is JobStatus.FAILED and not job.children
     assert job.last_error == (
         "workflow resolution failed: map step 'fan_out': 'topics' is str, not a list"
@@ -609,7 +609,7 @@ def test_children_never_carry_personal_data(make_engine: EngineFactory) -> None:
     engine.submit(TENANT, "p", "private_mission", input={"topics": ["a"], "brief": "x"})
     engine.run_until_idle()
 
-    job = engine._load(TENANT, "p")
+    job = engine.jobs.load(TENANT, "p")
     assert job.status is JobStatus.FAILED and not job.children
     assert job.last_error == (
         "a map step cannot spawn children when 'private_task' declares personal_data "
@@ -621,7 +621,7 @@ def test_a_snapshot_keeps_the_family(make_engine: EngineFactory) -> None:
     engine = engine_for(make_engine, parent())
     engine.submit(TENANT, "m", "mission", input={"topics": ["a", "slow"], "brief": "x"})
     engine.run_until_idle()
-    job, child = engine._load(TENANT, "m"), engine._load(TENANT, "m.1.1")
+    job, child = engine.jobs.load(TENANT, "m"), engine.jobs.load(TENANT, "m.1.1")
 
     restored = Job.Snapshot.take(job).mutate(None)
     assert (restored.children, restored.join) == (job.children, job.join)
@@ -629,7 +629,7 @@ def test_a_snapshot_keeps_the_family(make_engine: EngineFactory) -> None:
     assert Job.Snapshot.take(child).mutate(None).parent == child.parent
     # A job with no family keeps the snapshot bytes it had before families existed.
     plain = engine.submit(TENANT, "solo", "research_task", input={"topic": "a"})
-    state = Job.Snapshot.take(engine._load(TENANT, plain.job_id)).state
+    state = Job.Snapshot.take(engine.jobs.load(TENANT, plain.job_id)).state
     assert not {"parent", "children", "join", "children_cost_usd"} & set(state)
 
 
@@ -642,7 +642,7 @@ def test_cancelling_a_child_reaches_its_parent_through_the_command(
 
     engine.cancel(TENANT, "m.1.0", reason="wrong topic", by="ops")
 
-    job = engine._load(TENANT, "m")
+    job = engine.jobs.load(TENANT, "m")
     assert job.status is JobStatus.FAILED
     assert job.last_error == "child m.1.0 cancelled"
     assert statuses(engine, "m") == {"m.1.0": JobStatus.CANCELLED, "m.1.1": JobStatus.CANCELLED}
@@ -657,7 +657,7 @@ def test_a_code_workflow_that_waits_for_no_children_fails_saying_so(
     engine.submit(TENANT, "odd", "odd")
     engine.run_until_idle()
 
-    job = engine._load(TENANT, "odd")
+    job = engine.jobs.load(TENANT, "odd")
     assert job.status is JobStatus.FAILED and job.current_step == 0
     assert job.last_error == "a step waits for children but names none to spawn"
 
@@ -672,14 +672,14 @@ def test_a_parent_waiting_for_its_children_lends_them_its_place_under_a_limit(
     engine.submit(TENANT, "m1", "mission", input={"topics": ["a", "b"], "brief": "x"})
     engine.run_until_idle()
 
-    assert engine._load(TENANT, "m1").status is JobStatus.COMPLETED
+    assert engine.jobs.load(TENANT, "m1").status is JobStatus.COMPLETED
     assert statuses(engine, "m1") == {"m1.1.0": JobStatus.COMPLETED, "m1.1.1": JobStatus.COMPLETED}
     # The limit still held among the children and the jobs queued behind them.
     engine.submit(TENANT, "other-1", "research_task", input={"topic": "a"})
     engine.submit(TENANT, "other-2", "research_task", input={"topic": "b"})
     assert engine.queued_because(TENANT, "other-2") is not None
     engine.run_until_idle()
-    assert engine._load(TENANT, "other-2").status is JobStatus.COMPLETED
+    assert engine.jobs.load(TENANT, "other-2").status is JobStatus.COMPLETED
 
 
 NAPPER = """
@@ -702,7 +702,7 @@ def test_a_parent_is_resumed_by_its_childrens_ends_not_by_polling(
 
     handled = engine.run_until_idle(wait_for_timers=True, max_ticks=1_000)
 
-    assert engine._load(TENANT, "m").status is JobStatus.COMPLETED
+    assert engine.jobs.load(TENANT, "m").status is JobStatus.COMPLETED
     assert statuses(engine, "m") == {"m.1.0": JobStatus.COMPLETED, "m.1.1": JobStatus.COMPLETED}
     s = scraped(engine)
     # The parent: its map step, then the tick its join woke. Each child: its first tick
@@ -720,14 +720,14 @@ def test_waiting_for_timers_goes_idle_when_only_a_join_that_cannot_move_is_left(
     # The slow child waits for an event that has not come: nothing is left to run.
     handled = engine.run_until_idle(wait_for_timers=True, max_ticks=1_000)
 
-    assert engine._load(TENANT, "m").status is JobStatus.WAITING_CHILDREN
+    assert engine.jobs.load(TENANT, "m").status is JobStatus.WAITING_CHILDREN
     assert statuses(engine, "m") == {"m.1.0": JobStatus.COMPLETED, "m.1.1": JobStatus.WAITING_EVENT}
     assert handled == total(scraped(engine), "jobledger_ticks_total") == 3
     # The event comes: the child ends, and its end resumes the parent.
     engine.signal(TENANT, "m.1.1", "never", signal_id="s1")
     handled += engine.run_until_idle(wait_for_timers=True, max_ticks=1_000)
 
-    assert engine._load(TENANT, "m").status is JobStatus.COMPLETED
+    assert engine.jobs.load(TENANT, "m").status is JobStatus.COMPLETED
     assert handled == total(scraped(engine), "jobledger_ticks_total") == 5
 
 
@@ -740,7 +740,7 @@ def test_the_embedded_runner_does_not_poll_a_waiting_parent(make_engine: EngineF
 
     runner.run(until=lambda: time.monotonic() - started > 3)
 
-    assert engine._load(TENANT, "m").status is JobStatus.WAITING_CHILDREN
+    assert engine.jobs.load(TENANT, "m").status is JobStatus.WAITING_CHILDREN
     ticks = total(scraped(engine), "jobledger_ticks_total")
     # The three jobs' first ticks, and the reconciler's start-up tick of each job still
     # waiting (it re-enqueues what the in-process queue may have lost).

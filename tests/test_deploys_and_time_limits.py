@@ -380,7 +380,7 @@ def test_a_kafka_worker_without_the_version_commits_the_tick_and_leaves_the_job(
     make_engine(registry=five(1, 2)).submit("t", "j", "five", workflow_version=2)
     old = make_engine(registry=five(1))
     views = views_of(old)
-    old.blocked_notes = views
+    old.note_blocked_in(views)
     settings = KafkaSettings.of(old.config)
     worker = KafkaWorker(old, settings)
     record = SimpleNamespace(

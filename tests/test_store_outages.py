@@ -349,7 +349,7 @@ def test_an_outage_while_telling_a_duplicate_from_a_conflict_is_a_store_error(
     keys = []
     for job, name in ((first, "s1"), (second, "s2")):
         job.buffer_signal(signal_id=name, event_name="ev", payload={}, now=clock.now())
-        keys.append(engine._key(job, KeyKind.SIGNAL, name))
+        keys.append(engine.commands._key(job, KeyKind.SIGNAL, name))
     store.append(first, keys[0])
     outage = Outage(store, monkeypatch)
     (partition,) = store.partitions

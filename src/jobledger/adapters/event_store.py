@@ -25,7 +25,7 @@ from jobledger.adapters.backends.migrations import COMPONENT, STORE_MIGRATIONS
 from jobledger.adapters.leases import LeaseTable
 from jobledger.adapters.mapper import SealedMapper
 from jobledger.adapters.sealing import SealingPipeline
-from jobledger.adapters.store_errors import STORE_ERRORS, damaged, store_error, store_errors
+from jobledger.adapters.store_errors import damaged, store_error, store_error_types, store_errors
 from jobledger.adapters.store_url import StoreLocation
 from jobledger.domain.errors import (
     BrokenHistoryError,
@@ -162,7 +162,7 @@ class EventSourcedJobStore:
                     self.backend.migrate(COMPONENT, STORE_MIGRATIONS)
                 # The heartbeat-renewed leases: one table per store, in its own database.
                 self.leases = LeaseTable(self.backend)
-        except STORE_ERRORS as error:
+        except store_error_types() as error:
             if damaged(error):
                 raise store_error(error, f"opening the {location.kind} store") from None
             raise StoreUnreachableError(f"cannot open the {location.kind} store: {error}") from None

@@ -12,28 +12,24 @@ or a lost race, which is an answer, not an outage.
 from __future__ import annotations
 
 import sqlite3
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
+from types import ModuleType
 from typing import Final
 
-import psycopg
 from eventsourcing.persistence import ConnectionPoolClosedError, IntegrityError, PersistenceError
 
 from jobledger.domain.errors import StoreCorruptError, StoreUnavailableError
 
-STORE_ERRORS: tuple[type[Exception], ...] = (
+_STORE_ERRORS: tuple[type[Exception], ...] = (
     PersistenceError,  # the library's translation of the drivers' errors
     ConnectionPoolClosedError,  # not a PersistenceError in eventsourcing
     # The library does not wrap everything: a SQLite connection is opened (and its
     # pragmas run) outside its translation, so a driver's own error can surface too.
     sqlite3.Error,
-    psycopg.Error,
 )
-CONFLICTS: tuple[type[Exception], ...] = (
-    IntegrityError,
-    sqlite3.IntegrityError,
-    psycopg.IntegrityError,
-)
+_CONFLICTS: tuple[type[Exception], ...] = (IntegrityError, sqlite3.IntegrityError)
 SQLITE_DAMAGED: Final = frozenset({11, 26})
 """SQLITE_CORRUPT (``database disk image is malformed``), SQLITE_NOTADB (``file is not a
 database``): primary result codes, which an extended code carries in its low byte."""
@@ -42,16 +38,42 @@ POSTGRES_DAMAGED: Final = frozenset({"XX001", "XX002"})
 DAMAGED_HINT: Final = "a retry fails the same way: restore it from a backup"
 
 
+def _psycopg() -> ModuleType | None:
+    """The PostgreSQL driver, once loaded. Only a PostgreSQL store imports it (the
+    embedded default never does), and until one has, none of its errors can be raised."""
+    return sys.modules.get("psycopg")
+
+
+def store_error_types() -> tuple[type[Exception], ...]:
+    """The errors that mean the store failed: the library's, and its drivers' own."""
+    return _with_driver(_STORE_ERRORS, "Error")
+
+
+def conflict_types() -> tuple[type[Exception], ...]:
+    """The uniqueness violations, the library's and its drivers': an answer, not an outage."""
+    return _with_driver(_CONFLICTS, "IntegrityError")
+
+
+def _with_driver(errors: tuple[type[Exception], ...], name: str) -> tuple[type[Exception], ...]:
+    driver = _psycopg()
+    if driver is None:
+        return errors
+    own: type[Exception] = getattr(driver, name)
+    return (*errors, own)
+
+
 def damaged(error: BaseException) -> bool:
     """Whether ``error``, or a driver's error it was raised from, says the database
     itself is damaged (the library wraps the driver's error as its cause)."""
+    driver = _psycopg()
     seen: BaseException | None = error
     while seen is not None:
         if isinstance(seen, sqlite3.DatabaseError):
             code = getattr(seen, "sqlite_errorcode", None)
             if code is not None and code & 0xFF in SQLITE_DAMAGED:
                 return True
-        if isinstance(seen, psycopg.Error) and seen.sqlstate in POSTGRES_DAMAGED:
+        pg = driver is not None and isinstance(seen, driver.Error)
+        if pg and getattr(seen, "sqlstate", None) in POSTGRES_DAMAGED:
             return True
         seen = seen.__cause__ or seen.__context__
     return False
@@ -73,7 +95,7 @@ def store_errors(doing: str) -> Iterator[None]:
     database, StoreCorruptError). Usable as a decorator: ``@store_errors("loading a job")``."""
     try:
         yield
-    except CONFLICTS:
+    except conflict_types():
         raise
-    except STORE_ERRORS as error:
+    except store_error_types() as error:
         raise store_error(error, doing) from error

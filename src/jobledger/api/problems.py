@@ -21,7 +21,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 from starlette.exceptions import HTTPException
 
-from jobledger.adapters.store_errors import STORE_ERRORS
+from jobledger.adapters.store_errors import store_error_types
 from jobledger.audit.errors import NoSuchVersionError
 from jobledger.domain import errors
 from jobledger.domain.redaction import redact
@@ -186,7 +186,7 @@ def install(app: FastAPI) -> None:
         detail = f"store error: {str(error) or type(error).__name__}"
         return of_error(errors.StoreUnavailableError(detail)).response(request.url.path)
 
-    for kind in STORE_ERRORS:
+    for kind in store_error_types():
         if not issubclass(kind, PersistenceError):
             app.add_exception_handler(kind, _driver)
 

@@ -17,7 +17,7 @@ How the request is rebuilt (the engine does not record it as such):
   it (any claim but a ``continuation``) the claim's ``previous_status`` is used; after a
   continuation claim the job was ``running``, as it is in the fold. Inputs that landed
   while the step ran sit between its claim and its record (they commute with it, see
-  ``Orchestrator.commit_step``); the step was resolved before them, so the ``budget`` is
+  ``Orchestrator._commit_step``); the step was resolved before them, so the ``budget`` is
   the one the claim found;
 - ``now``: the step's ``started_at`` (the engine resolves moments before it starts a
   step; the recorded start is the closest moment the history holds);

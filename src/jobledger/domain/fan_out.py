@@ -19,7 +19,7 @@ from jobledger.domain.status import JobStatus
 
 JSON = dict[str, Any]
 MAX_JOB_ID: Final = 200
-"""Longest job id a submit takes (``engine_parts.MAX_ID_LENGTH``)."""
+"""Longest job id a submit takes (``engine.ids.MAX_ID_LENGTH``)."""
 
 
 @dataclass(frozen=True)

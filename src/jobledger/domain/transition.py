@@ -1,6 +1,6 @@
 """The transition: from a job and the resolution of its next step to what the step records.
 
-One pure function decides, one applies, and both the tick (``Orchestrator.record``) and
+One pure function decides, one applies, and both the tick (``Orchestrator._record``) and
 replay (``jobledger.audit.replay``) call them: replay runs the engine's own transition
 code over the recorded history, the way Temporal's replayer runs the production worker,
 so it cannot disagree with what the engine would record.

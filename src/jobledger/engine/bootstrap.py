@@ -1,15 +1,16 @@
 """The composition root: the one place where configuration picks the adapters.
 
-``build(config, ...)`` opens the store and wires the ports a process runs with into a
-:class:`Deps`. The facade (:class:`jobledger.Engine`) and the orchestrator are built from
-it; the process level (the supervisor, the CLI) reads the concrete adapters it needs from
-it, typed as what was built, instead of downcasting the facade's ports.
+``build(config, **parts)`` opens the store and wires the ports a process runs with (the
+caller's :class:`Parts`, the config's defaults for the rest) into a :class:`Deps`. The
+facade (:class:`jobledger.Engine`) and the orchestrator are built from it; the process
+level (the supervisor, the CLI) reads the concrete adapters it needs from it, typed as
+what was built, instead of downcasting the facade's ports.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Required, TypedDict, Unpack
 
 from jobledger.adapters.admission_table import AdmissionTable
 from jobledger.adapters.clock import FakeClock, StoreTimeClock, SystemClock
@@ -27,6 +28,7 @@ from jobledger.adapters.subject_keys import MasterKeyError, SubjectKeyTable, mas
 from jobledger.config import EngineConfig
 from jobledger.domain.admission import Policy
 from jobledger.domain.errors import ConfigError
+from jobledger.orchestration.deployment import Deployment
 from jobledger.orchestration.ports import (
     AdmissionGate,
     Clock,
@@ -49,6 +51,25 @@ if TYPE_CHECKING:
     from jobledger.adapters.metrics import Metrics
 
 
+class Parts(TypedDict, total=False):
+    """What the caller hands in (``Engine.open``, :func:`build`); the rest is wired from
+    the config. Only ``registry`` is required."""
+
+    registry: Required[WorkflowRegistry]
+    executor: StepExecutor | None
+    clock: Clock | None
+    queue: Queue | None
+    ops: Ops | None
+    cost: Cost | None
+    tokens: ResumeTokens | None
+    notifier: Notifier | None
+    store_mode: StoreMode
+    sealer: FieldSealer | None
+    signer: EventSigner | None
+    metrics: bool
+    tracer: Tracer | None
+
+
 @dataclass(frozen=True)
 class Deps:
     """The ports and adapters one process runs with, wired once by :func:`build`.
@@ -59,7 +80,8 @@ class Deps:
     that adapter and not just the ``Queue`` port."""
 
     config: EngineConfig
-    registry: WorkflowRegistry
+    deployment: Deployment
+    """The registry, held once: a reload swaps it there for every reader."""
     executor: StepExecutor | None
     store: EventSourcedJobStore
     queue: Queue
@@ -100,23 +122,7 @@ class Deps:
             shutdown()
 
 
-def build(
-    config: EngineConfig,
-    *,
-    registry: WorkflowRegistry,
-    executor: StepExecutor | None = None,
-    clock: Clock | None = None,
-    queue: Queue | None = None,
-    ops: Ops | None = None,
-    cost: Cost | None = None,
-    tokens: ResumeTokens | None = None,
-    notifier: Notifier | None = None,
-    store_mode: StoreMode = "create",
-    sealer: FieldSealer | None = None,
-    signer: EventSigner | None = None,
-    metrics: bool = False,
-    tracer: Tracer | None = None,
-) -> Deps:
+def build(config: EngineConfig, **parts: Unpack[Parts]) -> Deps:
     """Open (creating if needed, unless ``store_mode`` says otherwise: see
     :data:`~jobledger.adapters.event_store.StoreMode`) the store at ``config.store_url``
     and wire the defaults for what is not given: a local in-process queue (the Kafka
@@ -131,6 +137,8 @@ def build(
 
     The transport is decided here, once: a process that runs on Kafka says so in the
     config it builds from (the CLI's ``--transport``), never by swapping queues later."""
+    store_mode = parts.get("store_mode", "create")
+    signer, sealer = parts.get("signer"), parts.get("sealer")
     subject_keys = SubjectKeyTable(master=_master_key(config))
     if signer is None and store_mode != "read" and config.signing.signing_keys is not None:
         signer = Ed25519Signer.from_file(config.signing.signing_keys)
@@ -144,21 +152,25 @@ def build(
         signer=signer,
     )
     subject_keys.attach(store.backend, create=store_mode != "read")
-    clock = _store_time(clock if clock is not None else SystemClock(), store)
-    chosen, local_queue, kafka_queue = _queue(config, clock, queue)
+    given = parts.get("clock")
+    clock = _store_time(given if given is not None else SystemClock(), store)
+    chosen, local_queue, kafka_queue = _queue(config, clock, parts.get("queue"))
+    ops, cost, tokens = parts.get("ops"), parts.get("cost"), parts.get("tokens")
+    tracer = parts.get("tracer")
     sink = ops if ops is not None else LoggingOps()
-    kept = _metrics(config, clock) if metrics or config.metrics.port is not None else None
+    metrics = parts.get("metrics", False) or config.metrics.port is not None
+    kept = _metrics(config, clock) if metrics else None
     return Deps(
         config=config,
-        registry=registry,
-        executor=executor,
+        deployment=Deployment(parts["registry"]),
+        executor=parts.get("executor"),
         store=store,
         queue=chosen,
         clock=clock,
         ops=sink if kept is None else TeeOps(sink, kept),
         cost=cost if cost is not None else LogSpend(store),
         tokens=tokens if tokens is not None else _tokens(config),
-        notifier=_notifier(config, notifier),
+        notifier=_notifier(config, parts.get("notifier")),
         subject_keys=subject_keys,
         local_queue=local_queue,
         kafka_queue=kafka_queue,

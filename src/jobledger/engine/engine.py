@@ -1,53 +1,64 @@
 """The public facade: ``from jobledger import Engine``.
 
 The core (job, orchestrator, registry) talks to ports only; the composition root
-(``jobledger.engine.bootstrap``) picks the adapters, and the engine is built from what it wired.
-The facade is thin: its parts live one module each (:mod:`jobledger.engine.job_commands`,
-:mod:`jobledger.engine.ticks`, :mod:`jobledger.engine.reads`) over :class:`EngineParts`.
+(``jobledger.engine.bootstrap``) picks the adapters, and the engine builds its parts from
+what it wired, one module each: the commands on jobs (:mod:`jobledger.engine.job_commands`),
+erasure (:mod:`jobledger.engine.erasure_commands`), schedules
+(:mod:`jobledger.engine.schedule_commands`), the tick (:mod:`jobledger.engine.ticks`), the
+reads (:mod:`jobledger.engine.reads`) and the admission gate
+(:mod:`jobledger.engine.admission_gate`). Its methods forward to them.
 """
 
 from __future__ import annotations
 
-import threading
+import functools
+from collections.abc import Callable
+from typing import Any, Concatenate, ParamSpec, TypeVar, Unpack
 
-from jobledger.adapters.event_store import StoreMode
 from jobledger.config import EngineConfig
 from jobledger.domain.erasure import SubjectKeys
 from jobledger.engine import bootstrap
-from jobledger.engine.bootstrap import Deps
-from jobledger.engine.engine_parts import EngineParts
+from jobledger.engine.admission_gate import Gatekeeper
+from jobledger.engine.bootstrap import Deps, Parts
 from jobledger.engine.erasure_commands import ErasureCommands
-from jobledger.engine.job_commands import SignalOutcome, Submission
+from jobledger.engine.job_commands import JobCommands, SignalOutcome, Submission
+from jobledger.engine.job_finder import JobFinder
 from jobledger.engine.reads import JobReader
 from jobledger.engine.schedule_commands import ScheduleCommands
 from jobledger.engine.ticks import TickRunner
 from jobledger.orchestration.group_commit import GroupCommitter
 from jobledger.orchestration.orchestrator import Orchestrator
 from jobledger.orchestration.ports import (
-    BlockedNotes,
     Clock,
-    Cost,
-    EventSigner,
-    FieldSealer,
     JobStore,
     Leases,
-    Notifier,
     Ops,
     Queue,
     ResumeTokens,
-    StepExecutor,
     WorkflowRegistry,
 )
 from jobledger.orchestration.tracing import Tracer
 
-_TURN_STRIPES = 64
-"""Locks the commands' writers of one job take turns on (a job hashes to one): the
-engine's own threads queue here rather than racing each other at the store."""
+__all__ = ["Engine", "SignalOutcome", "Submission"]
 
-__all__ = ["Engine", "EngineParts", "SignalOutcome", "Submission"]
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
 
 
-class Engine(ErasureCommands, TickRunner, JobReader):
+def _to(
+    part: str, method: Callable[Concatenate[Any, _P], _R]
+) -> Callable[Concatenate[Any, _P], _R]:
+    """The engine's method that calls ``method`` on its part named ``part``: one line per
+    method, with the part's signature and docstring."""
+
+    @functools.wraps(method)
+    def forwarded(engine: Any, /, *args: _P.args, **kwargs: _P.kwargs) -> _R:
+        return method(getattr(engine, part), *args, **kwargs)
+
+    return forwarded
+
+
+class Engine:
     """The facade: commands on jobs, the tick, the reads. Built from the wiring the
     composition root decided (:func:`jobledger.engine.bootstrap.build`); ``Engine.open`` does
     both."""
@@ -59,17 +70,12 @@ class Engine(ErasureCommands, TickRunner, JobReader):
         self.queue: Queue = deps.queue
         self.clock: Clock = deps.clock
         self.ops: Ops = deps.ops
-        self.registry: WorkflowRegistry = deps.registry
         self.config: EngineConfig = deps.config
         self.tokens: ResumeTokens | None = deps.tokens
         self.leases: Leases | None = deps.leases
         self.subject_keys: SubjectKeys | None = deps.subject_keys
         self.tracer: Tracer = deps.tracer
-        self._turns = [threading.Lock() for _ in range(_TURN_STRIPES)]
-        self.blocked_notes: BlockedNotes | None = None
-        """Where ``handle`` notes jobs it left untouched for a deployment error (the
-        supervisor plugs in the views, so ``show`` and ``list`` say why)."""
-        self.orchestrator = Orchestrator(deps)
+        self.jobs = JobFinder(deps.store, deps.leases)
         self.group = GroupCommitter(
             deps.store,
             max_batch=deps.config.batching.max_batch,
@@ -77,9 +83,15 @@ class Engine(ErasureCommands, TickRunner, JobReader):
             prepare=deps.store.sealing.seal_pending,
         )
         """Commits the step appends of the ticks this engine runs at once together."""
-        self.orchestrator.tick_appends = self.group
-        self.orchestrator.family.spawner = self.spawn_child
-        self.schedules = ScheduleCommands(self)
+        # The children a map step plans are submitted by the commands, built below with
+        # this orchestrator: it is handed the engine's method, which reaches them by then.
+        self.orchestrator = Orchestrator(deps, tick_appends=self.group, spawner=self.spawn_child)
+        self.gatekeeper = Gatekeeper(deps, self.orchestrator)
+        self.commands = JobCommands(deps, self.orchestrator, self.jobs, self.gatekeeper)
+        self.erasure = ErasureCommands(deps, self.orchestrator, self.jobs, self.commands)
+        self.ticks = TickRunner(deps, self.orchestrator, self.group, self.gatekeeper)
+        self.reads = JobReader(deps, self.jobs)
+        self.schedules = ScheduleCommands(deps, self.jobs, self.commands)
         """Create, pause, resume, delete and trigger schedules (``engine.schedule_commands``)."""
 
     @classmethod
@@ -87,20 +99,8 @@ class Engine(ErasureCommands, TickRunner, JobReader):
         cls,
         store_url: str | None = None,
         *,
-        registry: WorkflowRegistry,
-        executor: StepExecutor | None = None,
-        clock: Clock | None = None,
         config: EngineConfig | None = None,
-        queue: Queue | None = None,
-        ops: Ops | None = None,
-        cost: Cost | None = None,
-        tokens: ResumeTokens | None = None,
-        notifier: Notifier | None = None,
-        store_mode: StoreMode = "create",
-        sealer: FieldSealer | None = None,
-        signer: EventSigner | None = None,
-        metrics: bool = False,
-        tracer: Tracer | None = None,
+        **parts: Unpack[Parts],
     ) -> Engine:
         """Open (creating if needed, unless ``store_mode`` says otherwise: see
         :data:`~jobledger.adapters.event_store.StoreMode`) the store at ``store_url`` and
@@ -115,23 +115,54 @@ class Engine(ErasureCommands, TickRunner, JobReader):
         config = config if config is not None else EngineConfig()
         if store_url is not None:
             config = config.model_copy(update={"store_url": store_url})
-        deps = bootstrap.build(
-            config,
-            registry=registry,
-            executor=executor,
-            clock=clock,
-            queue=queue,
-            ops=ops,
-            cost=cost,
-            tokens=tokens,
-            notifier=notifier,
-            store_mode=store_mode,
-            sealer=sealer,
-            signer=signer,
-            metrics=metrics,
-            tracer=tracer,
-        )
-        return cls(deps)
+        return cls(bootstrap.build(config, **parts))
+
+    @property
+    def registry(self) -> WorkflowRegistry:
+        """The definitions this engine runs with now (``deps.deployment``)."""
+        return self.deps.deployment.registry
+
+    def use_registry(self, registry: WorkflowRegistry) -> None:
+        """Run with these definitions from the next resolution on (a reload on SIGHUP):
+        one reference swapped, in the deployment every part reads."""
+        self.deps.deployment.registry = registry
+
+    # ---- the commands on jobs (engine.job_commands) -----------------------------------
+    submit = _to("commands", JobCommands.submit)
+    submission = _to("commands", JobCommands.submission)
+    spawn_child = _to("commands", JobCommands.spawn_child)
+    resume = _to("commands", JobCommands.resume)
+    reissue_token = _to("commands", JobCommands.reissue_token)
+    signal = _to("commands", JobCommands.signal)
+    decide = _to("commands", JobCommands.decide)
+    raise_budget = _to("commands", JobCommands.raise_budget)
+    cancel = _to("commands", JobCommands.cancel)
+    migrate = _to("commands", JobCommands.migrate)
+
+    # ---- erasure (engine.erasure_commands) --------------------------------------------
+    erase = _to("erasure", ErasureCommands.erase)
+    erase_job = _to("erasure", ErasureCommands.erase_job)
+
+    # ---- the tick (engine.ticks) ------------------------------------------------------
+    tick = _to("ticks", TickRunner.tick)
+    run_tick = _to("ticks", TickRunner.run_tick)
+    run_until_idle = _to("ticks", TickRunner.run_until_idle)
+    handle = _to("ticks", TickRunner.handle)
+    deployment_blocked = _to("ticks", TickRunner.deployment_blocked)
+    note_blocked_in = _to("ticks", TickRunner.note_blocked_in)
+
+    # ---- the admission gate (engine.admission_gate) -----------------------------------
+    admission_pass = _to("gatekeeper", Gatekeeper.admission_pass)
+    queued_because = _to("gatekeeper", Gatekeeper.queued_because)
+
+    # ---- the reads (engine.reads) -----------------------------------------------------
+    job = _to("reads", JobReader.job)
+    family = _to("reads", JobReader.family)
+    history = _to("reads", JobReader.history)
+    verify = _to("reads", JobReader.verify)
+    job_at = _to("reads", JobReader.job_at)
+    replay = _to("reads", JobReader.replay)
+    replay_all = _to("reads", JobReader.replay_all)
 
     def close(self) -> None:
         self.orchestrator.async_steps.close()

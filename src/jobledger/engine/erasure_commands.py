@@ -33,7 +33,10 @@ from jobledger.domain.errors import (
 from jobledger.domain.job import Job
 from jobledger.domain.keys import ConsumedKey
 from jobledger.domain.payloads import text
+from jobledger.engine.bootstrap import Deps
 from jobledger.engine.job_commands import JobCommands
+from jobledger.engine.job_finder import JobFinder
+from jobledger.orchestration.orchestrator import Orchestrator
 
 Shred = Literal["done", "pending"]
 
@@ -58,20 +61,30 @@ def _shred(done: bool) -> Shred:
     return "done" if done else "pending"
 
 
-class ErasureCommands(JobCommands):
+class ErasureCommands:
+    """Erasing a data subject, or one job, through the commands' writes."""
+
+    def __init__(
+        self, deps: Deps, orchestrator: Orchestrator, jobs: JobFinder, commands: JobCommands
+    ) -> None:
+        self._deps = deps
+        self._orchestrator = orchestrator
+        self._jobs = jobs
+        self._commands = commands
+
     def erase(self, tenant_id: str, subject: str, *, by: str, reason: str) -> ErasureReport:
         """Erase the data subject ``subject`` of the tenant: ``by`` who, and why."""
         keys = self._keys()
         check_subject(subject)
         text(by, what="erased by", max_bytes=200)
-        text(reason, what="erasure reason", max_bytes=self.config.limits.max_payload_bytes)
+        text(reason, what="erasure reason", max_bytes=self._deps.config.limits.max_payload_bytes)
         found = keys.keys_of(tenant_id, subject)
         if not found:
             return self._finish_shred(keys, tenant_id, subject)
         erased: list[str] = []
         already: list[str] = []
         self._erase_jobs(tenant_id, found, by, reason, erased, already)
-        now = self.clock.now()
+        now = self._deps.clock.now()
         shredded = keys.destroy(tenant_id, subject, list(found), now)
         # A job submitted for the subject while the others were erased took the same key:
         # its values are written as [erased] from now on, and it records Erased too.
@@ -95,10 +108,10 @@ class ErasureCommands(JobCommands):
                 f"this data subject of tenant {tenant_id!r} was already erased at "
                 f"{erasure.erased_at.isoformat()}"
             )
-        shredded = keys.shred(self.clock.now())
+        shredded = keys.shred(self._deps.clock.now())
         jobs = [j for ids in keys.jobs_of(erasure.key_ids).values() for j in ids]
         # A job whose submit died after taking the key was never written: not one erased.
-        written = tuple(j for j in jobs if self._fetch(tenant_id, j) is not None)
+        written = tuple(j for j in jobs if self._jobs.fetch(tenant_id, j) is not None)
         return ErasureReport(
             tenant_id, erasure.key_ids, (), written, erasure.erased_at, _shred(shredded)
         )
@@ -124,15 +137,15 @@ class ErasureCommands(JobCommands):
         the subject's other jobs' too, so only erasing the subject destroys it."""
         keys = self._keys()
         text(by, what="erased by", max_bytes=200)
-        text(reason, what="erasure reason", max_bytes=self.config.limits.max_payload_bytes)
+        text(reason, what="erasure reason", max_bytes=self._deps.config.limits.max_payload_bytes)
         key_id, state = self._own_key(keys, tenant_id, job_id)
         if state.erased_at is not None:  # erased, its shred left pending: tried again
-            shredded = keys.shred(self.clock.now())
+            shredded = keys.shred(self._deps.clock.now())
             return ErasureReport(
                 tenant_id, (key_id,), (), (job_id,), state.erased_at, _shred(shredded)
             )
         done = self._erase_job(tenant_id, job_id, key_id, by, reason)
-        now = self.clock.now()
+        now = self._deps.clock.now()
         shredded = keys.destroy_job_key(tenant_id, job_id, key_id, now)
         erased, already = ((job_id,), ()) if done else ((), (job_id,))
         return ErasureReport(tenant_id, (key_id,), erased, already, now, _shred(shredded))
@@ -140,7 +153,7 @@ class ErasureCommands(JobCommands):
     def _own_key(self, keys: SubjectKeys, tenant_id: str, job_id: str) -> tuple[str, KeyState]:
         """The id of the job's own key and its state: still held, or erased with its
         shred pending; or the error that says why not."""
-        job = self._load(tenant_id, job_id)
+        job = self._jobs.load(tenant_id, job_id)
         key_id = job.personal_data_key
         if key_id is None:
             raise NoPersonalDataError(
@@ -173,7 +186,7 @@ class ErasureCommands(JobCommands):
     ) -> bool | None:
         """True: erased now; False: erased before; None: no such job (its submit died
         after taking the key, before writing the job)."""
-        first = self._fetch(tenant_id, job_id)
+        first = self._jobs.fetch(tenant_id, job_id)
         if first is None:
             return None
         if first.personal_data_erased:
@@ -181,14 +194,14 @@ class ErasureCommands(JobCommands):
 
         def erase(job: Job) -> list[ConsumedKey]:
             if not job.personal_data_erased:
-                job.erase(key_id=key_id, erased_by=by, reason=reason, now=self.clock.now())
+                job.erase(key_id=key_id, erased_by=by, reason=reason, now=self._deps.clock.now())
             return []
 
-        job = self._apply(tenant_id, job_id, erase)
-        self._report(job, "job.erased", keyId=key_id, erasedBy=by)
+        job = self._commands.apply(tenant_id, job_id, erase)
+        self._orchestrator.report(job, "job.erased", keyId=key_id, erasedBy=by)
         return True
 
     def _keys(self) -> SubjectKeys:
-        if self.subject_keys is None:
+        if self._deps.subject_keys is None:
             raise ConfigError("this engine was built without a subject key store")
-        return self.subject_keys
+        return self._deps.subject_keys

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import itertools
+import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
@@ -43,15 +44,22 @@ from jobledger.domain.payloads import json_object, text
 from jobledger.domain.status import JobStatus
 from jobledger.domain.steps import IssuedToken
 from jobledger.domain.views import JobView
-from jobledger.engine.admission_gate import Admitting
-from jobledger.engine.engine_parts import _check_id
+from jobledger.engine.admission_gate import Gatekeeper
+from jobledger.engine.bootstrap import Deps
+from jobledger.engine.ids import check_id
+from jobledger.engine.job_finder import JobFinder
 from jobledger.orchestration import retry, tracing
 from jobledger.orchestration.child_jobs import child_budget
-from jobledger.orchestration.ports import Tick, TokenClaims
+from jobledger.orchestration.orchestrator import Orchestrator
+from jobledger.orchestration.ports import Tick, TokenClaims, WorkflowRegistry
 
 if TYPE_CHECKING:
     from jobledger.audit.replay import ReplayReport
 
+
+_TURN_STRIPES = 64
+"""Locks the commands' writers of one job take turns on (a job hashes to one): the
+engine's own threads queue here rather than racing each other at the store."""
 
 _DECISIONS = {
     "approve": "approved",
@@ -74,8 +82,28 @@ class Submission:
     """False when the job (or the idempotency key's job) existed already."""
 
 
-class JobCommands(Admitting):
+class JobCommands:
     """Submitting, and every input a job takes from outside."""
+
+    def __init__(
+        self,
+        deps: Deps,
+        orchestrator: Orchestrator,
+        jobs: JobFinder,
+        gatekeeper: Gatekeeper,
+    ) -> None:
+        self._deps = deps
+        self._store = deps.store
+        self._clock = deps.clock
+        self._config = deps.config
+        self._orchestrator = orchestrator
+        self._jobs = jobs
+        self._gatekeeper = gatekeeper
+        self._turns = [threading.Lock() for _ in range(_TURN_STRIPES)]
+
+    @property
+    def _registry(self) -> WorkflowRegistry:
+        return self._deps.deployment.registry
 
     # ---- submitting ------------------------------------------------------------------
 
@@ -136,9 +164,9 @@ class JobCommands(Admitting):
         """:meth:`submit`, saying whether this call created the job or found it (the
         HTTP API answers 201 or 200): decided by the append itself, so two racing
         submits of one job can never both be told they created it."""
-        _check_id("tenant_id", tenant_id)
+        check_id("tenant_id", tenant_id)
         if job_id is not None:
-            _check_id("job_id", job_id)
+            check_id("job_id", job_id)
         if priority is not None:
             check_priority(priority)
         asked = _Asked(
@@ -146,7 +174,7 @@ class JobCommands(Admitting):
             workflow_type=workflow_type,
             workflow_version=workflow_version,
             state=json_object(
-                input, what="job input", max_bytes=self.config.limits.max_payload_bytes
+                input, what="job input", max_bytes=self._config.limits.max_payload_bytes
             ),
             mission_id=mission_id,
             employee_id=employee_id,
@@ -155,10 +183,10 @@ class JobCommands(Admitting):
         )
         job_id = job_id if job_id is not None else uuid4().hex
         if idempotency_key is not None:
-            _check_id("idempotency_key", idempotency_key)
+            check_id("idempotency_key", idempotency_key)
             marker = self._submit_key(tenant_id, idempotency_key)
             if marker is not None:
-                existing = self.store.load(marker.job_uuid)
+                existing = self._store.load(marker.job_uuid)
                 if existing is not None:
                     self._check_same_key(existing, asked, idempotency_key)
                     return Submission(JobView.of(existing), created=False)
@@ -171,7 +199,7 @@ class JobCommands(Admitting):
                         asked.job_id_differs(marker.job_id),
                     )
                 job_id = marker.job_id
-        version = self._workflow_version(workflow_type, workflow_version)
+        version = self.workflow_version(workflow_type, workflow_version)
         personal, key_id = self._personal_data(
             tenant_id, job_id, workflow_type, version, data_subject
         )
@@ -208,7 +236,7 @@ class JobCommands(Admitting):
         """Write the job (in the trace the submit span began, recorded on it) and enqueue
         its first tick; or find it written already."""
         workflow_type = asked.workflow_type
-        limit = self.config.limits.max_payload_bytes
+        limit = self._config.limits.max_payload_bytes
         job = Job.submit(
             tenant_id=tenant_id,
             job_id=job_id,
@@ -217,16 +245,16 @@ class JobCommands(Admitting):
             state=asked.state,
             budget=parse_budget(
                 {
-                    **self.registry.budget_defaults(workflow_type, version),
+                    **self._registry.budget_defaults(workflow_type, version),
                     **json_object(budget, what="job budget", max_bytes=limit),
                 },
-                now=self.clock.now(),
+                now=self._clock.now(),
             ),
             mission_id=asked.mission_id,
             employee_id=asked.employee_id,
             correlation_id=asked.correlation_id,
             submit_key=idempotency_key,
-            timestamp=self.clock.now(),
+            timestamp=self._clock.now(),
             personal_data=personal[0],
             personal_data_key=personal[1],
             trace_context=trace_context,
@@ -235,9 +263,11 @@ class JobCommands(Admitting):
         )
         stored = self._create(job, asked)
         if stored is job:
-            self._report(job, "job.submitted", workflowType=workflow_type, workflowVersion=version)
+            self._orchestrator.report(
+                job, "job.submitted", workflowType=workflow_type, workflowVersion=version
+            )
             tick = Tick(tenant_id, job_id, "create", trace_context=trace_context or None)
-            self._enter_gate(job, tick)
+            self._gatekeeper.enter(job, tick)
         return Submission(JobView.of(stored), created=stored is job)
 
     def spawn_child(self, parent: Job, plan: Mapping[str, Any]) -> None:
@@ -249,7 +279,7 @@ class JobCommands(Admitting):
             plan["workflow_type"],
             workflow_version=plan["workflow_version"],
             input=plan["input"],
-            budget=child_budget(parent, self.clock.now()),
+            budget=child_budget(parent, self._clock.now()),
             idempotency_key=plan["submit_key"],
             mission_id=parent.mission_id,
             correlation_id=parent.correlation_id,
@@ -260,10 +290,10 @@ class JobCommands(Admitting):
             },
         )
 
-    def _workflow_version(self, workflow_type: str, version: int | None) -> int:
+    def workflow_version(self, workflow_type: str, version: int | None) -> int:
         if version is None:
-            return self.registry.latest_version(workflow_type)
-        if not self.registry.has(workflow_type, version):
+            return self._registry.latest_version(workflow_type)
+        if not self._registry.has(workflow_type, version):
             raise UnknownWorkflowError(f"unknown workflow {workflow_type!r} v{version}")
         return version
 
@@ -277,7 +307,7 @@ class JobCommands(Admitting):
     ) -> tuple[tuple[str, ...], str | None]:
         """The job's personal paths and the id of the key that seals them, taken (and the
         job noted under it) before the job is written, so an erasure finds every job."""
-        paths = self.registry.personal_data(workflow_type, version)
+        paths = self._registry.personal_data(workflow_type, version)
         if subject is not None:
             check_subject(subject)
             if not paths:
@@ -287,16 +317,16 @@ class JobCommands(Admitting):
                 )
         if not paths:
             return (), None
-        if self.subject_keys is None:
+        if self._deps.subject_keys is None:
             raise ConfigError(
                 f"workflow {workflow_type!r} v{version} declares personal_data, and this "
                 "engine has no subject key store to seal it with"
             )
-        return paths, self.subject_keys.key_for(tenant_id, subject, job_id)
+        return paths, self._deps.subject_keys.key_for(tenant_id, subject, job_id)
 
     def _submit_key(self, tenant_id: str, key: str) -> ConsumedKey | None:
         key_id = key_uuid(tenant_id, KeyKind.SUBMIT, key)
-        return self.store.find_key(key_id, key_id)
+        return self._store.find_key(key_id, key_id)
 
     def _create(self, job: Job, asked: _Asked) -> Job:
         """Append Submitted (and its key); a job or key that already exists is returned
@@ -304,11 +334,11 @@ class JobCommands(Admitting):
         key = job.submit_key
         try:
             if key is None:
-                self.store.append(job)
+                self._store.append(job)
                 return job
             holder = self._append_with_submit_key(job, key)
         except VersionConflict:
-            existing = self.store.load(job.id)
+            existing = self._store.load(job.id)
             assert existing is not None
             first = self._submitted(existing)
             if differences := asked.differences(first):
@@ -331,7 +361,7 @@ class JobCommands(Admitting):
 
     def _submitted(self, job: Job) -> Job.Submitted:
         """What the job was submitted with, not what it is now."""
-        submitted = self.store.events(job.id, to_version=1)[0]
+        submitted = self._store.events(job.id, to_version=1)[0]
         assert isinstance(submitted, Job.Submitted)
         return submitted
 
@@ -342,26 +372,26 @@ class JobCommands(Admitting):
         the job the key names: this one, or the one a racing submit with the key made
         first (the loser gets the answer a later repeat would)."""
         marker = self._key(job, KeyKind.SUBMIT, idempotency_key)
-        if self.store.colocated(marker.id, job.id):
+        if self._store.colocated(marker.id, job.id):
             try:
-                self.store.append(job, marker)
+                self._store.append(job, marker)
             except DuplicateKeyError:
                 return self._key_holder(marker, idempotency_key)
             return job
         try:
-            self.store.reserve_key(marker)
+            self._store.reserve_key(marker)
         except DuplicateKeyError:
-            reserved = self.store.find_key(marker.id, marker.id)
+            reserved = self._store.find_key(marker.id, marker.id)
             if reserved is None or reserved.job_uuid != job.id:
                 return self._key_holder(marker, idempotency_key)
-        self.store.append(job)
+        self._store.append(job)
         return job
 
     def _key_holder(self, marker: ConsumedKey, idempotency_key: str) -> Job:
         """The job a submit key already names; while its submit has reserved the key but
         not yet written the job, there is nothing to return yet: try again."""
-        found = self.store.find_key(marker.id, marker.id)
-        holder = self.store.load(found.job_uuid) if found is not None else None
+        found = self._store.find_key(marker.id, marker.id)
+        holder = self._store.load(found.job_uuid) if found is not None else None
         if holder is None:
             raise ConcurrencyError(
                 f"another submit with idempotency key {idempotency_key!r} is in flight; "
@@ -380,13 +410,13 @@ class JobCommands(Admitting):
     ) -> JobView:
         """Resume the job a token was issued for. The token's nonce is consumed in the
         same append as the resume: a replayed token is refused and changes nothing."""
-        if self.tokens is None:
+        if self._deps.tokens is None:
             raise ConfigError("resume tokens need JOBLEDGER_TOKEN_SECRET")
-        claims = self.tokens.verify(token, now=self.clock.now())
+        claims = self._deps.tokens.verify(token, now=self._clock.now())
         if tenant_id is not None and tenant_id != claims.tenant_id:
             raise TokenMismatchError("the resume token belongs to another tenant")
         data = json_object(
-            payload, what="resume payload", max_bytes=self.config.limits.max_payload_bytes
+            payload, what="resume payload", max_bytes=self._config.limits.max_payload_bytes
         )
         token_sha256 = hashlib.sha256(token.encode()).hexdigest()
         woken = _Wake(self._wake_claim)
@@ -400,24 +430,24 @@ class JobCommands(Admitting):
                 nonce=claims.nonce,
                 token_sha256=token_sha256,
                 payload=data,
-                now=self.clock.now(),
+                now=self._clock.now(),
                 claim=woken.claim(job),
             )
             return [self._key(job, KeyKind.TOKEN, claims.nonce)]
 
         try:
-            job = self._apply(claims.tenant_id, claims.job_id, resume, missing=TokenMismatchError)
+            job = self.apply(claims.tenant_id, claims.job_id, resume, missing=TokenMismatchError)
         except DuplicateKeyError:
             raise self._used_token(claims) from None
         self._wake(job, WAKE_REASONS["token"], woken.claim_id)
-        self._report(
+        self._orchestrator.report(
             job, "job.resumed", source="token", nonce=claims.nonce, stepNumber=claims.step_number
         )
         return JobView.of(job)
 
     def _used_token(self, claims: TokenClaims) -> JobLedgerError:
         """A consumed nonce: used to resume the job, or voided by a reissue."""
-        job = self.store.load(job_uuid(claims.tenant_id, claims.job_id))
+        job = self._store.load(job_uuid(claims.tenant_id, claims.job_id))
         wait = job.wait_event if job is not None else None
         if wait is not None and claims.nonce in wait.superseded_nonces:
             return TokenMismatchError(
@@ -430,15 +460,15 @@ class JobCommands(Admitting):
         lapsed). The old token's nonce is consumed in the same append that records the
         new one, so from then on only the new token resumes the job. The notifier is
         handed the new token, as when the wait opened."""
-        if self.tokens is None:
+        if self._deps.tokens is None:
             raise ConfigError("resume tokens need JOBLEDGER_TOKEN_SECRET")
-        tokens = self.tokens
-        _check_id("by", by)
+        tokens = self._deps.tokens
+        check_id("by", by)
         issued: list[IssuedToken] = []
 
         def reissue(job: Job) -> list[ConsumedKey]:
             wait = job.open_wait()
-            now = self.clock.now()
+            now = self._clock.now()
             token = tokens.issue(
                 JobView.of(job),
                 step_number=job.current_step,
@@ -457,21 +487,21 @@ class JobCommands(Admitting):
             return [self._key(job, KeyKind.TOKEN, wait.nonce)]
 
         try:
-            job = self._apply(tenant_id, job_id, reissue)
+            job = self.apply(tenant_id, job_id, reissue)
         except DuplicateKeyError:
             # The old token resumed the job in the meantime: there is no wait to reissue for.
             raise JobNotWaitingError(
                 f"job {job_id!r} was resumed with its token meanwhile; nothing reissued"
             ) from None
         token = issued[0]
-        self._report(
+        self._orchestrator.report(
             job,
             "job.resume_token.reissued",
             reissuedBy=by,
             nonce=token.nonce,
             stepNumber=job.current_step,
         )
-        notifier = self.orchestrator.notifier
+        notifier = self._orchestrator.notifier
         if notifier is not None and job.wait_event is not None:
             notifier.waiting_for_event(JobView.of(job), job.wait_event.name, token)
         return token
@@ -488,10 +518,10 @@ class JobCommands(Admitting):
         """Deliver an outside event by name (trusted callers). A job waiting for it
         resumes; otherwise the signal is kept and consumed when the wait opens. The
         signal id makes delivery idempotent."""
-        _check_id("event_name", event_name)
-        _check_id("signal_id", signal_id)
+        check_id("event_name", event_name)
+        check_id("signal_id", signal_id)
         data = json_object(
-            payload, what="signal payload", max_bytes=self.config.limits.max_payload_bytes
+            payload, what="signal payload", max_bytes=self._config.limits.max_payload_bytes
         )
         outcome = SignalOutcome.BUFFERED
         woken = _Wake(self._wake_claim)
@@ -504,19 +534,21 @@ class JobCommands(Admitting):
                 signal_id=signal_id,
                 event_name=event_name,
                 payload=data,
-                now=self.clock.now(),
+                now=self._clock.now(),
                 claim=woken.claim(job),
             )
             outcome = SignalOutcome.RESUMED if resumed else SignalOutcome.BUFFERED
             return [self._key(job, KeyKind.SIGNAL, signal_id)]
 
         try:
-            job = self._apply(tenant_id, job_id, deliver)
+            job = self.apply(tenant_id, job_id, deliver)
         except DuplicateKeyError:
             return SignalOutcome.DUPLICATE
         if outcome is SignalOutcome.RESUMED:
             self._wake(job, WAKE_REASONS["signal"], woken.claim_id)
-        self._report(job, f"job.signal.{outcome}", signalId=signal_id, eventName=event_name)
+        self._orchestrator.report(
+            job, f"job.signal.{outcome}", signalId=signal_id, eventName=event_name
+        )
         return outcome
 
     def decide(
@@ -534,9 +566,9 @@ class JobCommands(Admitting):
         verdict = _DECISIONS.get(decision)
         if verdict is None:
             raise InvalidPayloadError(f"decision must be approve or reject, got {decision!r}")
-        _check_id("decided_by", decided_by)
+        check_id("decided_by", decided_by)
         if comment is not None:
-            text(comment, what="approval comment", max_bytes=self.config.limits.max_payload_bytes)
+            text(comment, what="approval comment", max_bytes=self._config.limits.max_payload_bytes)
 
         def decide(job: Job) -> list[ConsumedKey]:
             if self._key_used(job, KeyKind.APPROVAL, approval_id):
@@ -547,18 +579,18 @@ class JobCommands(Admitting):
                 decided_by=decided_by,
                 comment=comment,
                 action_sha256=action_sha256,
-                now=self.clock.now(),
+                now=self._clock.now(),
             )
             return [self._key(job, KeyKind.APPROVAL, approval_id)]
 
         try:
-            job = self._apply(tenant_id, job_id, decide)
+            job = self.apply(tenant_id, job_id, decide)
         except DuplicateKeyError:
             raise ApprovalAlreadyDecidedError(
                 f"approval {approval_id!r} was already decided"
             ) from None
         self._wake(job, "approval_decided")
-        self._report(
+        self._orchestrator.report(
             job,
             "job.approval.decided",
             approvalId=approval_id,
@@ -579,8 +611,8 @@ class JobCommands(Admitting):
         deadline_at: datetime | None = None,
     ) -> JobView:
         """Lift a job's limits (recorded with who and why); a parked job goes on."""
-        _check_id("raised_by", raised_by)
-        text(reason, what="budget raise reason", max_bytes=self.config.limits.max_payload_bytes)
+        check_id("raised_by", raised_by)
+        text(reason, what="budget raise reason", max_bytes=self._config.limits.max_payload_bytes)
         changes = {
             k: v
             for k, v in {
@@ -592,33 +624,33 @@ class JobCommands(Admitting):
         }
 
         def raise_(job: Job) -> list[ConsumedKey]:
-            budget = parse_budget({**job.budget.to_dict(), **changes}, now=self.clock.now())
+            budget = parse_budget({**job.budget.to_dict(), **changes}, now=self._clock.now())
             job.raise_budget(
-                raised_by=raised_by, reason=reason, budget=budget, now=self.clock.now()
+                raised_by=raised_by, reason=reason, budget=budget, now=self._clock.now()
             )
             return []
 
-        job = self._apply(tenant_id, job_id, raise_)
+        job = self.apply(tenant_id, job_id, raise_)
         self._wake(job, "budget_raised")
-        self._report(job, "job.budget_raised", raisedBy=raised_by, reason=reason)
+        self._orchestrator.report(job, "job.budget_raised", raisedBy=raised_by, reason=reason)
         return JobView.of(job)
 
     def cancel(self, tenant_id: str, job_id: str, reason: str, by: str) -> JobView:
         """Terminal. A step still running finishes, but its result is discarded and
         recorded as such; open resume tokens and approvals stop working."""
-        _check_id("by", by)
-        text(reason, what="cancel reason", max_bytes=self.config.limits.max_payload_bytes)
+        check_id("by", by)
+        text(reason, what="cancel reason", max_bytes=self._config.limits.max_payload_bytes)
 
         def cancel(job: Job) -> list[ConsumedKey]:
-            job.cancel(reason=reason, cancelled_by=by, now=self.clock.now())
+            job.cancel(reason=reason, cancelled_by=by, now=self._clock.now())
             return []
 
-        job = self._apply(tenant_id, job_id, cancel)
-        self._report(job, "job.cancelled", reason=reason, cancelledBy=by)
-        self._left(job)
+        job = self.apply(tenant_id, job_id, cancel)
+        self._orchestrator.report(job, "job.cancelled", reason=reason, cancelledBy=by)
+        self._gatekeeper.left(job)
         return JobView.of(job)
 
-    def _apply(
+    def apply(
         self,
         tenant_id: str,
         job_id: str,
@@ -648,7 +680,7 @@ class JobCommands(Admitting):
                     raise missing(f"no job {job_id!r} for tenant {tenant_id!r}")
                 raise UnknownJobError(tenant_id, job_id)
             # A command that finished the job (cancel, a rejection) tells its family.
-            self.orchestrator.family.settle(job)
+            self._orchestrator.family.settle(job)
             return job
         raise ConcurrencyError(f"job {job_id!r} kept changing; try again")
 
@@ -666,10 +698,10 @@ class JobCommands(Admitting):
         if not turn.acquire(timeout=max(0.0, deadline - time.monotonic())):
             raise VersionConflict("other writers in this process held the job throughout")
         try:
-            job = self._fetch(tenant_id, job_id)
+            job = self._jobs.fetch(tenant_id, job_id)
             if job is None:
                 return None
-            self.store.append(job, *command(job))
+            self._store.append(job, *command(job))
             return job
         finally:
             turn.release()
@@ -681,20 +713,20 @@ class JobCommands(Admitting):
             tenant_id=job.tenant_id,
             job_id=job.job_id,
             job_uuid=job.id,
-            timestamp=self.clock.now(),
+            timestamp=self._clock.now(),
         )
 
     def _key_used(self, job: Job, kind: KeyKind, key: str) -> bool:
         """Whether the job consumed the key already. Asked of the job as loaded, before
         deciding: a racing use that committed first is then seen here (or collides with
         this append), so the loser is told it was a replay, not that the job moved on."""
-        if self.store.find_key(job.id, key_id(kind, job.tenant_id, job.job_id, key)):
+        if self._store.find_key(job.id, key_id(kind, job.tenant_id, job.job_id, key)):
             return True
         if job.key_scheme != LEGACY_KEY_SCHEME:
             return False
         # A job submitted before signal ids, nonces and approval ids were scoped to their
         # job may have consumed one under its per-tenant id (never written any more).
-        legacy = self.store.find_key(job.id, key_uuid(job.tenant_id, kind, key))
+        legacy = self._store.find_key(job.id, key_uuid(job.tenant_id, kind, key))
         return legacy is not None and legacy.job_uuid == job.id
 
     def _wake_claim(self, job: Job) -> Claim | None:
@@ -706,12 +738,12 @@ class JobCommands(Admitting):
         or a job pinned to a version this worker lacks leaves the job queued for whoever
         takes it, as before: a claim there would keep every other worker off the job
         until its lease lapsed."""
-        if self.deps.local_queue is None or self.deps.executor is None:
+        if self._deps.local_queue is None or self._deps.executor is None:
             return None
-        if not self.orchestrator.has_pinned(job):
+        if not self._orchestrator.has_pinned(job):
             return None
-        lease = timedelta(milliseconds=self.config.leases.ms)
-        return Claim(self.config.worker_id, uuid4().hex, self.clock.now() + lease)
+        lease = timedelta(milliseconds=self._config.leases.ms)
+        return Claim(self._config.worker_id, uuid4().hex, self._clock.now() + lease)
 
     def _wake(self, job: Job, reason: str, claim_id: str | None = None) -> None:
         """Enqueue the tick that goes on with a job the command made runnable: queued, or
@@ -730,7 +762,7 @@ class JobCommands(Admitting):
                 claim_id=claim_id if held else None,
                 trace_context=span.carrier or None,
             )
-            self.queue.enqueue(tick, dedupe_key=f"{reason}:{job.version}")
+            self._deps.queue.enqueue(tick, dedupe_key=f"{reason}:{job.version}")
 
     @contextmanager
     def _job_span(
@@ -739,7 +771,7 @@ class JobCommands(Admitting):
         """A span about one job, in the job's trace when it has one, and its log context."""
         attributes = {"jobledger.tenant_id": tenant_id, "jobledger.job_id": job_id}
         parent = job.trace_context if job is not None else None
-        opened = self.tracer.span(name, parent=parent, attributes=attributes)
+        opened = self._deps.tracer.span(name, parent=parent, attributes=attributes)
         with opened as span, tracing.logged(span, tenant=tenant_id, job=job_id):
             yield span
 
@@ -761,33 +793,33 @@ class JobCommands(Admitting):
         if force and not (by and reason):
             raise InvalidPayloadError("a forced migration needs who (by) and why (reason)")
         if by is not None:
-            _check_id("by", by)
+            check_id("by", by)
         if reason is not None:
-            text(reason, what="migration reason", max_bytes=self.config.limits.max_payload_bytes)
+            text(reason, what="migration reason", max_bytes=self._config.limits.max_payload_bytes)
         reports: list[ReplayReport] = []
 
         def move(job: Job) -> list[ConsumedKey]:
-            if not self.registry.has(job.workflow_type, to_version):
+            if not self._registry.has(job.workflow_type, to_version):
                 raise UnknownWorkflowError(f"unknown workflow {job.workflow_type!r} v{to_version}")
-            now = self.clock.now()
-            events = self.store.events(job.id, to_version=job.version)
+            now = self._clock.now()
+            events = self._store.events(job.id, to_version=job.version)
             report = migration.plan(
                 job,
                 events,
-                self.registry.resolve,
+                self._registry.resolve,
                 to_version,
                 force=force,
                 now=now,
-                default_wait_ms=self.config.ticks.default_wait_ms,
-                kept_until=self._kept_until(job),
+                default_wait_ms=self._config.ticks.default_wait_ms,
+                kept_until=self._jobs.kept_until(job),
             )
             migration.migrate(job, report, to_version, by=by, reason=reason, now=now)
             reports.append(report)
             return []
 
-        job = self._apply(tenant_id, job_id, move)
+        job = self.apply(tenant_id, job_id, move)
         report = reports[-1]
-        self._report(
+        self._orchestrator.report(
             job, "job.migrated", toVersion=to_version, forced=not report.safe, by=by, reason=reason
         )
         return JobView.of(job), report

@@ -14,32 +14,39 @@ from jobledger.domain.errors import (
 )
 from jobledger.domain.identity import job_uuid
 from jobledger.domain.views import ChildRow, FamilyView, HistoryEntry, JobView
-from jobledger.engine.engine_parts import EngineParts
+from jobledger.engine.bootstrap import Deps
+from jobledger.engine.job_finder import JobFinder
 
 if TYPE_CHECKING:
     from jobledger.audit.replay import ReplayReport
     from jobledger.workflows.definition import WorkflowDefinition
 
 
-class JobReader(EngineParts):
+class JobReader:
+    """The reads of jobs, over the store; nothing here writes."""
+
+    def __init__(self, deps: Deps, jobs: JobFinder) -> None:
+        self._deps = deps
+        self._jobs = jobs
+
     def job(self, tenant_id: str, job_id: str) -> JobView:
         """The job now. A running job's lease is the one its worker's heartbeat keeps
         (the lease row), not only the one its Claimed event recorded."""
-        job = self._load(tenant_id, job_id)
+        job = self._jobs.load(tenant_id, job_id)
         view = JobView.of(job)
-        kept = self._kept_until(job)
+        kept = self._jobs.kept_until(job)
         if kept is not None and (view.lease_until is None or kept > view.lease_until):
             view = replace(view, lease_until=kept)
         return view
 
     def family(self, tenant_id: str, job_id: str) -> FamilyView:
         """The job's parent, and every child it spawned with that child's status now."""
-        job = self._load(tenant_id, job_id)
+        job = self._jobs.load(tenant_id, job_id)
         rows = []
         for child_id, plan in sorted(
             job.children.items(), key=lambda c: (c[1]["step_number"], c[1]["index"])
         ):
-            child = self._fetch(tenant_id, child_id)
+            child = self._jobs.fetch(tenant_id, child_id)
             rows.append(
                 ChildRow(
                     job_id=child_id,
@@ -56,12 +63,14 @@ class JobReader(EngineParts):
     ) -> list[HistoryEntry]:
         """The job's events in order, with their chain hashes: those after version
         ``after``, at most ``limit`` of them."""
-        events = self.store.events(self._load(tenant_id, job_id).id, after=after, limit=limit)
+        events = self._deps.store.events(
+            self._jobs.load(tenant_id, job_id).id, after=after, limit=limit
+        )
         return [HistoryEntry.of(event) for event in events]
 
     def verify(self, tenant_id: str, job_id: str) -> chain.BrokenLink | None:
         """Recompute the job's chain hashes; the first broken link, or None if intact."""
-        return chain.verify(self.store.events(self._load(tenant_id, job_id).id))
+        return chain.verify(self._deps.store.events(self._jobs.load(tenant_id, job_id).id))
 
     # ---- audit: time travel, replay, migration (jobledger.audit) ----------------------
 
@@ -72,8 +81,8 @@ class JobReader(EngineParts):
         event at or before ``at``: status, state, counters."""
         from jobledger.audit import time_travel  # the audit modules load when used
 
-        uuid = self._load(tenant_id, job_id).id
-        return JobView.of(time_travel.job_at(self.store, uuid, version=version, at=at))
+        uuid = self._jobs.load(tenant_id, job_id).id
+        return JobView.of(time_travel.job_at(self._deps.store, uuid, version=version, at=at))
 
     def replay(
         self,
@@ -88,15 +97,16 @@ class JobReader(EngineParts):
         nothing is written."""
         from jobledger.audit.replay import replay_job
 
-        job = self._load(tenant_id, job_id)
-        events = self.store.events(job.id)
-        wait_ms = self.config.ticks.default_wait_ms
+        job = self._jobs.load(tenant_id, job_id)
+        events = self._deps.store.events(job.id)
+        wait_ms = self._deps.config.ticks.default_wait_ms
         if definition is not None:
             return replay_job(events, definition, default_wait_ms=wait_ms)
         target = job.workflow_version if version is None else version
-        if not self.registry.has(job.workflow_type, target):
+        registry = self._deps.deployment.registry
+        if not registry.has(job.workflow_type, target):
             raise UnknownWorkflowError(f"unknown workflow {job.workflow_type!r} v{target}")
-        return replay_job(events, self.registry.resolve, version=target, default_wait_ms=wait_ms)
+        return replay_job(events, registry.resolve, version=target, default_wait_ms=wait_ms)
 
     def replay_all(
         self,
@@ -115,7 +125,7 @@ class JobReader(EngineParts):
         from jobledger.audit.replay import replay_job
         from jobledger.projections import JobViews
 
-        store = self.deps.store
+        store = self._deps.store
         views = JobViews(store)
         views.catch_up()
         rows = views.jobs(
@@ -131,7 +141,7 @@ class JobReader(EngineParts):
         for found, records in read_jobs(store, uuids):
             try:
                 events = events_of(records)
-                wait_ms = self.config.ticks.default_wait_ms
+                wait_ms = self._deps.config.ticks.default_wait_ms
                 reports.append(replay_job(events, definition, default_wait_ms=wait_ms))
             except ReplayError as error:
                 raise ReplayError(f"job {found}: {error}") from None

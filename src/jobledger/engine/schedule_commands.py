@@ -36,10 +36,12 @@ from jobledger.domain.schedule import (
     ScheduleView,
     firing_key,
 )
-from jobledger.engine.engine_parts import _check_id
+from jobledger.engine.bootstrap import Deps
+from jobledger.engine.ids import check_id
+from jobledger.engine.job_commands import JobCommands
+from jobledger.engine.job_finder import JobFinder
 
 if TYPE_CHECKING:
-    from jobledger.engine.job_commands import JobCommands
     from jobledger.projections.job_views import JobViews
 
 log = logging.getLogger(__name__)
@@ -58,8 +60,12 @@ definitions), so the firing stays due for a process that has them."""
 class ScheduleCommands:
     """Create, read, pause, resume, delete and trigger schedules; fire what is due."""
 
-    def __init__(self, engine: JobCommands) -> None:
-        self.engine = engine
+    def __init__(self, deps: Deps, jobs: JobFinder, commands: JobCommands) -> None:
+        self._deps = deps
+        self._store = deps.store
+        self._clock = deps.clock
+        self._jobs = jobs
+        self._commands = commands
 
     # ---- commands ----------------------------------------------------------------------
 
@@ -80,12 +86,12 @@ class ScheduleCommands:
         """A schedule firing ``workflow_type`` (at ``workflow_version``, else the newest
         at each firing) with ``input`` at each time of ``cron`` on ``timezone``'s clock.
         Everything is checked before anything is written."""
-        _check_id("tenant_id", tenant_id)
+        check_id("tenant_id", tenant_id)
         _check_name(name)
         times = CronTimes.parse(cron, timezone)
         policies = Policies.parse(catch_up, catch_up_max, overlap)
-        version = self.engine._workflow_version(workflow_type, workflow_version)
-        limit = self.engine.config.limits.max_payload_bytes
+        version = self._commands.workflow_version(workflow_type, workflow_version)
+        limit = self._deps.config.limits.max_payload_bytes
         payload = json_object(input, what="schedule input", max_bytes=limit)
         self._check_no_personal_data(payload, workflow_type, version)
         schedule = Schedule.create(
@@ -96,10 +102,10 @@ class ScheduleCommands:
             workflow_version=workflow_version,
             input=payload,
             policies=policies,
-            now=self.engine.clock.now(),
+            now=self._clock.now(),
         )
         try:
-            self.engine.store.append_schedule(schedule)
+            self._store.append_schedule(schedule)
         except VersionConflict:
             raise ScheduleExistsError(
                 f"schedule {name!r} of tenant {tenant_id!r} exists already "
@@ -110,7 +116,7 @@ class ScheduleCommands:
     def _check_no_personal_data(self, payload: JSON, workflow_type: str, version: int) -> None:
         """A schedule keeps its input in its own events, unsealed, where an erasure
         cannot reach it: personal values are for the jobs' own state, not a schedule's."""
-        paths = self.engine.registry.personal_data(workflow_type, version)
+        paths = self._deps.deployment.registry.personal_data(workflow_type, version)
         held = [p for p in paths if erasure.value_at(payload, erasure.split(p))[0]]
         if held:
             raise InvalidScheduleError(
@@ -126,7 +132,7 @@ class ScheduleCommands:
         """Every event of the schedule in order: each firing with its job, each skip with
         its reason."""
         uuid = self._load(tenant_id, name).id
-        return [ScheduleEntry.of(event) for event in self.engine.store.schedule_events(uuid)]
+        return [ScheduleEntry.of(event) for event in self._store.schedule_events(uuid)]
 
     def pause(self, tenant_id: str, name: str) -> ScheduleView:
         """No firing while paused (``trigger`` still fires)."""
@@ -143,7 +149,7 @@ class ScheduleCommands:
     def trigger(self, tenant_id: str, name: str) -> str:
         """Fire now, outside the cron and its overlap policy, under a key of its own (the
         next cron firing is unchanged). Returns the job id."""
-        now = self.engine.clock.now()  # fixed: a retry records the job it submitted
+        now = self._clock.now()  # fixed: a retry records the job it submitted
         for _ in range(ATTEMPTS):
             schedule = self._load(tenant_id, name)
             due = schedule.manual(now)
@@ -164,10 +170,10 @@ class ScheduleCommands:
     def fire_schedule(self, uuid: UUID, now: datetime | None = None) -> list[str]:
         """Decide again from the schedule itself whenever another writer moved it: the
         view that named it due may be behind, and a racing reconciler may be ahead."""
-        moment = now or self.engine.clock.now()
+        moment = now or self._clock.now()
         fired: list[str] = []  # what this call recorded, across attempts
         for _ in range(ATTEMPTS):
-            schedule = self.engine.store.load_schedule(uuid)
+            schedule = self._store.load_schedule(uuid)
             if schedule is None:
                 return fired
             try:
@@ -194,12 +200,12 @@ class ScheduleCommands:
     def _decide(self, schedule: Schedule, due: Due) -> str | None:
         """A cron or catch-up firing: as the overlap policy says, unless its job exists
         (an earlier attempt died after the submit): then it is only recorded."""
-        now = self.engine.clock.now()
+        now = self._clock.now()
         if due.action == "skip":
             schedule.record_skipped(due, due.reason, now=now)
-            self.engine.store.append_schedule(schedule)
+            self._store.append_schedule(schedule)
             return None
-        submitted = self.engine._fetch(schedule.tenant_id, firing_key(schedule.name, due.fire_time))
+        submitted = self._jobs.fetch(schedule.tenant_id, firing_key(schedule.name, due.fire_time))
         if submitted is None:
             action = schedule.overlap_action(self._previous_running(schedule))
             if action != "fire":
@@ -208,7 +214,7 @@ class ScheduleCommands:
         return self._submit_and_record(schedule, due)
 
     def _hold(self, schedule: Schedule, due: Due, action: str) -> None:
-        now = self.engine.clock.now()
+        now = self._clock.now()
         if action == "buffer":
             schedule.record_buffered(due, now=now)
         else:
@@ -216,12 +222,12 @@ class ScheduleCommands:
             if schedule.buffered_fire_at is not None:
                 reason += " and a firing is already buffered"
             schedule.record_skipped(due, reason, now=now)
-        self.engine.store.append_schedule(schedule)
+        self._store.append_schedule(schedule)
 
     def _submit_and_record(self, schedule: Schedule, due: Due) -> str | None:
         key = firing_key(schedule.name, due.fire_time, due.trigger)
         try:
-            job = self.engine.submit(
+            job = self._commands.submit(
                 schedule.tenant_id,
                 key,
                 schedule.workflow_type,
@@ -231,25 +237,25 @@ class ScheduleCommands:
             )
         except _NOT_SUBMITTED as error:
             reason = f"the job could not be submitted: {error}"
-            schedule.record_skipped(due, reason, now=self.engine.clock.now())
-            self.engine.store.append_schedule(schedule)
+            schedule.record_skipped(due, reason, now=self._clock.now())
+            self._store.append_schedule(schedule)
             return None
-        schedule.record_fired(due, job.job_id, now=self.engine.clock.now())
-        self.engine.store.append_schedule(schedule)
+        schedule.record_fired(due, job.job_id, now=self._clock.now())
+        self._store.append_schedule(schedule)
         return job.job_id
 
     def _previous_running(self, schedule: Schedule) -> bool:
         if schedule.last_job_id is None:
             return False
-        job = self.engine._fetch(schedule.tenant_id, schedule.last_job_id)
+        job = self._jobs.fetch(schedule.tenant_id, schedule.last_job_id)
         return job is not None and not job.status.is_terminal
 
     # ---- loading -----------------------------------------------------------------------
 
     def _load(self, tenant_id: str, name: str) -> Schedule:
-        _check_id("tenant_id", tenant_id)
+        check_id("tenant_id", tenant_id)
         _check_name(name)
-        schedule = self.engine.store.load_schedule(schedule_uuid(tenant_id, name))
+        schedule = self._store.load_schedule(schedule_uuid(tenant_id, name))
         if schedule is None:
             raise UnknownScheduleError(tenant_id, name)
         return schedule
@@ -259,9 +265,9 @@ class ScheduleCommands:
     ) -> ScheduleView:
         for _ in range(ATTEMPTS):
             schedule = self._load(tenant_id, name)
-            command(schedule, self.engine.clock.now())
+            command(schedule, self._clock.now())
             try:
-                self.engine.store.append_schedule(schedule)
+                self._store.append_schedule(schedule)
             except VersionConflict:
                 continue  # a firing moved it meanwhile: apply the command to what it is now
             return ScheduleView.of(schedule)
@@ -282,7 +288,7 @@ class ScheduleFiring:
 
 
 def _check_name(name: str) -> None:
-    _check_id("schedule name", name)
+    check_id("schedule name", name)
     if len(name) > MAX_NAME_LENGTH:
         raise InvalidPayloadError(
             f"schedule name must be at most {MAX_NAME_LENGTH} characters, got {len(name)}"

@@ -13,21 +13,39 @@ from jobledger.domain.errors import (
     JobLedgerError,
     StoreUnavailableError,
 )
-from jobledger.engine.admission_gate import Admitting
+from jobledger.engine.admission_gate import Gatekeeper
+from jobledger.engine.bootstrap import Deps
 from jobledger.orchestration import retry, tracing
+from jobledger.orchestration.group_commit import GroupCommitter
 from jobledger.orchestration.lanes import Lanes
-from jobledger.orchestration.orchestrator import TickReport
-from jobledger.orchestration.ports import (
-    BlockedNote,
-    OpsEvent,
-    Tick,
-    WorkflowRegistry,
-)
+from jobledger.orchestration.orchestrator import Orchestrator, TickReport
+from jobledger.orchestration.ports import BlockedNote, BlockedNotes, OpsEvent, Tick
 
 log = logging.getLogger(__name__)
 
 
-class TickRunner(Admitting):
+class TickRunner:
+    """Runs ticks through the orchestrator, their step appends committed together by
+    ``group``, and frees or lends the gate's places of the jobs they moved."""
+
+    def __init__(
+        self,
+        deps: Deps,
+        orchestrator: Orchestrator,
+        group: GroupCommitter,
+        gatekeeper: Gatekeeper,
+    ) -> None:
+        self._deps = deps
+        self._orchestrator = orchestrator
+        self._group = group
+        self._gatekeeper = gatekeeper
+        self._blocked_notes: BlockedNotes | None = None
+
+    def note_blocked_in(self, notes: BlockedNotes) -> None:
+        """Note there the jobs a tick leaves untouched for a deployment error, so ``show``
+        and ``list`` say why (the supervisor gives its views, when it runs workers)."""
+        self._blocked_notes = notes
+
     def tick(self, tenant_id: str, job_id: str, reason: str = "queue") -> TickReport:
         return self.run_tick(Tick(tenant_id, job_id, reason))
 
@@ -39,13 +57,13 @@ class TickRunner(Admitting):
         try:
             # Counted in flight, whoever runs it (run_until_idle, the run command's workers,
             # a Kafka worker): a group commit waits only for ticks that are running.
-            with self.group.running():
-                report = self.orchestrator.tick(tick)
+            with self._group.running():
+                report = self._orchestrator.tick(tick)
         except JobLedgerError as error:
             self._tick_ended(tick, "unknown", _error_outcome(error), started, error=error)
             raise
         self._tick_ended(tick, str(report.status), str(report.outcome), started, report=report)
-        self._after_tick(report, tick)
+        self._gatekeeper.after_tick(report, tick)
         # Logged once its span has ended, under its ids, so the line joins the trace.
         with tracing.logged(report.span, tenant=tick.tenant_id, job=tick.job_id, step=report.step):
             log.info(
@@ -83,7 +101,7 @@ class TickRunner(Admitting):
             metadata["stepsExecuted"] = report.steps_executed
         if error is not None:
             metadata["errorKind"] = _error_kind(error)
-        self.ops.record(
+        self._deps.ops.record(
             OpsEvent(
                 jobId=tick.job_id,
                 tenantId=tick.tenant_id,
@@ -93,16 +111,23 @@ class TickRunner(Admitting):
             )
         )
 
-    def run_until_idle(self, *, wait_for_timers: bool = False, max_ticks: int = 100_000) -> int:
+    def run_until_idle(
+        self,
+        *,
+        wait_for_timers: bool = False,
+        max_ticks: int = 100_000,
+        concurrency: int | None = None,
+    ) -> int:
         """Handle the local queue's ticks until none is due (or, with ``wait_for_timers``,
         until none is pending at all, sleeping on the engine's clock until each is due).
-        Up to ``concurrency`` ticks run at once, one job at a time each (lanes), and their
-        step appends are committed together. Returns how many ticks were handled; the
-        first error a tick raised is raised once the ticks in flight have finished."""
-        queue = self.deps.local_queue
+        Up to ``concurrency`` (default: the config's) ticks run at once, one job at a time
+        each (lanes), and their step appends are committed together. Returns how many
+        ticks were handled; the first error a tick raised is raised once the ticks in
+        flight have finished."""
+        queue = self._deps.local_queue
         if queue is None:
             raise ConfigError("run_until_idle drives the local queue; this engine has another")
-        width = self.config.batching.concurrency
+        width = self._deps.config.batching.concurrency if concurrency is None else concurrency
         taken = 0
         errors: list[BaseException] = []
 
@@ -126,7 +151,8 @@ class TickRunner(Admitting):
                     due = queue.next_due()
                     if taken >= max_ticks or due is None or not wait_for_timers:
                         break
-                    self.clock.sleep((due - self.clock.now()).total_seconds())
+                    clock = self._deps.clock
+                    clock.sleep((due - clock.now()).total_seconds())
             lanes.join()
         finally:
             for tick in lanes.close():  # only when a tick raised: the rest stay queued
@@ -155,9 +181,9 @@ class TickRunner(Admitting):
                 tick, claim_id=error.claim_id or tick.claim_id, attempt=tick.attempt + 1
             )
             delay = retry.INFRASTRUCTURE.delay(again.attempt)
-            self.queue.enqueue(again, delay_ms=round(delay * 1000), dedupe_key="infra-retry")
+            self._deps.queue.enqueue(again, delay_ms=round(delay * 1000), dedupe_key="infra-retry")
         except JobLedgerError as error:
-            self.ops.record(
+            self._deps.ops.record(
                 OpsEvent(
                     jobId=tick.job_id,
                     tenantId=tick.tenant_id,
@@ -177,28 +203,23 @@ class TickRunner(Admitting):
             error.job_id,
             error,
         )
-        if self.blocked_notes is None or error.tenant_id is None or error.job_id is None:
+        notes = self._blocked_notes
+        if notes is None or error.tenant_id is None or error.job_id is None:
             return
         note = BlockedNote(
             tenant_id=error.tenant_id,
             job_id=error.job_id,
             version=error.version or 0,
             reason=str(error),
-            worker_id=self.config.worker_id,
-            noticed_at=self.clock.now(),
+            worker_id=self._deps.config.worker_id,
+            noticed_at=self._deps.clock.now(),
         )
         try:
-            self.blocked_notes.note_blocked(note)
+            notes.note_blocked(note)
         except Exception as failure:  # a note is a courtesy: the warning above was given
             log.warning(
                 "could not note why %s/%s is blocked: %r", note.tenant_id, note.job_id, failure
             )
-
-    def use_registry(self, registry: WorkflowRegistry) -> None:
-        """Run with these definitions from the next resolution on (a reload on SIGHUP).
-        One reference swap: each resolution reads one registry, the old or the new,
-        never a mix."""
-        self.registry = self.orchestrator.registry = registry
 
 
 def _error_outcome(error: JobLedgerError) -> str:

@@ -49,14 +49,15 @@ class Family:
         clock: Clock,
         report: Reporter,
         wake: Callable[[Job, str], None],
+        spawner: Spawner | None,
     ) -> None:
         self.store = store
         self.clock = clock
         self.report = report
         self.wake = wake
         """Enqueues the tick of a job that an append here made runnable."""
-        self.spawner: Spawner | None = None
-        """Set by the engine (its submit); without one a map step is a deployment error."""
+        self.spawner = spawner
+        """The engine's submit of a child; without one a map step is a deployment error."""
 
     # ---- the parent's side --------------------------------------------------------------
 

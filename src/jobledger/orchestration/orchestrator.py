@@ -52,7 +52,8 @@ from jobledger.domain.steps import (
 from jobledger.domain.transition import StepOutcome, Transition
 from jobledger.domain.views import JobView
 from jobledger.orchestration import tracing
-from jobledger.orchestration.child_jobs import Family
+from jobledger.orchestration.child_jobs import Family, Spawner
+from jobledger.orchestration.deployment import Deployment
 from jobledger.orchestration.group_commit import SharedLoop
 from jobledger.orchestration.heartbeat import Heartbeats
 from jobledger.orchestration.ports import (
@@ -70,7 +71,6 @@ from jobledger.orchestration.ports import (
     StepExecutor,
     StepRates,
     Tick,
-    WorkflowRegistry,
 )
 from jobledger.orchestration.tracing import Attributes, Span, Tracer
 from jobledger.orchestration.unrecorded import RanStep, UnrecordedSteps
@@ -150,7 +150,8 @@ class TickAppends(Protocol):
 
 class Wiring(Protocol):
     """What the orchestrator runs with: ports only (``jobledger.engine.bootstrap.Deps`` is one,
-    built by the composition root). Read once, when the orchestrator is made."""
+    built by the composition root). Read once, when the orchestrator is made; the
+    deployment's registry at each use, so that a reload reaches it."""
 
     @property
     def store(self) -> JobStore: ...
@@ -161,7 +162,7 @@ class Wiring(Protocol):
     @property
     def ops(self) -> Ops: ...
     @property
-    def registry(self) -> WorkflowRegistry: ...
+    def deployment(self) -> Deployment: ...
     @property
     def executor(self) -> StepExecutor | None: ...
     @property
@@ -183,28 +184,33 @@ class Wiring(Protocol):
 
 
 class Orchestrator:
-    def __init__(self, wiring: Wiring) -> None:
+    def __init__(
+        self, wiring: Wiring, *, tick_appends: TickAppends, spawner: Spawner | None
+    ) -> None:
+        """``tick_appends``: where the ticks' appends go (the store, or a group commit
+        over it); ``spawner``: what submits a map step's children (without one a map
+        step is a deployment error)."""
         self.store = wiring.store
         self.queue = wiring.queue
         self.clock = wiring.clock
         self.ops = wiring.ops
-        self.registry = wiring.registry
+        self.deployment = wiring.deployment
         self.executor = wiring.executor
         self.config = config = wiring.config
         self.cost = wiring.cost
         self.tokens = wiring.tokens
         self.notifier = wiring.notifier
         self.tracer = wiring.tracer
-        self.family = Family(self.store, self.clock, self.report, self.wake)
+        self.family = Family(self.store, self.clock, self.report, self._wake, spawner)
         """Parents and children: spawns, child ends, joins (``orchestration.child_jobs``)."""
         self.admission = wiring.admission
         self.step_rates = wiring.step_rates
         self.policy = Policy(config)
-        self.tick_appends: TickAppends = self.store
+        self.tick_appends = tick_appends
         self.unrecorded = UnrecordedSteps()
         """Steps run here whose record the store refused, until their retry records them."""
         self.async_steps = SharedLoop()
-        """Replaced by the engine's group commit when it runs many ticks at once."""
+        """The loop ``async def`` steps run on, shared by the tick threads."""
         # Without a Leases port a claim is only its Claimed event's lease (no heartbeat).
         leases = wiring.leases
         self.heartbeats = (
@@ -234,7 +240,7 @@ class Orchestrator:
         with self.tracer.span("jobledger.tick", parent=parent, attributes=attributes) as span:
             with tracing.logged(span, tenant=job.tenant_id, job=job.job_id):
                 run = _Run(tick, job, claim_id=tick.claim_id or uuid4().hex, span=span)
-                report = self.drive(run)
+                report = self._drive(run)
                 # A finished child tells its parent now, in the tick that finished it.
                 self.family.settle(run.job)
             span.set(
@@ -248,11 +254,11 @@ class Orchestrator:
         report.span = span
         return report
 
-    def drive(self, run: _Run) -> TickReport:
+    def _drive(self, run: _Run) -> TickReport:
         """Take steps until one ends the tick; report the job as the store holds it."""
         tick = run.tick
         try:
-            while (outcome := self.advance(run)) is None:
+            while (outcome := self._advance(run)) is None:
                 pass
         except StoreUnavailableError as error:
             error.claim_id = run.claim_id
@@ -271,25 +277,25 @@ class Orchestrator:
             workflow_type=job.workflow_type,
         )
 
-    def advance(self, run: _Run) -> Outcome | None:
+    def _advance(self, run: _Run) -> Outcome | None:
         """One step. Returns an outcome to stop the tick, or None to take another step."""
         job = run.job
         now = self.clock.now()
-        if self.past_deadline(job, now):
+        if self._past_deadline(job, now):
             return Outcome.FAILED
         if job.is_overdue(now):
-            self.time_out(job, now)
+            self._time_out(job, now)
             return None
-        if run.steps == 0 and self.held_for_admission(job, now):
+        if run.steps == 0 and self._held_for_admission(job, now):
             return Outcome.HELD
         if job.status is JobStatus.WAITING_CHILDREN:
-            return self.await_children(run, now)
+            return self._await_children(run, now)
         if not job.holds_claim(run.claim_id, now) and not job.is_claimable(now):
-            return self.stand_aside(job, run, now)
-        self.check_pinned(job)
-        if self.lease_kept_elsewhere(job, run, now):
+            return self._stand_aside(job, run, now)
+        self._check_pinned(job)
+        if self._lease_kept_elsewhere(job, run, now):
             return Outcome.CLAIM_LOST
-        if self.park_over_budget(job, now):
+        if self._park_over_budget(job, now):
             return Outcome.PARKED
         number = job.current_step + 1
         # The job's own attributes are the tick span's: a step span names only its step.
@@ -303,7 +309,7 @@ class Orchestrator:
             tick_span, run.span = run.span, span
             with tracing.logged(span, step=number):
                 try:
-                    outcome = self.step(job, run, now, decided)
+                    outcome = self._step(job, run, now, decided)
                 except _LostRace as race:  # how the tick ends, not a failed span
                     lost, outcome = race, race.outcome
                 finally:
@@ -315,7 +321,7 @@ class Orchestrator:
             raise lost
         return outcome
 
-    def step(
+    def _step(
         self, job: Job, run: _Run, now: datetime, decided: dict[str, tracing.Attribute]
     ) -> Outcome | None:
         """Resolve, run and record the job's next step (or end the tick without one);
@@ -323,41 +329,41 @@ class Orchestrator:
         worker ran but could not record is recorded, not run again."""
         ran = self.unrecorded.take(job, run.claim_id)
         if ran is None:
-            resolution = self.resolve(job, run, now)
+            resolution = self._resolve(job, run, now)
             if resolution is None:
                 return Outcome.FAILED
             run.span.event("jobledger.resolution", NO_ATTRIBUTES)
-            if resolution.is_costly and self.defer_for_ceiling(job, now):
+            if resolution.is_costly and self._defer_for_ceiling(job, now):
                 return Outcome.DEFERRED
-            self.check_deployment(job, resolution)
-            if self.refuses_to_spawn(job, resolution):
+            self._check_deployment(job, resolution)
+            if self._refuses_to_spawn(job, resolution):
                 return Outcome.FAILED
-            self.pace(job)
+            self._pace(job)
             if resolution.has_side_effect and not job.holds_claim(run.claim_id, now):
-                self.claim(job, run, now)
-            ran = RanStep.of(job, run.claim_id, resolution, self.execute(job, run, resolution))
+                self._claim(job, run, now)
+            ran = RanStep.of(job, run.claim_id, resolution, self._execute(job, run, resolution))
         else:
             self.report(job, "job.step.kept_result", stepNumber=ran.step_number)
         decided["jobledger.step.type"] = ran.resolution.step_type
         decided["jobledger.next_status"] = str(ran.resolution.next_status)
-        return self.conclude(job, run, ran)
+        return self._conclude(job, run, ran)
 
-    def conclude(self, job: Job, run: _Run, ran: RanStep) -> Outcome | None:
+    def _conclude(self, job: Job, run: _Run, ran: RanStep) -> Outcome | None:
         """Record what the step did: its result, or its error's retry or failure. When
         the store refuses that record after a side effect ran (a full disk), the step is
         kept for the tick's retry (which inherits the claim) to record."""
         resolution = ran.resolution
         try:
             if isinstance(ran.done, Exception):
-                return self.step_failed(job, resolution, ran.done)
+                return self._step_failed(job, resolution, ran.done)
             if ran.token is None:
-                ran.token = self.issue_token(job, resolution)
-            self.record(run, resolution, ran.done, ran.token)
+                ran.token = self._issue_token(job, resolution)
+            self._record(run, resolution, ran.done, ran.token)
         except StoreUnavailableError:
             if resolution.has_side_effect:
                 self.unrecorded.keep(job.id, ran)
             raise
-        return self.follow_up(run.job, run, resolution, ran.token)
+        return self._follow_up(run.job, run, resolution, ran.token)
 
     # ---- loading and standing aside --------------------------------------------------
 
@@ -367,29 +373,29 @@ class Orchestrator:
             raise UnknownJobError(tick.tenant_id, tick.job_id)
         return job
 
-    def stand_aside(self, job: Job, run: _Run, now: datetime) -> Outcome:
+    def _stand_aside(self, job: Job, run: _Run, now: datetime) -> Outcome:
         """Not ours to run now. A timer (or a wait's timeout) that is not yet due is
         re-armed: if the tick meant to wake it was lost in a crash, this restores it."""
         due = job.due_at
         if due is not None and job.status is not JobStatus.RUNNING:
-            self.schedule(job, due, f"resume:{job.version}", now)
+            self._schedule(job, due, f"resume:{job.version}", now)
             return Outcome.IDLE
         if job.status is JobStatus.RUNNING and job.lease_until is not None:
             # Someone else's live claim: look again when it lapses, in case they died.
-            self.schedule(job, job.lease_until, f"lease:{job.version}", now)
+            self._schedule(job, job.lease_until, f"lease:{job.version}", now)
             return Outcome.CLAIM_LOST
         return Outcome.IDLE
 
     # ---- admission and step rates ---------------------------------------------------
 
-    def held_for_admission(self, job: Job, now: datetime) -> bool:
+    def _held_for_admission(self, job: Job, now: datetime) -> bool:
         """A job that has not started starts only once admitted. One the table does not
         hold (its submit died before entering it, or it was submitted with no gate)
         enters it now, and waits its turn like the others."""
         if self.admission is None:
             return False
         if job.children and job.status is not JobStatus.WAITING_CHILDREN:
-            return self.held_after_join(job, now)
+            return self._held_after_join(job, now)
         if job.status is not JobStatus.QUEUED or job.current_step:
             return False
         if job.total_steps_executed or not self.policy.gates(job.tenant_id, job.workflow_type):
@@ -400,7 +406,7 @@ class Orchestrator:
             return True
         return not admitted
 
-    def held_after_join(self, job: Job, now: datetime) -> bool:
+    def _held_after_join(self, job: Job, now: datetime) -> bool:
         """A parent lent its place to its children while it waited for them (else a limit
         of one would wait forever); joined, it queues for a place again, keeping its rank,
         before its next step, so the limit holds for its remaining steps too."""
@@ -447,7 +453,7 @@ class Orchestrator:
                 )
             )
 
-    def pace(self, job: Job) -> None:
+    def _pace(self, job: Job) -> None:
         """Wait for this step's turn under the step rates that apply (none by default)."""
         if self.step_rates is None:
             return
@@ -458,7 +464,7 @@ class Orchestrator:
         if wait > 0:
             self.clock.sleep(wait)
 
-    def lease_kept_elsewhere(self, job: Job, run: _Run, now: datetime) -> bool:
+    def _lease_kept_elsewhere(self, job: Job, run: _Run, now: datetime) -> bool:
         """A running job whose Claimed lease lapsed may still be alive on its worker's
         heartbeat. Take its lease row before anything else is appended: a live row means
         its step is running, so look again when that row's lease lapses."""
@@ -471,19 +477,19 @@ class Orchestrator:
         in_the_way = self.heartbeats.take_over(job, run.claim_id, now)
         if in_the_way is None:
             return False
-        self.schedule(job, in_the_way.lease_until, f"lease:{job.version}", now)
+        self._schedule(job, in_the_way.lease_until, f"lease:{job.version}", now)
         return True
 
     # ---- time limits and budgets ----------------------------------------------------
 
-    def past_deadline(self, job: Job, now: datetime) -> bool:
+    def _past_deadline(self, job: Job, now: datetime) -> bool:
         deadline = job.deadline_at
         if deadline is None or now < deadline or job.status.is_terminal:
             return False
-        self.fail(job, f"deadline {deadline.isoformat()} passed", "deadline")
+        self._fail(job, f"deadline {deadline.isoformat()} passed", "deadline")
         return True
 
-    def time_out(self, job: Job, now: datetime) -> None:
+    def _time_out(self, job: Job, now: datetime) -> None:
         """A wait's timeout or an approval's expiry came due: take the definition's
         timeout path (or fail), as a pure transition guarded by the version."""
         if job.status is JobStatus.WAITING_EVENT:
@@ -496,10 +502,10 @@ class Orchestrator:
         else:
             job.expire_approval(now=now)
             event_type = "job.approval.expired"
-        self.append(job)
+        self._append(job)
         self.report(job, event_type, stepNumber=job.current_step, nextStep=job.cursor)
 
-    def park_over_budget(self, job: Job, now: datetime) -> bool:
+    def _park_over_budget(self, job: Job, now: datetime) -> bool:
         """A job that reached a budget limit is parked with the reason, never failed
         silently; raising its budget lets it go on."""
         limit = exceeded_limit(job)
@@ -507,15 +513,15 @@ class Orchestrator:
             return False
         name, used, allowed = limit
         job.exceed_budget(limit=name, used=used, allowed=allowed, now=now)
-        self.append(job)
+        self._append(job)
         self.report(job, "job.budget_exceeded", limit=name, used=used, allowed=allowed)
         if job.due_at is not None:
-            self.schedule(job, job.due_at, "deadline", now)
+            self._schedule(job, job.due_at, "deadline", now)
         return True
 
     # ---- resolution and the cost ceiling ---------------------------------------------
 
-    def resolve(self, job: Job, run: _Run, now: datetime) -> Resolution | None:
+    def _resolve(self, job: Job, run: _Run, now: datetime) -> Resolution | None:
         """Pure resolution from the definition; a throw is a definition bug: fail the job.
         Unless this worker has no definition for the job's pinned (type, version) at all:
         that is a deployment error (a rolling deploy), and the job is left untouched."""
@@ -531,18 +537,18 @@ class Orchestrator:
             cursor=job.cursor,
             visits=job.visits,
         )
-        registry = self.registry  # one registry throughout, should a reload swap it
+        registry = self.deployment.registry  # one throughout, should a reload swap it
         try:
             return registry.resolve(request)
         except StoreUnavailableError:
             raise  # a registry that reads a store: its outage is no definition bug
         except Exception as error:
             if not registry.has(job.workflow_type, job.workflow_version):
-                raise self.blocked(job, WorkflowNotDeployedError(str(error))) from None
-            self.fail(job, f"workflow resolution failed: {error}", "definition")
+                raise self._blocked(job, WorkflowNotDeployedError(str(error))) from None
+            self._fail(job, f"workflow resolution failed: {error}", "definition")
             return None
 
-    def defer_for_ceiling(self, job: Job, now: datetime) -> bool:
+    def _defer_for_ceiling(self, job: Job, now: datetime) -> bool:
         ceiling = self.config.cost_ceiling_for(job.tenant_id)
         if ceiling <= 0 or self.cost is None:
             return False
@@ -554,7 +560,7 @@ class Orchestrator:
         job.defer_for_cost_ceiling(
             spend_usd=spend, ceiling_usd=ceiling, resume_at=resume_at, now=now
         )
-        self.append(job)
+        self._append(job)
         self.report(
             job,
             "job.cost_ceiling_deferred",
@@ -562,35 +568,35 @@ class Orchestrator:
             ceilingUsd=str(ceiling),
             resumeAt=resume_at.isoformat(),
         )
-        self.schedule(job, job.due_at or resume_at, f"ceiling:{_epoch_ms(resume_at)}", now)
+        self._schedule(job, job.due_at or resume_at, f"ceiling:{_epoch_ms(resume_at)}", now)
         return True
 
     def has_pinned(self, job: Job) -> bool:
         """Whether this worker has the definition the job is pinned to. Asked before
         anything claims the job for this worker (a tick's claim or lease take-over, the
         claim a resume folds in): one that can never run it must not hold it."""
-        return self.registry.has(job.workflow_type, job.workflow_version)
+        return self.deployment.registry.has(job.workflow_type, job.workflow_version)
 
-    def check_pinned(self, job: Job) -> None:
+    def _check_pinned(self, job: Job) -> None:
         """Refuse a job this worker has no definition for (a rolling deploy) before its
         lease or claim is taken, whatever woke it: the job is left as it is."""
         if self.has_pinned(job):
             return
         kind = job.workflow_type
-        known = ", ".join(f"v{v}" for t, v in self.registry.known() if t == kind)
-        raise self.blocked(
+        known = ", ".join(f"v{v}" for t, v in self.deployment.registry.known() if t == kind)
+        raise self._blocked(
             job,
             WorkflowNotDeployedError(
                 f"unknown workflow {kind!r} v{job.workflow_version} (known: {known or 'none'})"
             ),
         )
 
-    def check_deployment(self, job: Job, resolution: Resolution) -> None:
+    def _check_deployment(self, job: Job, resolution: Resolution) -> None:
         """Refuse before the side effect, not after: a step with no executor to run it,
         or a wait with no way to mint its resume token, is a deployment error that must
         never fail the job. The tick is retried once the deployment is fixed."""
         if resolution.has_side_effect and self.executor is None:
-            raise self.blocked(
+            raise self._blocked(
                 job,
                 DeploymentError(
                     f"step type {resolution.step_type!r} needs a step executor; none is configured"
@@ -599,8 +605,8 @@ class Orchestrator:
         if resolution.children is not None:
             self.family.check_spawner(job)
             request = resolution.children
-            if not self.registry.has(request.workflow_type, request.workflow_version):
-                raise self.blocked(
+            if not self.deployment.registry.has(request.workflow_type, request.workflow_version):
+                raise self._blocked(
                     job,
                     WorkflowNotDeployedError(
                         f"map step {resolution.step_name!r} spawns workflow "
@@ -609,11 +615,11 @@ class Orchestrator:
                     ),
                 )
         if resolution.next_status is JobStatus.WAITING_EVENT and self.tokens is None:
-            raise self.blocked(
+            raise self._blocked(
                 job, DeploymentError("a step waits for an event but no token secret is configured")
             )
 
-    def refuses_to_spawn(self, job: Job, resolution: Resolution) -> bool:
+    def _refuses_to_spawn(self, job: Job, resolution: Resolution) -> bool:
         """Fail the job, saying why, for a wait for children that cannot be: one that
         names no children (a code workflow's bug), or children that would carry personal
         data (a child's input and final state are copied into the parent's events, where
@@ -622,13 +628,15 @@ class Orchestrator:
         if resolution.next_status is not JobStatus.WAITING_CHILDREN:
             return False
         if request is None:
-            self.fail(job, "a step waits for children but names none to spawn", "definition")
+            self._fail(job, "a step waits for children but names none to spawn", "definition")
             return True
-        child = self.registry.personal_data(request.workflow_type, request.workflow_version)
+        child = self.deployment.registry.personal_data(
+            request.workflow_type, request.workflow_version
+        )
         if not job.personal_data and not child:
             return False
         whose = "this job's workflow" if job.personal_data else f"{request.workflow_type!r}"
-        self.fail(
+        self._fail(
             job,
             f"a map step cannot spawn children when {whose} declares personal_data "
             "(their inputs and results would be copied unsealed)",
@@ -636,7 +644,7 @@ class Orchestrator:
         )
         return True
 
-    def blocked(self, job: Job, error: DeploymentError) -> DeploymentError:
+    def _blocked(self, job: Job, error: DeploymentError) -> DeploymentError:
         """Name the job (and the version it was left at) on the error, and say so in an
         ops event: nothing is written to the job, so this is where it shows."""
         error.tenant_id, error.job_id, error.version = job.tenant_id, job.job_id, job.version
@@ -652,7 +660,7 @@ class Orchestrator:
 
     # ---- the claim -------------------------------------------------------------------
 
-    def claim(self, job: Job, run: _Run, now: datetime) -> None:
+    def _claim(self, job: Job, run: _Run, now: datetime) -> None:
         """Append Claimed at the loaded version; losing the race means another worker
         owns this tick, so the tick ends quietly."""
         expired_holder = job.worker_id if job.status is JobStatus.RUNNING else None
@@ -663,7 +671,7 @@ class Orchestrator:
             reason=run.tick.reason,
             now=now,
         )
-        self.append(job, run)
+        self._append(job, run)
         run.span.event("jobledger.claim", {"jobledger.claim_id": run.claim_id})
         if expired_holder is not None:
             # The previous holder died mid-step: the step re-runs with the same key.
@@ -677,7 +685,7 @@ class Orchestrator:
 
     # ---- the side effect -------------------------------------------------------------
 
-    def execute(self, job: Job, run: _Run, resolution: Resolution) -> StepOutcome | Exception:
+    def _execute(self, job: Job, run: _Run, resolution: Resolution) -> StepOutcome | Exception:
         """Run the side effect (if the step has one): what it returned, merged with the
         resolution's output, or the error it raised (or its result's wrong shape)."""
         step_number = job.current_step + 1
@@ -702,7 +710,7 @@ class Orchestrator:
             )
             assert self.executor is not None  # checked before the claim
             try:
-                with self.heartbeat(job, run):
+                with self._heartbeat(job, run):
                     returned = self.executor.execute(request)
                     # An ``async def execute`` runs on the worker's shared loop, so many
                     # such steps are in flight at once, one per tick thread.
@@ -714,17 +722,17 @@ class Orchestrator:
             except Exception as error:
                 return error
         try:
-            return self.merge(resolution, result, started_at)
+            return self._merge(resolution, result, started_at)
         except InvalidPayloadError as error:
             return error
 
-    def heartbeat(self, job: Job, run: _Run) -> AbstractContextManager[None]:
+    def _heartbeat(self, job: Job, run: _Run) -> AbstractContextManager[None]:
         """Keep the claim alive while the side effect runs, however long it takes."""
         if self.heartbeats is None:
             return nullcontext()
         return self.heartbeats.kept(job, run.claim_id)
 
-    def merge(self, resolution: Resolution, result: object, started_at: datetime) -> StepOutcome:
+    def _merge(self, resolution: Resolution, result: object, started_at: datetime) -> StepOutcome:
         """Check what the executor returned before anything is built from it: a wrong
         shape is a step failure, never a crashed tick that would re-run the side effect."""
         if not isinstance(result, StepResult):
@@ -747,7 +755,7 @@ class Orchestrator:
             started_at, self.clock.now(), output, patch, _cost(result.cost_usd), worker_id
         )
 
-    def step_failed(self, job: Job, resolution: Resolution, error: Exception) -> Outcome:
+    def _step_failed(self, job: Job, resolution: Resolution, error: Exception) -> Outcome:
         """A retryable error within its policy schedules a retry; anything else fails."""
         kind = error.kind if isinstance(error, StepError) else type(error).__name__
         self.tracer.current().event("jobledger.step.error", {"jobledger.error.kind": kind})
@@ -772,7 +780,7 @@ class Orchestrator:
             now = self.clock.now()
             resume_at = now + timedelta(milliseconds=policy.backoff_ms(attempt))
             job.schedule_retry(error=str(error), error_kind=kind, resume_at=resume_at, now=now)
-            self.append(job)
+            self._append(job)
             self.report(
                 job,
                 "job.step.retry_scheduled",
@@ -781,21 +789,21 @@ class Orchestrator:
                 error=str(error),
                 resumeAt=resume_at.isoformat(),
             )
-            self.schedule(
+            self._schedule(
                 job, job.due_at or resume_at, f"retry:{job.current_step + 1}:{attempt}", now
             )
             return Outcome.RETRY_SCHEDULED
-        self.fail(job, f"step {job.current_step + 1} failed: {error}", "step")
+        self._fail(job, f"step {job.current_step + 1} failed: {error}", "step")
         return Outcome.FAILED
 
-    def fail(self, job: Job, error: str, cause: str) -> None:
+    def _fail(self, job: Job, error: str, cause: str) -> None:
         job.fail(error=error, cause=cause, now=self.clock.now())
-        self.append(job)
+        self._append(job)
         self.report(job, "job.failed", error=error, cause=cause)
 
     # ---- recording: one atomic append ----------------------------------------------
 
-    def issue_token(self, job: Job, resolution: Resolution) -> IssuedToken | None:
+    def _issue_token(self, job: Job, resolution: Resolution) -> IssuedToken | None:
         if resolution.next_status is not JobStatus.WAITING_EVENT:
             return None
         assert self.tokens is not None  # checked before the side effect
@@ -811,7 +819,7 @@ class Orchestrator:
             lasts_until=ends,
         )
 
-    def record(
+    def _record(
         self,
         run: _Run,
         resolution: Resolution,
@@ -843,7 +851,7 @@ class Orchestrator:
         def build(job: Job) -> None:
             transition.apply(job, step, executed, token=token, continuation=continuation)
 
-        self.commit_step(run, step, build)
+        self._commit_step(run, step, build)
         self.report(
             run.job,
             "job.step.completed",
@@ -858,7 +866,7 @@ class Orchestrator:
             maxStepsPerTick=self.config.ticks.max_steps_per_tick,
         )
 
-    def commit_step(self, run: _Run, step: Transition, build: Callable[[Job], None]) -> None:
+    def _commit_step(self, run: _Run, step: Transition, build: Callable[[Job], None]) -> None:
         """Append the step. Inputs that landed while the step ran and left
         the job running under this tick's claim (a buffered signal, a budget change)
         commute with it: the step is rebuilt on top of them and appended again, so it is
@@ -892,7 +900,7 @@ class Orchestrator:
                     raise _LostRace(Outcome.DUPLICATE_SKIPPED) from None
                 job = self.load(run.tick)
                 if not job.step_in_flight(run.claim_id):
-                    self.discard_late_result(job, step.idempotency_key, step.step_number)
+                    self._discard_late_result(job, step.idempotency_key, step.step_number)
                     raise _LostRace(Outcome.DISCARDED) from None
                 self.report(job, "job.step.rebased", idempotencyKey=step.idempotency_key)
                 run.span.event("jobledger.rebased", NO_ATTRIBUTES)
@@ -905,7 +913,7 @@ class Orchestrator:
         run.job = job
         run.span.event("jobledger.append", NO_ATTRIBUTES)
 
-    def discard_late_result(self, job: Job, key: str, step_number: int) -> None:
+    def _discard_late_result(self, job: Job, key: str, step_number: int) -> None:
         """The job moved on while our step ran. If it was cancelled, say so in its history."""
         if job.status is JobStatus.CANCELLED:
             job.discard_late_result(
@@ -925,7 +933,7 @@ class Orchestrator:
 
     # ---- acting on the new status ----------------------------------------------------
 
-    def follow_up(
+    def _follow_up(
         self, job: Job, run: _Run, resolution: Resolution, token: IssuedToken | None
     ) -> Outcome | None:
         status = job.status
@@ -934,21 +942,21 @@ class Orchestrator:
         elif status is JobStatus.FAILED:
             self.report(job, "job.failed", error=resolution.transition_reason, cause="workflow")
         elif status is JobStatus.WAITING_EVENT:
-            self.await_event(job, resolution, token)
+            self._await_event(job, resolution, token)
         elif status is JobStatus.AWAITING_APPROVAL:
-            self.await_approval(job)
+            self._await_approval(job)
         elif status is JobStatus.WAITING_CHILDREN:
             self.report(job, "job.waiting_children", children=len(job.children))
-            return self.await_children(run, self.clock.now())
+            return self._await_children(run, self.clock.now())
         elif status is JobStatus.WAITING_TIME:
-            return self.wait(job, run, resolution)
+            return self._wait(job, run, resolution)
         elif job.holds_claim(run.claim_id, self.clock.now()):
             return None
         elif status is JobStatus.QUEUED:
-            self.continue_later(job)
+            self._continue_later(job)
         return Outcome.ADVANCED
 
-    def await_event(self, job: Job, resolution: Resolution, token: IssuedToken | None) -> None:
+    def _await_event(self, job: Job, resolution: Resolution, token: IssuedToken | None) -> None:
         assert token is not None
         name = transition.event_name(resolution)
         self.report(
@@ -959,23 +967,23 @@ class Orchestrator:
             resumeTokenExpiresAt=token.expires_at.isoformat(),
             timeoutAt=job.resume_at.isoformat() if job.resume_at else None,
         )
-        self.schedule_deadline(job)
+        self._schedule_deadline(job)
         if self.notifier is not None:
             self.notifier.waiting_for_event(JobView.of(job), name, token)
 
-    def await_children(self, run: _Run, now: datetime) -> Outcome | None:
+    def _await_children(self, run: _Run, now: datetime) -> Outcome | None:
         """Spawn the join's children that do not exist yet and take in the ends of those
         that finished: the first tick after the step spawns them; a later one (the
         reconciler's backstop) repairs a spawn or a child's report lost in a crash."""
         run.job = job = self.family.catch_up(run.job)
         if job.status is JobStatus.WAITING_CHILDREN:
-            self.schedule_deadline(job)
+            self._schedule_deadline(job)
             return Outcome.IDLE if run.steps == 0 else Outcome.ADVANCED
         if job.status is JobStatus.QUEUED and run.steps < self.config.ticks.max_steps_per_tick:
             return None
         return Outcome.ADVANCED
 
-    def await_approval(self, job: Job) -> None:
+    def _await_approval(self, job: Job) -> None:
         assert job.pending_approval is not None
         request = ApprovalRequest.of(job.pending_approval)
         self.report(
@@ -986,20 +994,20 @@ class Orchestrator:
             attempt=request.attempt,
             approvers=list(request.approvers),
         )
-        self.schedule_deadline(job)
+        self._schedule_deadline(job)
         if self.notifier is not None:
             self.notifier.approval_requested(JobView.of(job), request)
 
-    def schedule_deadline(self, job: Job) -> None:
+    def _schedule_deadline(self, job: Job) -> None:
         """A wait's timeout, an approval's expiry or the job's deadline, the earliest;
         nothing for a wait without one. Not the job's due moment: a join's is when it
         last moved (the reconciler's look for a lost report), and a tick queued for it
         re-queued itself, polling the parent every millisecond."""
         due = _earliest(job.resume_at, job.deadline_at)
         if due is not None:
-            self.schedule(job, due, f"timeout:{job.current_step}", self.clock.now())
+            self._schedule(job, due, f"timeout:{job.current_step}", self.clock.now())
 
-    def wait(self, job: Job, run: _Run, resolution: Resolution) -> Outcome | None:
+    def _wait(self, job: Job, run: _Run, resolution: Resolution) -> Outcome | None:
         """Short waits continue inline (the timer is honoured by sleeping) while the tick
         has step budget; longer ones are handed to the queue or, in scan_only mode, left
         to the reconciler."""
@@ -1029,10 +1037,10 @@ class Orchestrator:
             )
             return None
         key = job.step_key(job.current_step)
-        self.schedule(job, due, f"{job.current_step}:{key}", now)
+        self._schedule(job, due, f"{job.current_step}:{key}", now)
         return Outcome.ADVANCED
 
-    def continue_later(self, job: Job) -> None:
+    def _continue_later(self, job: Job) -> None:
         """Burst continuation: this tick spent its step budget; hand the rest back."""
         self.report(
             job,
@@ -1041,30 +1049,30 @@ class Orchestrator:
             maxStepsPerTick=self.config.ticks.max_steps_per_tick,
         )
         self.queue.enqueue(
-            Tick(job.tenant_id, job.job_id, "burst_continuation", trace_context=self.carrier()),
+            Tick(job.tenant_id, job.job_id, "burst_continuation", trace_context=self._carrier()),
             dedupe_key=f"burst:{job.current_step}",
         )
 
     # ---- helpers ---------------------------------------------------------------------
 
-    def wake(self, job: Job, reason: str) -> None:
+    def _wake(self, job: Job, reason: str) -> None:
         """Enqueue the tick of a job made runnable outside a tick (a join met)."""
         if job.status is JobStatus.QUEUED:
             self.queue.enqueue(
-                Tick(job.tenant_id, job.job_id, reason, trace_context=self.carrier()),
+                Tick(job.tenant_id, job.job_id, reason, trace_context=self._carrier()),
                 dedupe_key=f"{reason}:{job.version}",
             )
 
-    def schedule(self, job: Job, at: datetime, dedupe_key: str, now: datetime) -> None:
+    def _schedule(self, job: Job, at: datetime, dedupe_key: str, now: datetime) -> None:
         if self.config.ticks.resume_mode == "scan_only":
             return
         self.queue.enqueue(
-            Tick(job.tenant_id, job.job_id, "waiting_time_resume", trace_context=self.carrier()),
+            Tick(job.tenant_id, job.job_id, "waiting_time_resume", trace_context=self._carrier()),
             delay_ms=max(1, _millis(at - now)),
             dedupe_key=dedupe_key,
         )
 
-    def append(self, job: Job, run: _Run | None = None) -> None:
+    def _append(self, job: Job, run: _Run | None = None) -> None:
         """Append a transition that guards no key; a lost race ends the tick quietly."""
         try:
             self.tick_appends.append(job)
@@ -1073,7 +1081,7 @@ class Orchestrator:
         span = run.span if run is not None else self.tracer.current()
         span.event("jobledger.append", NO_ATTRIBUTES)
 
-    def carrier(self) -> dict[str, str] | None:
+    def _carrier(self) -> dict[str, str] | None:
         """The current span's trace context, for a tick enqueued from it to continue."""
         return self.tracer.current().carrier or None
 

@@ -131,8 +131,8 @@ class Supervisor:
             if services.views or services.reconciler or services.workers
             else None
         )
-        if services.workers:
-            engine.blocked_notes = self.views  # workers note jobs they cannot run as deployed
+        if services.workers and self.views is not None:
+            engine.note_blocked_in(self.views)  # workers note jobs they cannot run as deployed
         queue = deps.local_queue
         self.local_workers = (
             [LocalWorker(engine, queue, self.stopping) for _ in range(services.workers)]

@@ -12,18 +12,18 @@ from jobledger.adapters.backends.base import (
     TrackingConflict,
     Waiter,
 )
-from jobledger.adapters.backends.postgres import PostgresBackend
 from jobledger.adapters.backends.sqlite import SQLiteBackend, scratch_backend
 from jobledger.adapters.store_url import StoreLocation
-
-BACKENDS: dict[str, type[StoreBackend]] = {
-    backend.kind: backend for backend in (SQLiteBackend, PostgresBackend)
-}
 
 
 def backend_for(location: StoreLocation) -> StoreBackend:
     """The backend of the store at ``location`` (not yet attached to an open store)."""
-    return BACKENDS[location.kind](location)
+    if location.kind == SQLiteBackend.kind:
+        return SQLiteBackend(location)
+    # Imported here: psycopg and eventsourcing.postgres load only for a PostgreSQL store.
+    from jobledger.adapters.backends.postgres import PostgresBackend
+
+    return PostgresBackend(location)
 
 
 __all__ = [
