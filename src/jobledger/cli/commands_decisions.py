@@ -16,7 +16,10 @@ from jobledger.cli.session import ConfigOption, JsonFlag, StoreOption, open_engi
 from jobledger.domain.errors import StaleApprovalError
 from jobledger.domain.views import JobView
 from jobledger.engine.engine import Engine
-from jobledger.presentation import output
+from jobledger.presentation.figures import when
+from jobledger.presentation.job_view import job_document
+from jobledger.presentation.json_output import print_json
+from jobledger.presentation.terminal import console
 
 ApprovalOption = Annotated[
     str | None,
@@ -133,19 +136,19 @@ def reissue_token(
         view = engine.job(tenant, job)
         history = engine.history(tenant, job)
     if json:
-        output.print_json(
+        print_json(
             {
                 "token": token.token,
                 "nonce": token.nonce,
                 "expires_at": token.expires_at,
-                "job": output.job_document(view, history),
+                "job": job_document(view, history),
             }
         )
         return
-    out = output.console()
+    out = console()
     out.print(
         f"new resume token for {tenant}/{job} (event {view.wait_event_name!r}, expires "
-        f"{output.when(token.expires_at)}); the previous token is void:"
+        f"{when(token.expires_at)}); the previous token is void:"
     )
     out.print(token.token, soft_wrap=True)
 
@@ -259,10 +262,10 @@ def _done(
     """One line for people; for machines ``{"job": ..., "outcome": ...}`` where the job
     is what ``show --json`` prints."""
     if as_json:
-        document = output.job_document(view, engine.history(view.tenant_id, view.job_id))
-        output.print_json({"job": document, **({"outcome": outcome} if outcome else {})})
+        document = job_document(view, engine.history(view.tenant_id, view.job_id))
+        print_json({"job": document, **({"outcome": outcome} if outcome else {})})
         return
-    out = output.console()
+    out = console()
     out.print(f"{what}: {view.tenant_id}/{view.job_id} is now {view.status}")
     if view.status == "queued":
         out.print("the job runs on when a worker (or `jobledger tick`) picks it up")

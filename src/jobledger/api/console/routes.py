@@ -53,14 +53,10 @@ from jobledger.domain.identity import job_uuid
 from jobledger.domain.job import Job
 from jobledger.domain.status import JobStatus, UnknownStatusError, parse_statuses
 from jobledger.engine.engine import Engine
-from jobledger.presentation.output import (
-    audit_line,
-    job_document,
-    jsonable,
-    money,
-    personal_paths,
-    when,
-)
+from jobledger.presentation.audit_lines import audit_line, personal_paths
+from jobledger.presentation.figures import money, when
+from jobledger.presentation.job_view import job_document
+from jobledger.presentation.json_output import jsonable
 from jobledger.projections import JobViews
 from jobledger.projections.job_views import JobQuery, cursor
 
