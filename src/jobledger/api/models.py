@@ -297,24 +297,7 @@ class Approval(BaseModel):
 
     @classmethod
     def of(cls, card: ApprovalCard) -> Approval:
-        return cls(
-            tenant_id=card.tenant_id,
-            job_id=card.job_id,
-            workflow=card.workflow,
-            approval_id=card.approval_id,
-            step_number=card.step_number,
-            step_name=card.step_name,
-            attempt=card.attempt,
-            action_sha256=card.action_sha256,
-            approvers=list(card.approvers),
-            expires_at=card.expires_at,
-            requested_at=card.requested_at,
-            params=jsonable(dict(card.params)) if card.params is not None else None,
-            state=jsonable(dict(card.state)),
-            hash_matches=card.hash_matches,
-            open=card.open,
-            outcome=card.outcome,
-        )
+        return cls.model_validate(jsonable(card))
 
 
 class Child(BaseModel):

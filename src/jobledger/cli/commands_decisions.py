@@ -3,6 +3,7 @@ raise-budget, and a new resume token (token reissue)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import datetime
 from decimal import Decimal, InvalidOperation
 from pathlib import Path
@@ -33,38 +34,31 @@ CommentOption = Annotated[str | None, typer.Option("--comment", metavar="TEXT")]
 token_app = typer.Typer(help="Resume tokens: reissue.", no_args_is_help=True)
 
 
-def approve(
-    tenant: Tenant,
-    job: JobId,
-    by: ByOption,
-    approval: ApprovalOption = None,
-    comment: CommentOption = None,
-    store: StoreOption = None,
-    config: ConfigOption = None,
-    json: JsonFlag = False,
-    log_level: OneShotLogLevelOption = None,
-    log_format: OneShotLogFormatOption = None,
-) -> None:
-    """Approve the job's open approval request."""
-    configure_one_shot(log_level, log_format)
-    _decide("approve", tenant, job, approval, by, comment, store, config, json)
+def _decision_command(decision: str, doc: str) -> Callable[..., None]:
+    """``approve`` and ``reject``: the same command but for the decision it records."""
+
+    def command(
+        tenant: Tenant,
+        job: JobId,
+        by: ByOption,
+        approval: ApprovalOption = None,
+        comment: CommentOption = None,
+        store: StoreOption = None,
+        config: ConfigOption = None,
+        json: JsonFlag = False,
+        log_level: OneShotLogLevelOption = None,
+        log_format: OneShotLogFormatOption = None,
+    ) -> None:
+        configure_one_shot(log_level, log_format)
+        _decide(decision, tenant, job, approval, by, comment, store, config, json)
+
+    command.__name__ = command.__qualname__ = decision  # typer names the command after it
+    command.__doc__ = doc
+    return command
 
 
-def reject(
-    tenant: Tenant,
-    job: JobId,
-    by: ByOption,
-    approval: ApprovalOption = None,
-    comment: CommentOption = None,
-    store: StoreOption = None,
-    config: ConfigOption = None,
-    json: JsonFlag = False,
-    log_level: OneShotLogLevelOption = None,
-    log_format: OneShotLogFormatOption = None,
-) -> None:
-    """Reject the job's open approval request."""
-    configure_one_shot(log_level, log_format)
-    _decide("reject", tenant, job, approval, by, comment, store, config, json)
+approve = _decision_command("approve", "Approve the job's open approval request.")
+reject = _decision_command("reject", "Reject the job's open approval request.")
 
 
 def _decide(

@@ -123,13 +123,9 @@ class OpenWait:
         wait = job.wait_event
         if wait is None:
             return None
+        # Positional, in the order of the fields above.
         return cls(
-            event=wait.name,
-            step_number=job.current_step,
-            timeout_at=job.resume_at,
-            on_timeout=wait.on_timeout,
-            token_expires_at=wait.expires_at,
-            token_nonce=wait.nonce,
+            wait.name, job.current_step, job.resume_at, wait.on_timeout, wait.expires_at, wait.nonce
         )
 
 
