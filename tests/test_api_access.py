@@ -410,7 +410,8 @@ def test_a_request_over_its_time_is_503_with_retry_after(
         start_api(engine, tmp_path, request_timeout_seconds=1.0) as api,
         api.as_role(Role.AUDITOR) as http,
     ):
-        response = http.get("/v1/jobs/acme/j")
+        # The history reads the log (the job itself is answered from the loaded aggregate).
+        response = http.get("/v1/jobs/acme/j/history")
         health = http.get("/healthz")
     body = problem(response, 503)
     assert body["error"] == "RequestTimeout" and response.headers["retry-after"] == "1"
@@ -426,7 +427,7 @@ def test_a_store_failure_is_503_try_again(make_engine: EngineFactory, tmp_path: 
     engine = make_engine(registry=api_registry(), wrap_store=lambda s: DownStore(s, 0))
     engine.submit("acme", "j", "agent3")
     with start_api(engine, tmp_path) as api, api.as_role(Role.AUDITOR) as http:
-        response = http.get("/v1/jobs/acme/j")
+        response = http.get("/v1/jobs/acme/j/history")
     body = problem(response, 503)
     assert body["error"] == "StoreUnavailableError" and response.headers["retry-after"] == "1"
     assert "hunter2" not in response.text
@@ -507,7 +508,7 @@ def test_a_driver_error_is_503_and_a_bug_is_a_500_problem_without_its_message(
     for wrapper in (DriverErrorStore, BuggyStore):
         engine = make_engine(registry=api_registry(), wrap_store=lambda s, w=wrapper: w(s, 0))
         with start_api(engine, tmp_path) as api, api.as_role(Role.AUDITOR) as http:
-            responses.append(http.get("/v1/jobs/acme/j"))
+            responses.append(http.get("/v1/jobs/acme/j/history"))
     driver, bug = responses
     assert problem(driver, 503)["error"] == "StoreUnavailableError"
     assert driver.headers["retry-after"] == "1" and "database is locked" in driver.text

@@ -14,7 +14,8 @@ import pytest
 from rich.console import Console
 
 from jobledger.domain.views import HistoryEntry
-from jobledger.presentation.output import history_table, money
+from jobledger.presentation.figures import money
+from jobledger.presentation.history import history_table
 
 
 @pytest.mark.parametrize(

@@ -26,7 +26,8 @@ from jobledger.domain import transition
 from jobledger.domain.errors import JobLedgerError
 from jobledger.domain.views import HistoryEntry
 from jobledger.engine.engine import Engine
-from jobledger.presentation.output import jsonable, personal_paths
+from jobledger.presentation.audit_lines import personal_paths
+from jobledger.presentation.json_output import jsonable
 from jobledger.projections import JobViews
 from jobledger.workflows.definition import AnyStep, Complete, Fail
 from jobledger.workflows.resolver import DefinitionRegistry, resolve_step

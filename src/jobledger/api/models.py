@@ -13,7 +13,8 @@ from jobledger.api.approvals import ApprovalCard
 from jobledger.domain.views import FamilyView, HistoryEntry, JobView
 from jobledger.engine.erasure_commands import ErasureReport, Shred
 from jobledger.orchestration.ports import BlockedNote
-from jobledger.presentation.output import jsonable, open_wait, pending_approval
+from jobledger.presentation.job_view import job_json
+from jobledger.presentation.json_output import jsonable
 from jobledger.projections.job_views import cursor
 from jobledger.projections.status import StatusRow
 
@@ -64,17 +65,8 @@ class Job(BaseModel):
     blocked: dict[str, Any] | None = None
 
     @classmethod
-    def of(
-        cls, view: JobView, history: list[HistoryEntry], blocked: BlockedNote | None = None
-    ) -> Job:
-        return cls.model_validate(
-            {
-                **jsonable(view),
-                "pending_approval": jsonable(pending_approval(view, history)),
-                "wait": jsonable(open_wait(view, history)),
-                "blocked": jsonable(blocked),
-            }
-        )
+    def of(cls, view: JobView, blocked: BlockedNote | None = None) -> Job:
+        return cls.model_validate(job_json(view, blocked))
 
 
 class Event(BaseModel):
@@ -305,24 +297,7 @@ class Approval(BaseModel):
 
     @classmethod
     def of(cls, card: ApprovalCard) -> Approval:
-        return cls(
-            tenant_id=card.tenant_id,
-            job_id=card.job_id,
-            workflow=card.workflow,
-            approval_id=card.approval_id,
-            step_number=card.step_number,
-            step_name=card.step_name,
-            attempt=card.attempt,
-            action_sha256=card.action_sha256,
-            approvers=list(card.approvers),
-            expires_at=card.expires_at,
-            requested_at=card.requested_at,
-            params=jsonable(dict(card.params)) if card.params is not None else None,
-            state=jsonable(dict(card.state)),
-            hash_matches=card.hash_matches,
-            open=card.open,
-            outcome=card.outcome,
-        )
+        return cls.model_validate(jsonable(card))
 
 
 class Child(BaseModel):
@@ -346,8 +321,5 @@ class JobWithFamily(Job):
     """The children it spawned, by step and item."""
 
     @classmethod
-    def of_family(
-        cls, view: JobView, history: list[HistoryEntry], family: FamilyView
-    ) -> JobWithFamily:
-        job = Job.of(view, history)
-        return cls.model_validate({**job.model_dump(), **jsonable(family)})
+    def of_family(cls, view: JobView, family: FamilyView) -> JobWithFamily:
+        return cls.model_validate({**job_json(view), **jsonable(family)})

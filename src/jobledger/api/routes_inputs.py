@@ -18,15 +18,10 @@ from jobledger.api.models import (
 )
 from jobledger.api.paths import JOB
 from jobledger.api.problems import EVERY_REQUEST, documented
-from jobledger.engine.engine import Engine
 
 router = APIRouter(tags=["inputs"], responses=EVERY_REQUEST)
 
 REFUSALS = documented(403, 404, 409)
-
-
-def _job(engine: Engine, tenant: str, job: str) -> Job:
-    return Job.of(engine.job(tenant, job), engine.history(tenant, job))
 
 
 @router.post(f"{JOB}/signals", response_model=SignalResult, responses=REFUSALS)
@@ -38,7 +33,7 @@ def signal(
     delivery idempotent: a repeat is ``duplicate`` and changes nothing."""
     tenant_scope(caller, tenant, Role.OPERATOR, job_id=job)
     outcome = engine.signal(tenant, job, body.event, body.payload, signal_id=body.signal_id)
-    return SignalResult(outcome=outcome.value, job=_job(engine, tenant, job))
+    return SignalResult(outcome=outcome.value, job=Job.of(engine.job(tenant, job)))
 
 
 @router.post(
@@ -62,7 +57,7 @@ def decide(
         body.comment,
         action_sha256=body.action_sha256,
     )
-    return Job.of(view, engine.history(tenant, job))
+    return Job.of(view)
 
 
 @router.post(f"{JOB}/budget", response_model=Job, responses=REFUSALS)
@@ -81,7 +76,7 @@ def raise_budget(
         max_cost_usd=body.max_cost_usd,
         deadline_at=body.deadline_at,
     )
-    return Job.of(view, engine.history(tenant, job))
+    return Job.of(view)
 
 
 @router.post(f"{JOB}/cancel", response_model=Job, responses=REFUSALS)
@@ -89,4 +84,4 @@ def cancel(tenant: str, job: str, body: CancelRequest, caller: Caller, engine: E
     """Cancel the job (operator): terminal; open tokens and approvals stop working."""
     tenant_scope(caller, tenant, Role.OPERATOR, job_id=job)
     view = engine.cancel(tenant, job, body.reason, caller.subject)
-    return Job.of(view, engine.history(tenant, job))
+    return Job.of(view)

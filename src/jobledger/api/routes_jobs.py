@@ -81,7 +81,7 @@ def submit(
     if not made.created:
         response.status_code = 200
     response.headers["Location"] = f"/v1/jobs/{id_path(tenant, view.job_id)}"
-    return Job.of(view, engine.history(tenant, view.job_id))
+    return Job.of(view)
 
 
 def _one_key(in_body: str | None, in_header: str | None) -> str | None:
@@ -156,9 +156,7 @@ def _statuses(raw: str | None) -> list[str]:
 def get_job(tenant: str, job: str, caller: Caller, engine: EngineDep) -> JobWithFamily:
     """The job now, with its open approval request and wait, its parent and children."""
     tenant_scope(caller, tenant, None, job_id=job)
-    view = engine.job(tenant, job)
-    history = engine.history(tenant, job)
-    return JobWithFamily.of_family(view, history, engine.family(tenant, job))
+    return JobWithFamily.of_family(engine.job(tenant, job), engine.family(tenant, job))
 
 
 @router.get(f"{JOB}/history", response_model=HistoryPage, responses=NOT_FOUND)
@@ -203,6 +201,4 @@ def job_at(
         raise Problem(400, "give exactly one of version and at", error="InvalidPayloadError")
     if at is not None and at.tzinfo is None:
         raise Problem(400, "at needs a timezone (e.g. ...Z)", error="InvalidPayloadError")
-    view = engine.job_at(tenant, job, version=version, at=at)
-    prefix = [entry for entry in engine.history(tenant, job) if entry.version <= view.version]
-    return Job.of(view, prefix)
+    return Job.of(engine.job_at(tenant, job, version=version, at=at))

@@ -17,7 +17,7 @@ from jobledger.api.deps import Caller, EngineDep, tenant_scope
 from jobledger.api.paths import JOB, TENANT
 from jobledger.api.problems import EVERY_REQUEST, Problem, documented
 from jobledger.audit.replay import ReplayReport, StepReplay
-from jobledger.presentation.output import jsonable
+from jobledger.presentation.json_output import jsonable
 from jobledger.workflows.definition import WorkflowDefinition
 from jobledger.workflows.loader import parse_definition
 

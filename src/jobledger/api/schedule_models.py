@@ -11,7 +11,7 @@ from pydantic import BaseModel, Field
 from jobledger.api.models import Body
 from jobledger.domain.schedule import MAX_CATCH_UP, CatchUp, Overlap, ScheduleEntry, ScheduleView
 from jobledger.engine.schedule_commands import MAX_NAME_LENGTH
-from jobledger.presentation.output import jsonable
+from jobledger.presentation.json_output import jsonable
 from jobledger.projections.schedules import ScheduleRow
 
 

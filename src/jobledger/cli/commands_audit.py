@@ -39,7 +39,9 @@ from jobledger.cli.session import ConfigOption, Exit, JsonFlag, StoreOption, ope
 from jobledger.domain.identity import job_uuid
 from jobledger.domain.status import JobStatus
 from jobledger.engine.engine import Engine
-from jobledger.presentation import output
+from jobledger.presentation.job_view import job_document
+from jobledger.presentation.json_output import jsonable, print_json
+from jobledger.presentation.terminal import console
 
 if TYPE_CHECKING:
     # Loaded when a command needs them: definitions cost start-up time.
@@ -112,7 +114,7 @@ def replay(
     if json:
         documents = [_replay_document(report) for report in reports]
         if all_jobs:
-            output.print_json(
+            print_json(
                 {
                     "definition": {"type": target.type, "version": target.version},
                     "jobs": documents,
@@ -123,9 +125,9 @@ def replay(
                 }
             )
         else:
-            output.print_json(documents[0])
+            print_json(documents[0])
     elif all_jobs:
-        output.console().print(_replay_summary(reports, target))
+        console().print(_replay_summary(reports, target))
     else:
         _print_replay(reports[0])
     if diverged:
@@ -171,9 +173,9 @@ def migrate(
         view, report = engine.migrate(tenant, job, to_version, by=by, reason=reason, force=force)
         entries = engine.history(tenant, job)
     if json:
-        output.print_json(
+        print_json(
             {
-                "job": output.job_document(view, entries),
+                "job": job_document(view, entries),
                 "replay": _replay_document(report),
                 "forced": not report.safe,
             }
@@ -183,7 +185,7 @@ def migrate(
     text = f"migrated {tenant}/{job} to v{to_version}: {how}"
     if not report.safe:
         text += f" {report.verdict}"
-    output.console().print(text)
+    console().print(text)
 
 
 def _replay_all(
@@ -233,7 +235,7 @@ def _replay_document(report: ReplayReport) -> dict[str, Any]:
 
 
 def _step_document(step: StepReplay) -> dict[str, Any]:
-    document: dict[str, Any] = output.jsonable(step)
+    document: dict[str, Any] = jsonable(step)
     document["outcome"] = step.outcome
     document["recorded"]["description"] = step.recorded.describe()
     document["replayed"]["description"] = step.replayed.describe()
@@ -241,7 +243,7 @@ def _step_document(step: StepReplay) -> dict[str, Any]:
 
 
 def _print_replay(report: ReplayReport) -> None:
-    out = output.console()
+    out = console()
     table = Table(
         title=f"replay of {_label(report)} ({report.workflow_type} v{report.recorded_version}, "
         f"{report.status}) against v{report.definition_version}"
@@ -400,7 +402,7 @@ def verify(
             if report.jobs[0].events == 0 and report.jobs[0].anchored_version is None:
                 engine.job(tenant, job)  # raises: no such job
     if json:
-        output.print_json(_verify_document(report, anchor_log, keyring, cutoff))
+        print_json(_verify_document(report, anchor_log, keyring, cutoff))
     else:
         _print_verify(report, anchor_log, keyring)
     if not report.intact:
@@ -484,10 +486,10 @@ def anchor(
         "rfc3161": {"tsa": tsa} if tsa is not None else None,
     }
     if json:
-        output.print_json(document)
+        print_json(document)
         return
     stamped = f", stamped by {tsa}" if tsa is not None else ""
-    output.console().print(
+    console().print(
         f"anchored {len(anchored.heads)} job heads to {destination} (line {line}), "
         f"merkle root {anchored.merkle_root}{stamped}"
     )
@@ -525,11 +527,11 @@ def _dump(source: AnchorSink, file: Path, json: bool) -> None:
     partial.replace(file)
     log = parse_anchors(lines, str(file))
     if json:
-        output.print_json({"from": source.name, "file": str(file), "lines": len(lines)})
+        print_json({"from": source.name, "file": str(file), "lines": len(lines)})
         return
-    output.console().print(f"wrote {len(lines)} anchor line(s) from {source.name} to {file}")
+    console().print(f"wrote {len(lines)} anchor line(s) from {source.name} to {file}")
     for problem in log.problems:
-        output.console().print(f"  note: {problem}", soft_wrap=True)
+        console().print(f"  note: {problem}", soft_wrap=True)
 
 
 def _verify_document(
@@ -554,7 +556,7 @@ def _verify_document(
             "source": anchor_log.source,
             "anchors": report.anchors_read,
             "problems": list(report.anchor_problems),
-            "rfc3161": [output.jsonable(vars(stamp)) for stamp in anchor_log.stamps],
+            "rfc3161": [jsonable(vars(stamp)) for stamp in anchor_log.stamps],
         }
     if len(report.jobs) == 1:
         document["job"] = _check_document(report.jobs[0])
@@ -568,7 +570,7 @@ def _check_document(check: JobCheck) -> dict[str, Any]:
         "job": check.job_id,
         "job_uuid": str(check.job_uuid),
         "events": check.events,
-        "head": output.jsonable(check.head.document()) if check.head else None,
+        "head": jsonable(check.head.document()) if check.head else None,
         "anchored_version": check.anchored_version,
         "intact": broken is None,
         "version": broken.version if broken else None,
@@ -579,7 +581,7 @@ def _check_document(check: JobCheck) -> dict[str, Any]:
 
 
 def _print_verify(report: VerifyReport, anchor_log: AnchorLog | None, keyring: Path | None) -> None:
-    out = output.console()
+    out = console()
     anchored = ""
     if anchor_log is not None:
         anchored = f" against {report.anchors_read} anchor(s) in {anchor_log.source}"
@@ -615,7 +617,7 @@ def _print_stamps(anchor_log: AnchorLog) -> None:
     stamps = anchor_log.stamps
     if not stamps:
         return
-    out = output.console()
+    out = console()
     table = Table(title=f"RFC 3161 timestamps ({len(stamps)} of {len(anchor_log.anchors)} anchors)")
     for column in ("line", "tsa", "genTime", "signature", "problem"):
         table.add_column(column, overflow="fold")
@@ -693,11 +695,9 @@ def import_(
     with open_engine(store, config, purpose="import", mode="create") as engine:
         summary = exporting.import_file(engine.deps.store, file)
     if json:
-        output.print_json(summary)
+        print_json(summary)
         return
-    output.console().print(
-        f"imported {summary.jobs} job(s), {summary.events} events, {summary.keys} keys"
-    )
+    console().print(f"imported {summary.jobs} job(s), {summary.events} events, {summary.keys} keys")
 
 
 # ---- plumbing ---------------------------------------------------------------------------------
@@ -736,13 +736,13 @@ def _fail(message: str) -> None:
 @contextmanager
 def _progress(visible: bool) -> Iterator[Progress]:
     """A progress bar on stderr (shown on a terminal only: logs get no control codes)."""
-    console = Console(stderr=True)
+    stderr = Console(stderr=True)
     with Progress(
         TextColumn("{task.description}"),
         BarColumn(),
         MofNCompleteColumn(),
-        console=console,
-        disable=not (visible and console.is_terminal),
+        console=stderr,
+        disable=not (visible and stderr.is_terminal),
         transient=True,
     ) as progress:
         yield progress

@@ -18,7 +18,8 @@ from jobledger.cli.logs import OneShotLogFormatOption, OneShotLogLevelOption, co
 from jobledger.cli.session import ConfigOption, JsonFlag, StoreOption
 from jobledger.config import SETTINGS
 from jobledger.domain.redaction import redact
-from jobledger.presentation.output import console, jsonable, print_json
+from jobledger.presentation.json_output import jsonable, print_json
+from jobledger.presentation.terminal import console
 
 app = typer.Typer(help="The settings commands run with.", no_args_is_help=True)
 

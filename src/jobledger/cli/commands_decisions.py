@@ -3,6 +3,7 @@ raise-budget, and a new resume token (token reissue)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import datetime
 from decimal import Decimal, InvalidOperation
 from pathlib import Path
@@ -16,7 +17,10 @@ from jobledger.cli.session import ConfigOption, JsonFlag, StoreOption, open_engi
 from jobledger.domain.errors import StaleApprovalError
 from jobledger.domain.views import JobView
 from jobledger.engine.engine import Engine
-from jobledger.presentation import output
+from jobledger.presentation.figures import when
+from jobledger.presentation.job_view import job_document
+from jobledger.presentation.json_output import print_json
+from jobledger.presentation.terminal import console
 
 ApprovalOption = Annotated[
     str | None,
@@ -30,38 +34,31 @@ CommentOption = Annotated[str | None, typer.Option("--comment", metavar="TEXT")]
 token_app = typer.Typer(help="Resume tokens: reissue.", no_args_is_help=True)
 
 
-def approve(
-    tenant: Tenant,
-    job: JobId,
-    by: ByOption,
-    approval: ApprovalOption = None,
-    comment: CommentOption = None,
-    store: StoreOption = None,
-    config: ConfigOption = None,
-    json: JsonFlag = False,
-    log_level: OneShotLogLevelOption = None,
-    log_format: OneShotLogFormatOption = None,
-) -> None:
-    """Approve the job's open approval request."""
-    configure_one_shot(log_level, log_format)
-    _decide("approve", tenant, job, approval, by, comment, store, config, json)
+def _decision_command(decision: str, doc: str) -> Callable[..., None]:
+    """``approve`` and ``reject``: the same command but for the decision it records."""
+
+    def command(
+        tenant: Tenant,
+        job: JobId,
+        by: ByOption,
+        approval: ApprovalOption = None,
+        comment: CommentOption = None,
+        store: StoreOption = None,
+        config: ConfigOption = None,
+        json: JsonFlag = False,
+        log_level: OneShotLogLevelOption = None,
+        log_format: OneShotLogFormatOption = None,
+    ) -> None:
+        configure_one_shot(log_level, log_format)
+        _decide(decision, tenant, job, approval, by, comment, store, config, json)
+
+    command.__name__ = command.__qualname__ = decision  # typer names the command after it
+    command.__doc__ = doc
+    return command
 
 
-def reject(
-    tenant: Tenant,
-    job: JobId,
-    by: ByOption,
-    approval: ApprovalOption = None,
-    comment: CommentOption = None,
-    store: StoreOption = None,
-    config: ConfigOption = None,
-    json: JsonFlag = False,
-    log_level: OneShotLogLevelOption = None,
-    log_format: OneShotLogFormatOption = None,
-) -> None:
-    """Reject the job's open approval request."""
-    configure_one_shot(log_level, log_format)
-    _decide("reject", tenant, job, approval, by, comment, store, config, json)
+approve = _decision_command("approve", "Approve the job's open approval request.")
+reject = _decision_command("reject", "Reject the job's open approval request.")
 
 
 def _decide(
@@ -133,19 +130,19 @@ def reissue_token(
         view = engine.job(tenant, job)
         history = engine.history(tenant, job)
     if json:
-        output.print_json(
+        print_json(
             {
                 "token": token.token,
                 "nonce": token.nonce,
                 "expires_at": token.expires_at,
-                "job": output.job_document(view, history),
+                "job": job_document(view, history),
             }
         )
         return
-    out = output.console()
+    out = console()
     out.print(
         f"new resume token for {tenant}/{job} (event {view.wait_event_name!r}, expires "
-        f"{output.when(token.expires_at)}); the previous token is void:"
+        f"{when(token.expires_at)}); the previous token is void:"
     )
     out.print(token.token, soft_wrap=True)
 
@@ -259,10 +256,10 @@ def _done(
     """One line for people; for machines ``{"job": ..., "outcome": ...}`` where the job
     is what ``show --json`` prints."""
     if as_json:
-        document = output.job_document(view, engine.history(view.tenant_id, view.job_id))
-        output.print_json({"job": document, **({"outcome": outcome} if outcome else {})})
+        document = job_document(view, engine.history(view.tenant_id, view.job_id))
+        print_json({"job": document, **({"outcome": outcome} if outcome else {})})
         return
-    out = output.console()
+    out = console()
     out.print(f"{what}: {view.tenant_id}/{view.job_id} is now {view.status}")
     if view.status == "queued":
         out.print("the job runs on when a worker (or `jobledger tick`) picks it up")

@@ -13,7 +13,8 @@ from jobledger.cli.config_file import load_settings
 from jobledger.cli.logs import OneShotLogFormatOption, OneShotLogLevelOption, configure_one_shot
 from jobledger.cli.session import ConfigOption, Exit, JsonFlag
 from jobledger.domain.errors import ConfigError
-from jobledger.presentation import output
+from jobledger.presentation.json_output import compact, print_json
+from jobledger.presentation.terminal import console
 
 if TYPE_CHECKING:
     from jobledger.workflows import WorkflowDefinition
@@ -65,15 +66,15 @@ def check(
     except DefinitionError as error:
         if not json:
             raise
-        output.print_json({"ok": False, "problems": error.problems})
+        print_json({"ok": False, "problems": error.problems})
         raise typer.Exit(Exit.REFUSED) from None
     files = _files_of(directory)
     rows = [_summary(d, files.get(d.key, "?")) for d in definitions]
     warnings = _dropped_pins(store, config, definitions, directory) if store else []
     if json:
-        output.print_json({"ok": True, "definitions": rows, "warnings": warnings})
+        print_json({"ok": True, "definitions": rows, "warnings": warnings})
         return
-    out = output.console()
+    out = console()
     out.print(_table(rows, directory))
     out.print(f"{len(rows)} definition(s) OK in {directory}")
     for warning in warnings:
@@ -132,6 +133,6 @@ def _table(rows: list[dict[str, Any]], directory: Path) -> Table:
         table.add_column(column)
     for row in rows:
         kinds = ", ".join(f"{name} ({kind})" for name, kind in row["steps"].items())
-        budget = output.compact(row["budget"]) if row["budget"] else "-"
+        budget = compact(row["budget"]) if row["budget"] else "-"
         table.add_row(row["file"], row["type"], f"v{row['version']}", row["start"], kinds, budget)
     return table

@@ -9,7 +9,7 @@ import typer
 from jobledger.cli.config_file import load_settings
 from jobledger.cli.logs import OneShotLogFormatOption, OneShotLogLevelOption, configure_one_shot
 from jobledger.cli.session import ConfigOption, Exit, StoreOption
-from jobledger.presentation import output
+from jobledger.presentation.terminal import console
 
 
 def demo(
@@ -32,5 +32,5 @@ def demo(
     from jobledger.demo.run import run_demo  # only this command needs it
 
     base = load_settings(config, None).engine  # the demo picks its own store unless --store
-    if not run_demo(base=base, store_url=store, keep=keep, out=output.console()):
+    if not run_demo(base=base, store_url=store, keep=keep, out=console()):
         raise typer.Exit(Exit.REFUSED)

@@ -11,7 +11,9 @@ from jobledger.cli.logs import OneShotLogFormatOption, OneShotLogLevelOption, co
 from jobledger.cli.params import Tenant
 from jobledger.cli.session import ConfigOption, Exit, JsonFlag, StoreOption, open_engine
 from jobledger.engine.erasure_commands import ErasureReport
-from jobledger.presentation import output
+from jobledger.presentation.figures import when
+from jobledger.presentation.json_output import print_json
+from jobledger.presentation.terminal import console
 
 
 def erase(
@@ -62,7 +64,7 @@ def erase(
             assert job is not None
             report = engine.erase_job(tenant, job, by=by, reason=reason)
     if json:
-        output.print_json(as_json(report))
+        print_json(as_json(report))
     else:
         _print(report)
     if report.shred == "pending":
@@ -75,12 +77,12 @@ def erase(
 
 
 def _print(report: ErasureReport) -> None:
-    out = output.console()
+    out = console()
     jobs = len(report.erased) + len(report.already)
     done = "destroyed" if report.shred == "done" else "deleted"
     out.print(
         f"erased: {jobs} job(s) of tenant {report.tenant_id}, "
-        f"{len(report.key_ids)} key(s) {done} at {output.when(report.erased_at)}"
+        f"{len(report.key_ids)} key(s) {done} at {when(report.erased_at)}"
         + ("" if report.shred == "done" else "; shred pending")
     )
     for job_id in report.erased:

@@ -19,7 +19,7 @@ from jobledger.cli.session import ConfigOption, StoreOption, open_engine
 from jobledger.domain.errors import ConfigError
 from jobledger.domain.redaction import redact
 from jobledger.orchestration.ports import Queue, Tick
-from jobledger.presentation import output
+from jobledger.presentation.terminal import console
 
 
 class LeftToTheRunner:
@@ -80,15 +80,15 @@ def serve(
         # event streams, finishes the requests in hand and returns (exit 0); a second
         # Ctrl-C forces it.
         server = serve_engine(engine, api)
-        output.console().print(f"jobledger serve: {server.url} (Ctrl-C to stop)", soft_wrap=True)
-        output.console().print(
+        console().print(f"jobledger serve: {server.url} (Ctrl-C to stop)", soft_wrap=True)
+        console().print(
             f"  store: {redact(engine.config.store_url)}; transport: {engine.config.transport}; "
             f"auth: {', '.join(_auth_kinds(api))}",
             soft_wrap=True,
         )
         with reload_on_sighup(engine, None, server):
             server.run()
-        output.console().print("stopped cleanly")
+        console().print("stopped cleanly")
 
 
 def require_auth(api: ApiSettings, command: str = "serve") -> None:

@@ -23,7 +23,11 @@ from jobledger.domain.identity import job_uuid
 from jobledger.domain.views import FamilyView, HistoryEntry, JobView
 from jobledger.engine.engine import Engine
 from jobledger.orchestration.ports import BlockedNote
-from jobledger.presentation import output
+from jobledger.presentation.figures import when
+from jobledger.presentation.history import history_document, history_table
+from jobledger.presentation.job_view import job_document, job_table
+from jobledger.presentation.json_output import print_json
+from jobledger.presentation.terminal import console
 
 
 def submit(
@@ -139,8 +143,8 @@ def show(
             view = engine.job_at(tenant, job, version=at_version, at=at)
         entries = [e for e in engine.history(tenant, job) if e.version <= view.version]
         if not json and (at_version is not None or at is not None):
-            moment = output.when(view.updated_at)
-            output.console().print(f"as it was at version {view.version} ({moment})")
+            moment = when(view.updated_at)
+            console().print(f"as it was at version {view.version} ({moment})")
         now = at_version is None and at is None
         blocked = _blocked(engine, view) if now else None
         # The children as they are now: a view of the past leaves them out.
@@ -170,10 +174,10 @@ def history(
         broken = engine.verify(tenant, job)
     if json:
         chain = {"intact": broken is None, "broken_at": broken}
-        output.print_json({"events": output.history_document(entries), "chain": chain})
+        print_json({"events": history_document(entries), "chain": chain})
     else:
-        out = output.console()
-        out.print(output.history_table(entries, title=f"history of {tenant}/{job}"))
+        out = console()
+        out.print(history_table(entries, title=f"history of {tenant}/{job}"))
         out.print("hash chain: intact" if broken is None else "hash chain: BROKEN")
     if broken is not None:
         sys.stderr.write(
@@ -215,18 +219,18 @@ def tick(
         "steps_executed": report.steps_executed,
         "resume_tokens": tokens,
         "approval_requests": outside.approvals,
-        "job": output.job_document(view, entries),
+        "job": job_document(view, entries),
     }
     if json:
-        output.print_json(document)
+        print_json(document)
         return
-    out = output.console()
+    out = console()
     out.print(f"tick: {report.outcome}, {report.steps_executed} step(s) executed")
     for token in tokens:
         out.print(f"resume token for event {token['event']!r}: {token['token']}", soft_wrap=True)
     for request in outside.approvals:
         out.print(f"approval requested: {request.approval_id}")
-    out.print(output.job_table(view, entries))
+    out.print(job_table(view, entries))
 
 
 def _print_job(
@@ -239,9 +243,9 @@ def _print_job(
     queued: str | None = None,
 ) -> None:
     if as_json:
-        output.print_json(output.job_document(view, entries, blocked, family, queued=queued))
+        print_json(job_document(view, entries, blocked, family, queued=queued))
     else:
-        output.console().print(output.job_table(view, entries, blocked, family, queued=queued))
+        console().print(job_table(view, entries, blocked, family, queued=queued))
 
 
 def _blocked(engine: Engine, view: JobView) -> BlockedNote | None:

@@ -39,7 +39,8 @@ from jobledger.cli.logs import OneShotLogFormatOption, OneShotLogLevelOption, co
 from jobledger.cli.params import parse_moment
 from jobledger.cli.session import ConfigOption, JsonFlag
 from jobledger.domain.errors import ConfigError
-from jobledger.presentation import output
+from jobledger.presentation.json_output import print_json
+from jobledger.presentation.terminal import console
 
 app = typer.Typer(help="Signing keys: make, list and retire them.", no_args_is_help=True)
 
@@ -127,9 +128,9 @@ def generate(
         pem.unlink()  # no private key that no file names
         raise ConfigError(f"cannot write the key files: {error}") from None
     if json:
-        output.print_json({"key": entry, "keys_file": keys_file, "keyring": keyring_file})
+        print_json({"key": entry, "keys_file": keys_file, "keyring": keyring_file})
         return
-    out = output.console()
+    out = console()
     out.print(f"generated key {key_id!r}, valid {window}")
     out.print(f"private key: {pem} (mode 0600: keep it to the writers)")
     out.print(f"signing-keys file: {keys_file}")
@@ -156,7 +157,7 @@ def list_keys(
         )
     rows = key_rows(keys_file, keyring_file, datetime.now(UTC))
     if json:
-        output.print_json({"keys_file": keys_file, "keyring": keyring_file, "keys": rows})
+        print_json({"keys_file": keys_file, "keyring": keyring_file, "keys": rows})
         return
     table = Table("id", "not before", "not after", "status", "private key", "keyring")
     for row in rows:
@@ -168,7 +169,7 @@ def list_keys(
             "yes" if row["private_key"] else "no",
             row["keyring"],
         )
-    out = output.console()
+    out = console()
     out.print(table)
     out.print(f"signing-keys file: {keys_file or '-'}; keyring: {keyring_file or '-'}")
 
@@ -237,7 +238,7 @@ def retire(
         _replace(keys_file, entries)
     if keyring_file is not None and any(e["id"] == key_id for e in published["keys"]):
         _replace(keyring_file, published)
-    out = output.console()
+    out = console()
     out.print(f"retired key {key_id!r} at {at.isoformat()}")
     if keys_file is not None and entries:
         try:

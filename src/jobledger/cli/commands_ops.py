@@ -41,7 +41,10 @@ from jobledger.domain.redaction import redact
 from jobledger.domain.status import TERMINAL_STATUSES, UnknownStatusError, parse_statuses
 from jobledger.engine.engine import Engine
 from jobledger.orchestration.ports import BlockedNote
-from jobledger.presentation import output
+from jobledger.presentation.figures import money, when
+from jobledger.presentation.job_view import blocked_text
+from jobledger.presentation.json_output import jsonable, print_json
+from jobledger.presentation.terminal import console
 from jobledger.projections import JobViews, StatusRow
 from jobledger.projections.job_views import JobQuery, cursor
 from jobledger.runtime.supervisor import Services, Supervisor
@@ -178,15 +181,15 @@ def list_jobs(
         blocked = views.blocked_notes(rows)
     shape = output_format or (ListOutput.JSON if json else ListOutput.TABLE)
     if shape is ListOutput.JSON:
-        output.print_json([_row_document(r, blocked.get(r.job_uuid)) for r in rows])
+        print_json([_row_document(r, blocked.get(r.job_uuid)) for r in rows])
     elif shape is ListOutput.PLAIN:
         for row in rows:
             print("\t".join(_plain_cells(row, blocked.get(row.job_uuid))))
     else:
-        output.console().print(_jobs_table(rows, blocked, wide=wide))
+        console().print(_jobs_table(rows, blocked, wide=wide))
         if len(rows) == limit:
             # The command on a line of its own, to paste.
-            output.console().print(f"more: --after {cursor(rows[-1])}", soft_wrap=True)
+            console().print(f"more: --after {cursor(rows[-1])}", soft_wrap=True)
 
 
 def run(
@@ -336,18 +339,18 @@ def reconcile(
         ticks_topic = engine.config.kafka.ticks_topic
     extra = {"published": result.enqueued} if kafka else {"handled": handled}
     if json:
-        output.print_json({**vars(result), **extra})
+        print_json({**vars(result), **extra})
         return
     if not result.acted:
-        output.console().print("another reconciler holds the lock: nothing done")
+        console().print("another reconciler holds the lock: nothing done")
         return
     if kafka:
-        output.console().print(
+        console().print(
             f"scanned {result.scanned}, published {result.enqueued} ticks to {ticks_topic}, "
             f"skipped {result.skipped}; fired {result.fired} scheduled jobs"
         )
         return
-    output.console().print(
+    console().print(
         f"scanned {result.scanned}, enqueued {result.enqueued}, skipped {result.skipped}; "
         f"fired {result.fired} scheduled jobs; handled {handled} ticks"
     )
@@ -391,9 +394,9 @@ def projections_rebuild(
             task = progress.add_task("rebuilding", total=total or None)
             replayed = views.rebuild(lambda done, _: progress.update(task, completed=done))
     if json:
-        output.print_json({"replayed": replayed})
+        print_json({"replayed": replayed})
     else:
-        output.console().print(f"rebuilt the views from {replayed} notifications")
+        console().print(f"rebuilt the views from {replayed} notifications")
 
 
 @projections_app.command("status")
@@ -415,14 +418,14 @@ def projections_status(
 
             lag += outbox_lag(views.store)
     if json:
-        output.print_json([{**vars(entry), "behind": entry.behind} for entry in lag])
+        print_json([{**vars(entry), "behind": entry.behind} for entry in lag])
         return
     table = Table("partition", "last event", "last applied", "behind")
     for entry in lag:
         table.add_row(
             entry.partition, str(entry.last_event), str(entry.last_tracked), str(entry.behind)
         )
-    output.console().print(table)
+    console().print(table)
 
 
 # ---- plumbing ---------------------------------------------------------------------------
@@ -461,20 +464,20 @@ def _serve(
         supervisor = Supervisor(engine, services)
         definitions = settings.definitions if runs_steps else None
         with reload_on_sighup(engine, definitions, supervisor.api):
-            output.console().print(_banner(name, engine, services, kafka))
+            console().print(_banner(name, engine, services, kafka))
             for line in _setup(engine, settings, runs_steps):
-                output.console().print(f"  {line}", soft_wrap=True)
+                console().print(f"  {line}", soft_wrap=True)
             if supervisor.api is not None:
-                output.console().print(f"  http: {supervisor.api.url}", soft_wrap=True)
+                console().print(f"  http: {supervisor.api.url}", soft_wrap=True)
             if supervisor.metrics is not None:
-                output.console().print(f"  metrics: {supervisor.metrics.url}", soft_wrap=True)
+                console().print(f"  metrics: {supervisor.metrics.url}", soft_wrap=True)
             if services.anchors is not None:
-                output.console().print(f"  {services.anchors.describe()}", soft_wrap=True)
+                console().print(f"  {services.anchors.describe()}", soft_wrap=True)
             with _stop_on_signals(supervisor.stopping.set):
                 supervisor.run()
             if runs_steps or kafka:
                 what = "messages" if kafka else "ticks"
-                output.console().print(f"stopped cleanly after {supervisor.handled} {what}")
+                console().print(f"stopped cleanly after {supervisor.handled} {what}")
 
 
 def _setup(engine: Engine, settings: Settings, runs_steps: bool) -> list[str]:
@@ -549,7 +552,7 @@ def _progress(visible: bool) -> Iterator[Progress]:
         TextColumn("{task.description}"),
         BarColumn(),
         MofNCompleteColumn(),
-        console=output.console(),
+        console=console(),
         disable=not visible,
         transient=True,
     ) as progress:
@@ -568,7 +571,7 @@ def _statuses(raw: str | None) -> list[str]:
 
 
 def _row_document(row: StatusRow, blocked: BlockedNote | None) -> dict[str, Any]:
-    document: dict[str, Any] = output.jsonable(
+    document: dict[str, Any] = jsonable(
         {**vars(row), "cost_usd": row.cost_usd, "due_at": row.due_at, "blocked": blocked}
     )
     document.pop("cost_micros", None)
@@ -577,7 +580,7 @@ def _row_document(row: StatusRow, blocked: BlockedNote | None) -> dict[str, Any]
 
 
 def _due(row: StatusRow) -> str:
-    return output.when(row.due_at) if row.status not in TERMINAL else ""
+    return when(row.due_at) if row.status not in TERMINAL else ""
 
 
 def _plain_cells(row: StatusRow, note: BlockedNote | None) -> list[str]:
@@ -616,16 +619,14 @@ def _jobs_table(rows: list[StatusRow], blocked: dict[str, BlockedNote], *, wide:
         table.add_column("updated (UTC)", overflow="fold")
     for row in rows:
         note = blocked.get(row.job_uuid)
-        state = (
-            row.status if note is None else f"{row.status}, blocked: {output.blocked_text(note)}"
-        )
+        state = row.status if note is None else f"{row.status}, blocked: {blocked_text(note)}"
         cells = [row.tenant_id, row.job_id]
         if wide:
             cells += [f"{row.workflow_type} v{row.workflow_version}", str(row.current_step)]
         cells += [state, row.next_step or "", _due(row).removesuffix(" UTC")]
-        cells.append(output.money(row.cost_usd))
+        cells.append(money(row.cost_usd))
         if wide:
-            cells.append(output.when(row.updated_at).removesuffix(" UTC"))
+            cells.append(when(row.updated_at).removesuffix(" UTC"))
         table.add_row(*cells)
     if not rows:
         table.caption = "no jobs match"

@@ -11,7 +11,9 @@ from rich.table import Table
 from jobledger.cli.params import InputOption, Tenant, VersionOption
 from jobledger.cli.session import ConfigOption, JsonFlag, StoreOption, open_engine
 from jobledger.domain.schedule import MAX_CATCH_UP, ScheduleEntry, ScheduleView
-from jobledger.presentation import output
+from jobledger.presentation.figures import when
+from jobledger.presentation.json_output import jsonable, print_json
+from jobledger.presentation.terminal import console
 from jobledger.projections import JobViews
 from jobledger.projections.schedules import ScheduleRow
 
@@ -112,7 +114,7 @@ def list_schedules(
         views.catch_up()
         rows = views.tenant_schedules(tenant, deleted=deleted)
     if json:
-        output.print_json([_row_document(r) for r in rows])
+        print_json([_row_document(r) for r in rows])
         return
     table = Table()
     for column in ("name", "cron", "zone", "workflow", "state", "next (local)", "next (UTC)"):
@@ -128,11 +130,11 @@ def list_schedules(
             _workflow(row.workflow_type, row.workflow_version),
             row.state,
             local.isoformat() if local is not None else "-",
-            output.when(moment),
+            when(moment),
             f"catch-up {_catch_up(row.catch_up, row.catch_up_max)}, overlap {row.overlap}",
             row.last_job_id or "-",
         )
-    output.console().print(table)
+    console().print(table)
 
 
 @app.command("pause")
@@ -191,9 +193,9 @@ def trigger(
         job_id = engine.schedules.trigger(tenant, name)
         view = engine.schedules.get(tenant, name)
     if json:
-        output.print_json({"job_id": job_id, "schedule": _view_document(view)})
+        print_json({"job_id": job_id, "schedule": _view_document(view)})
         return
-    output.console().print(f"fired {job_id}")
+    console().print(f"fired {job_id}")
 
 
 @app.command("history")
@@ -208,18 +210,18 @@ def history(
     with open_engine(store, config, purpose="schedule history", mode="read") as engine:
         entries = engine.schedules.history(tenant, name)
     if json:
-        output.print_json({"events": [_entry_document(e) for e in entries]})
+        print_json({"events": [_entry_document(e) for e in entries]})
         return
     table = Table("version", "time", "event", "fire time", "what")
     for entry in entries:
         table.add_row(
             str(entry.version),
-            output.when(entry.timestamp),
+            when(entry.timestamp),
             entry.event_type,
-            output.when(entry.data.get("fire_time")),
+            when(entry.data.get("fire_time")),
             _what(entry),
         )
-    output.console().print(table)
+    console().print(table)
 
 
 # ---- printing ----------------------------------------------------------------------------
@@ -227,31 +229,31 @@ def history(
 
 def _print_view(view: ScheduleView, json: bool) -> None:
     if json:
-        output.print_json(_view_document(view))
+        print_json(_view_document(view))
         return
     local = view.next_fire_local.isoformat() if view.next_fire_local else "-"
-    output.console().print(
+    console().print(
         f"schedule {view.name} of {view.tenant_id}: {view.state}, {view.cron} "
         f"({view.timezone}) -> {_workflow(view.workflow_type, view.workflow_version)}; "
-        f"next {local} ({output.when(view.next_fire_at)})"
+        f"next {local} ({when(view.next_fire_at)})"
     )
 
 
 def _view_document(view: ScheduleView) -> dict[str, Any]:
-    document: dict[str, Any] = output.jsonable(view)
+    document: dict[str, Any] = jsonable(view)
     return document
 
 
 def _row_document(row: ScheduleRow) -> dict[str, Any]:
-    document: dict[str, Any] = output.jsonable(row)
+    document: dict[str, Any] = jsonable(row)
     moment, local = row.schedule.next_firing()
-    document["next_fire_at"] = None if moment is None else output.jsonable(moment)
+    document["next_fire_at"] = None if moment is None else jsonable(moment)
     document["next_fire_local"] = None if local is None else local.isoformat()
     return document
 
 
 def _entry_document(entry: ScheduleEntry) -> dict[str, Any]:
-    document: dict[str, Any] = output.jsonable(entry)
+    document: dict[str, Any] = jsonable(entry)
     return document
 
 

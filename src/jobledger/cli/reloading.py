@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from jobledger.domain.errors import JobLedgerError
 from jobledger.engine.engine import Engine
-from jobledger.presentation import output
+from jobledger.presentation.terminal import console
 
 if TYPE_CHECKING:
     from jobledger.api.auth import Authenticator
@@ -63,7 +63,7 @@ def _reload_definitions(engine: Engine, directory: Path) -> None:
         return
     engine.use_registry(registry)
     loaded = ", ".join(f"{kind} v{version}" for kind, version in registry.known())
-    output.console().print(f"SIGHUP: definitions reloaded from {directory}: {loaded or 'none'}")
+    console().print(f"SIGHUP: definitions reloaded from {directory}: {loaded or 'none'}")
 
 
 def _reload_keys(keys: Authenticator) -> None:
@@ -73,12 +73,12 @@ def _reload_keys(keys: Authenticator) -> None:
         log.warning("SIGHUP: API keys NOT reloaded, keeping those in use: %s", error)
         return
     if keys.api_keys_file is not None:
-        output.console().print(
+        console().print(
             f"SIGHUP: API keys reloaded from {keys.api_keys_file}: {len(keys.api_keys)} key(s)",
             soft_wrap=True,
         )
     if keys.jwks_file is not None and keys.jwks is not None:
-        output.console().print(
+        console().print(
             f"SIGHUP: JWKS reloaded from {keys.jwks_file}: {len(keys.jwks.keys)} key(s)",
             soft_wrap=True,
         )

@@ -36,7 +36,8 @@ from jobledger.domain.redaction import redact
 from jobledger.domain.status import JobStatus
 from jobledger.domain.views import HistoryEntry
 from jobledger.engine.engine import Engine
-from jobledger.presentation.output import history_table, money, when
+from jobledger.presentation.figures import money, when
+from jobledger.presentation.history import history_table
 from jobledger.workflows import DefinitionRegistry, parse_definition
 
 WORKFLOW = "demo_mission"

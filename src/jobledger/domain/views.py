@@ -14,6 +14,7 @@ from jobledger.domain.admission import DEFAULT_PRIORITY
 from jobledger.domain.job import Job
 from jobledger.domain.read_only import FrozenDict
 from jobledger.domain.status import JobStatus
+from jobledger.domain.substate import ApprovalGate
 
 
 @dataclass(frozen=True)
@@ -49,6 +50,10 @@ class JobView:
     """The paths of personal values in ``state`` that read as erased (their key is gone)."""
     priority: int = DEFAULT_PRIORITY
     """0-9, higher admitted first (``jobledger.domain.admission``)."""
+    pending_approval: ApprovalGate | None = None
+    """The open approval request in full: step, attempt, approvers, expiry, action hash."""
+    wait: OpenWait | None = None
+    """The event wait the job is in (never its token)."""
 
     @classmethod
     def of(cls, job: Job) -> JobView:
@@ -94,6 +99,33 @@ class JobView:
             buffered_signals=len(job.inbox),
             erased=tuple(erasure.erased_paths(job.state, job.personal_data)),
             priority=DEFAULT_PRIORITY if job.priority is None else job.priority,
+            pending_approval=job.pending_approval,
+            wait=OpenWait.of(job),
+        )
+
+
+@dataclass(frozen=True)
+class OpenWait:
+    """The event wait a job is in, as callers see it: its name, timeout and the current
+    token's expiry and nonce (never the token, nor its hash)."""
+
+    event: str
+    step_number: int
+    """The step that opened the wait: every recorded step sets (or clears) the wait."""
+    timeout_at: datetime | None
+    on_timeout: str | None
+    token_expires_at: datetime
+    token_nonce: str
+    """The newest token's, after a reissue."""
+
+    @classmethod
+    def of(cls, job: Job) -> OpenWait | None:
+        wait = job.wait_event
+        if wait is None:
+            return None
+        # Positional, in the order of the fields above.
+        return cls(
+            wait.name, job.current_step, job.resume_at, wait.on_timeout, wait.expires_at, wait.nonce
         )
 
 

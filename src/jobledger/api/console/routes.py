@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import secrets
 import threading
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from decimal import Decimal
 from importlib import resources
@@ -53,14 +53,10 @@ from jobledger.domain.identity import job_uuid
 from jobledger.domain.job import Job
 from jobledger.domain.status import JobStatus, UnknownStatusError, parse_statuses
 from jobledger.engine.engine import Engine
-from jobledger.presentation.output import (
-    audit_line,
-    job_document,
-    jsonable,
-    money,
-    personal_paths,
-    when,
-)
+from jobledger.presentation.audit_lines import audit_line, personal_paths
+from jobledger.presentation.figures import money, when
+from jobledger.presentation.job_view import job_document
+from jobledger.presentation.json_output import jsonable
 from jobledger.projections import JobViews
 from jobledger.projections.job_views import JobQuery, cursor
 
@@ -163,6 +159,26 @@ class Console:
     def reads(self, session: Session, tenant: str) -> None:
         if not session.principal.may_read(tenant):
             raise _NotFound
+
+    def tenant_page(self, request: Request, tenant: str) -> Response | TenantPage:
+        """A page of one tenant's: the session, the tenants it reads and the one shown
+        (``tenant``, else the first); or the answer instead (sign in, or not found)."""
+        session = self.session(request)
+        if session is None:
+            return self.redirect(f"{PREFIX}/sign-in")
+        tenants = _tenants(session.principal)
+        chosen = tenant or (tenants[0] if tenants else "")
+        if chosen and not session.principal.may_read(chosen):
+            return self.not_found(request, session)
+        return TenantPage(session, tenants, chosen)
+
+
+@dataclass(frozen=True)
+class TenantPage:
+    session: Session
+    tenants: list[str]
+    chosen: str
+    """The tenant shown; empty when the session reads none."""
 
 
 _made = threading.Lock()
@@ -369,13 +385,10 @@ def _add_jobs(api: APIRouter) -> None:
         workflow: str = "",
         after: str = "",
     ) -> Response:
-        session = c.session(request)
-        if session is None:
-            return c.redirect(f"{PREFIX}/sign-in")
-        tenants = _tenants(session.principal)
-        chosen = tenant or (tenants[0] if tenants else "")
-        if chosen and not session.principal.may_read(chosen):
-            return c.not_found(request, session)
+        page = c.tenant_page(request, tenant)
+        if isinstance(page, Response):
+            return page
+        session, tenants, chosen = page.session, page.tenants, page.chosen
         context: dict[str, Any] = {
             "tenants": tenants,
             "tenant": chosen,
@@ -433,13 +446,10 @@ def _add_jobs(api: APIRouter) -> None:
 
     @api.get("/spend")
     def spend(request: Request, c: Of, tenant: str = "") -> Response:
-        session = c.session(request)
-        if session is None:
-            return c.redirect(f"{PREFIX}/sign-in")
-        tenants = _tenants(session.principal)
-        chosen = tenant or (tenants[0] if tenants else "")
-        if chosen and not session.principal.may_read(chosen):
-            return c.not_found(request, session)
+        page = c.tenant_page(request, tenant)
+        if isinstance(page, Response):
+            return page
+        session, tenants, chosen = page.session, page.tenants, page.chosen
         days: list[tuple[str, Decimal, int | None]] = []
         ceiling = Decimal(0)
         if chosen:
@@ -460,13 +470,10 @@ def _add_jobs(api: APIRouter) -> None:
 def _add_schedules(api: APIRouter) -> None:
     @api.get("/schedules")
     def schedules(request: Request, c: Of, tenant: str = "") -> Response:
-        session = c.session(request)
-        if session is None:
-            return c.redirect(f"{PREFIX}/sign-in")
-        tenants = _tenants(session.principal)
-        chosen = tenant or (tenants[0] if tenants else "")
-        if chosen and not session.principal.may_read(chosen):
-            return c.not_found(request, session)
+        page = c.tenant_page(request, tenant)
+        if isinstance(page, Response):
+            return page
+        session, tenants, chosen = page.session, page.tenants, page.chosen
         rows: list[ScheduleSummary] = []
         if chosen:
             c.catch_up()
