@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from enum import StrEnum
 from typing import Annotated, Any
 
 import typer
@@ -10,7 +9,7 @@ from rich.table import Table
 
 from jobledger.cli.params import InputOption, Tenant, VersionOption
 from jobledger.cli.session import ConfigOption, JsonFlag, StoreOption, open_engine
-from jobledger.domain.schedule import MAX_CATCH_UP, ScheduleEntry, ScheduleView
+from jobledger.domain.schedule import MAX_CATCH_UP, CatchUp, Overlap, ScheduleEntry, ScheduleView
 from jobledger.presentation import output
 from jobledger.projections import JobViews
 from jobledger.projections.schedules import ScheduleRow
@@ -22,18 +21,6 @@ app = typer.Typer(
 )
 
 Name = Annotated[str, typer.Argument(metavar="NAME", help="Schedule name.", show_default=False)]
-
-
-class CatchUpChoice(StrEnum):
-    SKIP = "skip"
-    ONE = "one"
-    ALL = "all"
-
-
-class OverlapChoice(StrEnum):
-    ALLOW = "allow"
-    SKIP = "skip"
-    BUFFER_ONE = "buffer_one"
 
 
 @app.command("create")
@@ -54,9 +41,9 @@ def create(
     version: VersionOption = None,
     input: InputOption = None,
     catch_up: Annotated[
-        CatchUpChoice,
+        CatchUp,
         typer.Option("--catch-up", help="Firings missed while nothing ran: skip, one, all."),
-    ] = CatchUpChoice.SKIP,
+    ] = CatchUp.SKIP,
     catch_up_max: Annotated[
         int | None,
         typer.Option(
@@ -68,12 +55,12 @@ def create(
         ),
     ] = None,
     overlap: Annotated[
-        OverlapChoice,
+        Overlap,
         typer.Option(
             "--overlap",
             help="While the previous job runs: allow, skip, or buffer_one (fire one when it ends).",
         ),
-    ] = OverlapChoice.ALLOW,
+    ] = Overlap.ALLOW,
     store: StoreOption = None,
     config: ConfigOption = None,
     json: JsonFlag = False,
