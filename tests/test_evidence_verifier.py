@@ -56,7 +56,7 @@ from tests.support.evidence import (
     with_token,
 )
 
-VERIFIER = ROOT / "src" / "jobledger" / "verifier.py"
+VERIFIER = ROOT / "src" / "jobledger" / "audit" / "verifier.py"
 INDEPENDENT = ROOT / "tests" / "independent_verifier.py"
 DOC = ROOT / "docs" / "evidence-format.md"
 A, B, C = job_uuid("acme", "a"), job_uuid("acme", "b"), job_uuid("beta", "c")

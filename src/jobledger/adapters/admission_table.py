@@ -48,45 +48,18 @@ class AdmissionTable:
             return self._pass(curs, now)
 
     def park(self, job_uuid: str, now: datetime) -> list[Queued]:
-        with store_errors("parking an admitted job"), self.backend.transaction() as curs:
-            self._serialise(curs)
-            moved = self._query(
-                curs,
-                f"UPDATE {self.table} SET state = {PARKED} WHERE job_uuid = :job_uuid "
-                f"AND state = {IN_FLIGHT} RETURNING job_uuid",
-                {"job_uuid": job_uuid},
-            )
-            return self._pass(curs, now) if moved else []
+        return self._move("parking an admitted job", job_uuid, now, PARKED, f"= {IN_FLIGHT}")
 
     def lend(self, job_uuid: str, now: datetime) -> list[Queued]:
-        with store_errors("lending an admitted job's place"), self.backend.transaction() as curs:
-            self._serialise(curs)
-            moved = self._query(
-                curs,
-                f"UPDATE {self.table} SET state = {LENT} WHERE job_uuid = :job_uuid "
-                f"AND state IN ({IN_FLIGHT}, {PARKED}) RETURNING job_uuid",
-                {"job_uuid": job_uuid},
-            )
-            return self._pass(curs, now) if moved else []
+        return self._move(
+            "lending an admitted job's place", job_uuid, now, LENT, f"IN ({IN_FLIGHT}, {PARKED})"
+        )
 
     def requeue(self, job_uuid: str, now: datetime) -> list[Queued]:
-        with store_errors("queueing a job for its place again"), self.backend.transaction() as curs:
-            self._serialise(curs)
-            moved = self._query(
-                curs,
-                f"UPDATE {self.table} SET state = {WAITING} WHERE job_uuid = :job_uuid "
-                f"AND state = {LENT} RETURNING job_uuid",
-                {"job_uuid": job_uuid},
-            )
-            return self._pass(curs, now) if moved else []
+        return self._move("queueing a job for its place again", job_uuid, now, WAITING, f"= {LENT}")
 
     def lent(self, job_uuid: str) -> bool:
-        with store_errors("reading the admission table"):
-            rows = self.backend.fetch(
-                f"SELECT state FROM {self.table} WHERE job_uuid = :job_uuid",
-                {"job_uuid": job_uuid},
-            )
-        return bool(rows) and rows[0]["state"] == LENT
+        return self._state(job_uuid) == LENT
 
     def admit(self, now: datetime) -> list[Queued]:
         with store_errors("admitting queued jobs"), self.backend.transaction() as curs:
@@ -94,12 +67,8 @@ class AdmissionTable:
             return self._pass(curs, now)
 
     def admitted(self, job_uuid: str) -> bool | None:
-        with store_errors("reading the admission table"):
-            rows = self.backend.fetch(
-                f"SELECT state FROM {self.table} WHERE job_uuid = :job_uuid",
-                {"job_uuid": job_uuid},
-            )
-        return None if not rows else rows[0]["state"] != WAITING
+        state = self._state(job_uuid)
+        return None if state is None else state != WAITING
 
     def admitted_before(self, moment: datetime, limit: int) -> list[str]:
         with store_errors("reading the admission table"):
@@ -140,6 +109,29 @@ class AdmissionTable:
                 {"tenant_id": job.tenant_id, "rank": job.rank},
             )[0]["n"]
             return self.policy.why_waiting(job, self._occupancy(curs), int(ahead))
+
+    def _move(
+        self, doing: str, job_uuid: str, now: datetime, to: int, from_states: str
+    ) -> list[Queued]:
+        """One job from ``from_states`` (an SQL condition on its state) to ``to``, then a
+        pass if it was there to move: a place it gave up may admit another job."""
+        with store_errors(doing), self.backend.transaction() as curs:
+            self._serialise(curs)
+            moved = self._query(
+                curs,
+                f"UPDATE {self.table} SET state = {to} WHERE job_uuid = :job_uuid "
+                f"AND state {from_states} RETURNING job_uuid",
+                {"job_uuid": job_uuid},
+            )
+            return self._pass(curs, now) if moved else []
+
+    def _state(self, job_uuid: str) -> int | None:
+        with store_errors("reading the admission table"):
+            rows = self.backend.fetch(
+                f"SELECT state FROM {self.table} WHERE job_uuid = :job_uuid",
+                {"job_uuid": job_uuid},
+            )
+        return int(rows[0]["state"]) if rows else None
 
     # ---- a pass ---------------------------------------------------------------------------
 

@@ -47,6 +47,7 @@ StoreMode = Literal["create", "existing", "read"]
 ``existing``: the store must exist (a SQLite file is never created). ``read``: the store
 must exist and is only read: no lock, no DDL, so a store on read-only media works."""
 Aggregated = TypeVar("Aggregated")
+_Folded = TypeVar("_Folded", Job, Schedule)
 CanMutate = CanMutateProtocol[Any]
 
 
@@ -179,16 +180,7 @@ class EventSourcedJobStore:
 
     @store_errors("loading a job")
     def load(self, job_uuid: UUID) -> Job | None:
-        try:
-            job: object = self.partition(job_uuid).repository.get(job_uuid, projector_func=project)
-        except AggregateNotFoundError:
-            return None
-        except (OriginatorVersionError, MapperDeserialisationError) as error:
-            # A gap (a deleted event) or a row that no longer decodes: the job cannot be
-            # folded, and nothing may be written on top of it.
-            raise BrokenHistoryError(str(job_uuid), _broken_at(error)) from None
-        assert isinstance(job, Job)
-        return job
+        return self._fold(job_uuid, Job)
 
     @store_errors("appending")
     def append(self, job: Job, *keys: ConsumedKey) -> None:
@@ -346,16 +338,7 @@ class EventSourcedJobStore:
 
     @store_errors("loading a schedule")
     def load_schedule(self, schedule_uuid: UUID) -> Schedule | None:
-        try:
-            schedule: object = self.partition(schedule_uuid).repository.get(
-                schedule_uuid, projector_func=project
-            )
-        except AggregateNotFoundError:
-            return None
-        except (OriginatorVersionError, MapperDeserialisationError) as error:
-            raise BrokenHistoryError(str(schedule_uuid), _broken_at(error)) from None
-        assert isinstance(schedule, Schedule)
-        return schedule
+        return self._fold(schedule_uuid, Schedule)
 
     @store_errors("appending to a schedule")
     def append_schedule(self, schedule: Schedule) -> None:
@@ -387,6 +370,18 @@ class EventSourcedJobStore:
         except MapperDeserialisationError as error:
             raise BrokenHistoryError(str(job_uuid), _broken_at(error)) from None
         return [event for event in stored if isinstance(event, Job.Event)]
+
+    def _fold(self, uuid: UUID, kind: type[_Folded]) -> _Folded | None:
+        try:
+            found: object = self.partition(uuid).repository.get(uuid, projector_func=project)
+        except AggregateNotFoundError:
+            return None
+        except (OriginatorVersionError, MapperDeserialisationError) as error:
+            # A gap (a deleted event) or a row that no longer decodes: the history cannot
+            # be folded, and nothing may be written on top of it.
+            raise BrokenHistoryError(str(uuid), _broken_at(error)) from None
+        assert isinstance(found, kind)
+        return found
 
     # ---- the steps of an append --------------------------------------------------------
 

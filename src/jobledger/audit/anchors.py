@@ -28,6 +28,8 @@ from pathlib import Path
 from typing import Any, Final, Protocol
 from uuid import UUID
 
+from jobledger.audit import verifier
+
 ANCHOR_FORMAT: Final = "jobledger.anchor/1"
 ANCHOR_TOPIC: Final = "jobledger.anchors"
 """The Kafka topic anchors go to unless a destination names another."""
@@ -43,11 +45,6 @@ class Head:
     job_id: str | None
     version: int
     chain_hash: str
-
-    def leaf(self) -> bytes:
-        """The Merkle leaf: domain-separated from inner nodes (RFC 6962)."""
-        text = f"{self.job_uuid}:{self.version}:{self.chain_hash}"
-        return hashlib.sha256(b"\x00" + text.encode()).digest()
 
     def document(self) -> dict[str, Any]:
         return {
@@ -70,19 +67,9 @@ class Head:
 
 
 def merkle_root(heads: Iterable[Head]) -> str:
-    """sha256 Merkle root over the heads in job id order; an odd node is promoted."""
-    level = [head.leaf() for head in sorted(heads, key=lambda head: head.job_uuid)]
-    if not level:
-        return hashlib.sha256(b"").hexdigest()
-    while len(level) > 1:
-        paired = [
-            hashlib.sha256(b"\x01" + level[i] + level[i + 1]).digest()
-            for i in range(0, len(level) - 1, 2)
-        ]
-        if len(level) % 2:
-            paired.append(level[-1])
-        level = paired
-    return level[0].hex()
+    """sha256 Merkle root over the heads in job id order: the standalone verifier's, so
+    what the engine anchors is what an auditor's copy of it recomputes."""
+    return verifier.merkle_root([head.document() for head in heads])
 
 
 @dataclass(frozen=True)

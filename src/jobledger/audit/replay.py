@@ -42,7 +42,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from functools import partial
-from typing import Any, Final
+from typing import Any, Final, TypeVar
 from uuid import UUID
 
 from jobledger.audit.errors import ReplayError
@@ -215,8 +215,8 @@ def replay_job(
             request = _request(job, claim, tick_reasons, target, event.started_at)
             recorded = _recorded(
                 event,
-                _approval_after(events, index, event.step_number),
-                _spawned_after(events, index, event.step_number),
+                _after_step(Job.ApprovalRequested, events, index, event.step_number),
+                _after_step(Job.ChildrenSpawned, events, index, event.step_number),
             )
             replayed = _replayed(resolver, request, job, event.ended_at, default_wait_ms)
             replays.append(
@@ -365,22 +365,16 @@ def _request(
 # ---- the two decisions --------------------------------------------------------------------
 
 
-def _approval_after(
-    events: Sequence[Job.Event], index: int, step_number: int
-) -> Job.ApprovalRequested | None:
-    """The approval request a step opened rides in the same append, right after it."""
-    following = events[index + 1] if index + 1 < len(events) else None
-    if isinstance(following, Job.ApprovalRequested) and following.step_number == step_number:
-        return following
-    return None
+_AfterStep = TypeVar("_AfterStep", Job.ApprovalRequested, Job.ChildrenSpawned)
 
 
-def _spawned_after(
-    events: Sequence[Job.Event], index: int, step_number: int
-) -> Job.ChildrenSpawned | None:
-    """The children a map step spawned are recorded in its append, after the step."""
+def _after_step(
+    kind: type[_AfterStep], events: Sequence[Job.Event], index: int, step_number: int
+) -> _AfterStep | None:
+    """What a step opened rides in the same append, right after it: the approval request,
+    or the children a map step spawned."""
     following = events[index + 1] if index + 1 < len(events) else None
-    if isinstance(following, Job.ChildrenSpawned) and following.step_number == step_number:
+    if isinstance(following, kind) and following.step_number == step_number:
         return following
     return None
 
@@ -423,14 +417,7 @@ def _recorded(
             "on_reject": approval.on_reject if approval else None,
             "on_expire": approval.on_expire if approval else None,
         }
-    return Decision(
-        step.step_type,
-        step.step_name,
-        step.next_status,
-        step.next_step,
-        wait,
-        input_sha256=getattr(step, "input_sha256", None),
-    )
+    return _decision(step, wait, getattr(step, "input_sha256", None))
 
 
 def _replayed(
@@ -461,13 +448,22 @@ def _replayed(
             "on_reject": step.approval.on_reject,
             "on_expire": step.approval.on_expire,
         }
+    return _decision(step, wait, step.input_sha256)
+
+
+def _decision(
+    step: Job.StepRecorded | transition.Transition,
+    wait: Mapping[str, Any] | None,
+    input_sha256: str | None,
+) -> Decision:
+    """The recorded step and the replayed transition name their outcome alike."""
     return Decision(
         step.step_type,
         step.step_name,
         step.next_status,
         step.next_step,
         wait,
-        input_sha256=step.input_sha256,
+        input_sha256=input_sha256,
     )
 
 

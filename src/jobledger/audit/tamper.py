@@ -157,12 +157,7 @@ def verify_store(
             checks.append(check)
         if progress is not None:
             progress(done, len(uuids))
-    return VerifyReport(
-        jobs=tuple(checks),
-        anchor_problems=anchors.problems if anchors is not None else (),
-        anchors_read=len(anchors.anchors) if anchors is not None else 0,
-        signatures_checked=signatures is not None,
-    )
+    return _report(tuple(checks), anchors, signatures)
 
 
 def verify_one(
@@ -173,8 +168,14 @@ def verify_one(
 ) -> VerifyReport:
     anchored = anchors.latest_heads() if anchors is not None else {}
     check = check_job(job_uuid, read_job(store, job_uuid), anchored.get(job_uuid), signatures)
+    return _report((check,), anchors, signatures)
+
+
+def _report(
+    checks: tuple[JobCheck, ...], anchors: AnchorLog | None, signatures: Signatures | None
+) -> VerifyReport:
     return VerifyReport(
-        jobs=(check,),
+        jobs=checks,
         anchor_problems=anchors.problems if anchors is not None else (),
         anchors_read=len(anchors.anchors) if anchors is not None else 0,
         signatures_checked=signatures is not None,

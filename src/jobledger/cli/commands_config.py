@@ -3,16 +3,18 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any
 
 import typer
 from pydantic import BaseModel, SecretStr
 from rich.table import Table
 
-from jobledger.api.settings import ApiSettings, load_api_settings
 from jobledger.api.settings import env_name as http_env_name
-from jobledger.audit.anchor_schedule import AnchorSettings, load_anchor_settings
+from jobledger.api.settings import load_api_settings
 from jobledger.audit.anchor_schedule import env_name as anchors_env_name
+from jobledger.audit.anchor_schedule import load_anchor_settings
 from jobledger.cli.config_file import CLI_KEYS, Settings, env_name, load_settings
 from jobledger.cli.logs import OneShotLogFormatOption, OneShotLogLevelOption, configure_one_shot
 from jobledger.cli.session import ConfigOption, JsonFlag, StoreOption
@@ -46,33 +48,35 @@ def http_rows(settings: Settings) -> list[dict[str, Any]]:
     """The API's settings (``jobledger serve``), as ``http.<name>``: from
     ``JOBLEDGER_HTTP_*``, the file's ``[http]`` table, or the defaults."""
     api = load_api_settings(settings.http, settings.config_file)
-    rows = []
-    for name in ApiSettings.model_fields:
-        if os.environ.get(http_env_name(name)):
-            where = f"env {http_env_name(name)}"
-        elif name in settings.http:
-            where = f"file {settings.config_file}"
-        else:
-            where = "default"
-        value = shown(name, getattr(api, name))
-        rows.append({"setting": f"http.{name}", "value": value, "source": where})
-    return rows
+    return _table_rows("http", api, http_env_name, settings.http, settings.config_file)
 
 
 def anchor_rows(settings: Settings) -> list[dict[str, Any]]:
     """Scheduled anchoring (``jobledger run``), as ``anchors.<name>``: from
     ``JOBLEDGER_ANCHORS_*``, the file's ``[anchors]`` table, or the defaults."""
     anchors = load_anchor_settings(settings.anchors, settings.config_file)
+    return _table_rows("anchors", anchors, anchors_env_name, settings.anchors, settings.config_file)
+
+
+def _table_rows(
+    table: str,
+    loaded: BaseModel,
+    env: Callable[[str], str],
+    in_file: Mapping[str, Any],
+    config_file: Path | None,
+) -> list[dict[str, Any]]:
+    """The settings of a table of the config file, each as ``<table>.<name>`` with where
+    it came from: its variable (``env``), the file, or the default."""
     rows = []
-    for name in AnchorSettings.model_fields:
-        if os.environ.get(anchors_env_name(name)):
-            where = f"env {anchors_env_name(name)}"
-        elif name in settings.anchors:
-            where = f"file {settings.config_file}"
+    for name in type(loaded).model_fields:
+        if os.environ.get(env(name)):
+            where = f"env {env(name)}"
+        elif name in in_file:
+            where = f"file {config_file}"
         else:
             where = "default"
-        value = shown(name, getattr(anchors, name))
-        rows.append({"setting": f"anchors.{name}", "value": value, "source": where})
+        value = shown(name, getattr(loaded, name))
+        rows.append({"setting": f"{table}.{name}", "value": value, "source": where})
     return rows
 
 

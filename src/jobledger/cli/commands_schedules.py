@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from enum import StrEnum
 from typing import Annotated, Any
 
 import typer
@@ -10,7 +9,7 @@ from rich.table import Table
 
 from jobledger.cli.params import InputOption, Tenant, VersionOption
 from jobledger.cli.session import ConfigOption, JsonFlag, StoreOption, open_engine
-from jobledger.domain.schedule import MAX_CATCH_UP, ScheduleEntry, ScheduleView
+from jobledger.domain.schedule import MAX_CATCH_UP, CatchUp, Overlap, ScheduleEntry, ScheduleView
 from jobledger.presentation.figures import when
 from jobledger.presentation.json_output import jsonable, print_json
 from jobledger.presentation.terminal import console
@@ -24,18 +23,6 @@ app = typer.Typer(
 )
 
 Name = Annotated[str, typer.Argument(metavar="NAME", help="Schedule name.", show_default=False)]
-
-
-class CatchUpChoice(StrEnum):
-    SKIP = "skip"
-    ONE = "one"
-    ALL = "all"
-
-
-class OverlapChoice(StrEnum):
-    ALLOW = "allow"
-    SKIP = "skip"
-    BUFFER_ONE = "buffer_one"
 
 
 @app.command("create")
@@ -56,9 +43,9 @@ def create(
     version: VersionOption = None,
     input: InputOption = None,
     catch_up: Annotated[
-        CatchUpChoice,
+        CatchUp,
         typer.Option("--catch-up", help="Firings missed while nothing ran: skip, one, all."),
-    ] = CatchUpChoice.SKIP,
+    ] = CatchUp.SKIP,
     catch_up_max: Annotated[
         int | None,
         typer.Option(
@@ -70,12 +57,12 @@ def create(
         ),
     ] = None,
     overlap: Annotated[
-        OverlapChoice,
+        Overlap,
         typer.Option(
             "--overlap",
             help="While the previous job runs: allow, skip, or buffer_one (fire one when it ends).",
         ),
-    ] = OverlapChoice.ALLOW,
+    ] = Overlap.ALLOW,
     store: StoreOption = None,
     config: ConfigOption = None,
     json: JsonFlag = False,

@@ -119,19 +119,24 @@ def _timer(name: str, step: WaitTime, how_long: str, **when: Any) -> Resolution:
 
 def _wait_event(name: str, step: WaitEvent) -> Resolution:
     reason = f"step {name!r}: wait for event {step.event!r} -> {step.next!r}"
-    if step.timeout is not None:
-        after = repr(step.on_timeout) if step.on_timeout is not None else "fail"
-        reason += f" (timeout {step.timeout.describe()} -> {after})"
     return Resolution(
         step_type=step.kind,
         next_status=JobStatus.WAITING_EVENT,
         step_name=name,
         next_step=step.next,
-        transition_reason=reason,
+        transition_reason=reason + _timeout_note(step),
         wait_event_name=step.event,
         wait_timeout_ms=step.timeout.total_ms() if step.timeout is not None else None,
         on_timeout=step.on_timeout,
     )
+
+
+def _timeout_note(step: WaitEvent | MapStep) -> str:
+    """Where a wait with a timeout goes when it runs out (nowhere: the job fails)."""
+    if step.timeout is None:
+        return ""
+    after = repr(step.on_timeout) if step.on_timeout is not None else "fail"
+    return f" (timeout {step.timeout.describe()} -> {after})"
 
 
 def _await_approval(name: str, step: AwaitApproval) -> Resolution:
@@ -189,10 +194,8 @@ def _map(name: str, step: MapStep, state: Mapping[str, Any]) -> Resolution:
     )
     reason = (
         f"step {name!r}: spawn {len(items)} x {step.workflow!r} v{step.version}, join {step.join}"
+        + _timeout_note(step)
     )
-    if step.timeout is not None:
-        after = repr(step.on_timeout) if step.on_timeout is not None else "fail"
-        reason += f" (timeout {step.timeout.describe()} -> {after})"
     return Resolution(
         step_type=step.kind,
         next_status=JobStatus.WAITING_CHILDREN,
