@@ -94,6 +94,13 @@ def documented(*statuses: int) -> dict[int | str, dict[str, Any]]:
     }
 
 
+def text_body(media_type: str, description: str, *statuses: int) -> dict[int | str, dict[str, Any]]:
+    """OpenAPI ``responses`` of a route whose 200 body is text of ``media_type`` (a stream,
+    an export, a scrape), and the problems of ``statuses``."""
+    ok = {"content": {media_type: {"schema": {"type": "string"}}}, "description": description}
+    return {200: ok, **documented(*statuses)}
+
+
 EVERY_REQUEST = documented(400, 401, 413, 429, 503)
 """What any /v1 request can be answered besides its own outcomes."""
 

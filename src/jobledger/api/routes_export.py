@@ -8,7 +8,6 @@ import`` refuses it rather than load part of a tenant."""
 
 from __future__ import annotations
 
-from typing import Any
 from urllib.parse import quote
 
 from fastapi import APIRouter
@@ -17,21 +16,19 @@ from fastapi.responses import StreamingResponse
 from jobledger.api.auth import Role
 from jobledger.api.deps import Caller, EngineDep, tenant_scope
 from jobledger.api.paths import JOB, TENANT
-from jobledger.api.problems import EVERY_REQUEST, documented
+from jobledger.api.problems import EVERY_REQUEST, text_body
 from jobledger.audit.export import Selection, export_lines
 from jobledger.engine.engine import Engine
 
 router = APIRouter(tags=["audit"], responses=EVERY_REQUEST)
 
 MEDIA_TYPE = "application/jsonl"
-EXPORTED: dict[int | str, dict[str, Any]] = {
-    200: {
-        "content": {MEDIA_TYPE: {"schema": {"type": "string"}}},
-        "description": "One canonical JSON line per event (job, then version order), then "
-        "the manifest line.",
-    },
-    **documented(403, 404),
-}
+EXPORTED = text_body(
+    MEDIA_TYPE,
+    "One canonical JSON line per event (job, then version order), then the manifest line.",
+    403,
+    404,
+)
 
 
 @router.get(f"{TENANT}/export", response_class=StreamingResponse, responses=EXPORTED)

@@ -10,7 +10,7 @@ stream ends when the server stops."""
 from __future__ import annotations
 
 import asyncio
-from typing import Annotated, Any
+from typing import Annotated
 
 from fastapi import APIRouter, Header, Query, Request
 from fastapi.responses import StreamingResponse
@@ -18,22 +18,19 @@ from fastapi.responses import StreamingResponse
 from jobledger.api.deps import Caller, EngineDep, tenant_scope
 from jobledger.api.live import LogBell, job_events, resume_after
 from jobledger.api.paths import JOB
-from jobledger.api.problems import EVERY_REQUEST, documented
+from jobledger.api.problems import EVERY_REQUEST, text_body
 from jobledger.api.settings import ApiSettings
 from jobledger.domain.identity import job_uuid
 
 router = APIRouter(tags=["live"], responses=EVERY_REQUEST)
 
 MEDIA_TYPE = "text/event-stream"
-STREAM: dict[int | str, dict[str, Any]] = {
-    200: {
-        "content": {MEDIA_TYPE: {"schema": {"type": "string"}}},
-        "description": "The job's events after the given version, then each new one "
-        "(``id``: the version, ``event``: the event type, ``data``: the event as the "
-        "history gives it).",
-    },
-    **documented(404),
-}
+STREAM = text_body(
+    MEDIA_TYPE,
+    "The job's events after the given version, then each new one (``id``: the version, "
+    "``event``: the event type, ``data``: the event as the history gives it).",
+    404,
+)
 
 
 @router.get(f"{JOB}/events", response_class=StreamingResponse, responses=STREAM)

@@ -8,23 +8,17 @@ that cannot authenticate uses ``--metrics-port`` instead, on a network only it r
 
 from __future__ import annotations
 
-from typing import Any
-
 from fastapi import APIRouter, Request, Response
 
 from jobledger.api.deps import Caller, EngineDep
-from jobledger.api.problems import EVERY_REQUEST, Problem, documented
+from jobledger.api.problems import EVERY_REQUEST, Problem, text_body
 
 router = APIRouter(tags=["metrics"], responses=EVERY_REQUEST)
 
 MEDIA_TYPE = "text/plain; version=0.0.4; charset=utf-8"
-SCRAPED: dict[int | str, dict[str, Any]] = {
-    200: {
-        "content": {"text/plain": {"schema": {"type": "string"}}},
-        "description": "The Prometheus text exposition format (docs/metrics.md).",
-    },
-    **documented(403, 404),
-}
+SCRAPED = text_body(
+    "text/plain", "The Prometheus text exposition format (docs/metrics.md).", 403, 404
+)
 
 
 @router.get("/metrics", response_class=Response, responses=SCRAPED)

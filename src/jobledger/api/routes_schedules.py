@@ -63,7 +63,7 @@ def create_schedule(
         overlap=str(body.overlap),
     )
     response.headers["Location"] = f"/v1/tenants/{id_path(tenant)}/schedules/{id_path(view.name)}"
-    return Schedule.of(view)
+    return Schedule.of_view(view)
 
 
 @router.get(SCHEDULES, response_model=ScheduleList, responses=NOT_FOUND)
@@ -87,14 +87,14 @@ def list_schedules(
 def get_schedule(tenant: str, name: str, caller: Caller, engine: EngineDep) -> Schedule:
     """The schedule now, with its input and its next firing in UTC and local time."""
     _scope(caller, tenant, None, name)
-    return Schedule.of(engine.schedules.get(tenant, name))
+    return Schedule.of_view(engine.schedules.get(tenant, name))
 
 
 @router.post(f"{SCHEDULE}/pause", response_model=Schedule, responses=CHANGED)
 def pause_schedule(tenant: str, name: str, caller: Caller, engine: EngineDep) -> Schedule:
     """Stop firing until resumed (operator; a manual trigger still fires)."""
     _scope(caller, tenant, Role.OPERATOR, name)
-    return Schedule.of(engine.schedules.pause(tenant, name))
+    return Schedule.of_view(engine.schedules.pause(tenant, name))
 
 
 @router.post(f"{SCHEDULE}/resume", response_model=Schedule, responses=CHANGED)
@@ -102,7 +102,7 @@ def resume_schedule(tenant: str, name: str, caller: Caller, engine: EngineDep) -
     """Fire again from the next cron time (operator); what was missed while paused is not
     caught up."""
     _scope(caller, tenant, Role.OPERATOR, name)
-    return Schedule.of(engine.schedules.resume(tenant, name))
+    return Schedule.of_view(engine.schedules.resume(tenant, name))
 
 
 @router.post(f"{SCHEDULE}/trigger", response_model=ManualFiring, status_code=201, responses=CHANGED)
@@ -115,14 +115,16 @@ def trigger_schedule(
     _scope(caller, tenant, Role.OPERATOR, name)
     job_id = engine.schedules.trigger(tenant, name)
     response.headers["Location"] = f"/v1/jobs/{id_path(tenant, job_id)}"
-    return ManualFiring(job_id=job_id, schedule=Schedule.of(engine.schedules.get(tenant, name)))
+    return ManualFiring(
+        job_id=job_id, schedule=Schedule.of_view(engine.schedules.get(tenant, name))
+    )
 
 
 @router.delete(SCHEDULE, response_model=Schedule, responses=CHANGED)
 def delete_schedule(tenant: str, name: str, caller: Caller, engine: EngineDep) -> Schedule:
     """Never fire again (operator); the history, and the name, are kept."""
     _scope(caller, tenant, Role.OPERATOR, name)
-    return Schedule.of(engine.schedules.delete(tenant, name))
+    return Schedule.of_view(engine.schedules.delete(tenant, name))
 
 
 @router.get(f"{SCHEDULE}/history", response_model=ScheduleHistory, responses=NOT_FOUND)

@@ -1,5 +1,6 @@
 """The schedule routes' request and response bodies (pydantic: validated at the boundary,
-and the OpenAPI document's schemas). Their fields are ``jobledger schedule ... --json``'s."""
+and the OpenAPI document's schemas). Their fields are ``jobledger schedule ... --json``'s;
+a schedule's are its view's (``ScheduleView``), so they are declared there only."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from datetime import datetime
 from typing import Any, Self
 
 from pydantic import BaseModel, Field
+from pydantic.dataclasses import dataclass
 
 from jobledger.api.models import Body
 from jobledger.domain.schedule import MAX_CATCH_UP, CatchUp, Overlap, ScheduleEntry, ScheduleView
@@ -36,34 +38,13 @@ class ScheduleRequest(Body):
     """While the previous job runs: fire anyway, skip, or keep one firing for when it ends."""
 
 
-class Schedule(BaseModel):
+@dataclass(frozen=True)
+class Schedule(ScheduleView):
     """A schedule now, with its input: what ``jobledger schedule create --json`` prints."""
 
-    tenant_id: str
-    name: str
-    cron: str
-    timezone: str
-    workflow_type: str
-    workflow_version: int | None
-    input: dict[str, Any]
-    catch_up: str
-    catch_up_max: int
-    overlap: str
-    state: str
-    next_fire_at: datetime | None
-    """The next cron firing in UTC (null unless active)."""
-    next_fire_local: datetime | None
-    """The same moment on the schedule's clock, with its UTC offset."""
-    buffered_fire_at: datetime | None
-    last_job_id: str | None
-    last_fired_at: datetime | None
-    fired: int
-    skipped: int
-    version: int
-
     @classmethod
-    def of(cls, view: ScheduleView) -> Self:
-        return cls.model_validate(jsonable(view))
+    def of_view(cls, view: ScheduleView) -> Self:
+        return cls(**vars(view))
 
 
 class ScheduleSummary(BaseModel):

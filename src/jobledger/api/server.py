@@ -17,6 +17,7 @@ import signal
 import socket
 import threading
 from collections.abc import Callable, Iterator
+from dataclasses import KW_ONLY, dataclass, field
 from types import FrameType
 from typing import Final
 
@@ -69,33 +70,29 @@ def serve_engine(engine: Engine, settings: ApiSettings) -> ApiServer:
     )
 
 
+@dataclass(eq=False)  # eq=False: compared and hashed by identity
 class ApiServer:
     """uvicorn on a socket bound up front; ``run`` blocks (a thread's target), ``stop``
     may be called from any thread."""
 
-    def __init__(
-        self,
-        app: ASGIApp,
-        host: str,
-        port: int,
-        *,
-        bell: LogBell | None,
-        connections: Connections,
-        keys: Authenticator | None = None,
-    ) -> None:
-        self.app = app
-        self.host = host
-        self.bell = bell
-        self.keys = keys
-        """The app's authenticator, whose key files SIGHUP reads again (the CLI's handler)."""
-        self.connections = connections
-        self.socket = listen(host, port)
-        self.port: int = self.socket.getsockname()[1]
-        """The port it listens on (the one the OS chose, for port 0)."""
-        self.stopping = threading.Event()
-        self.server: uvicorn.Server | None = None
-        self.started = threading.Event()
-        """Set once it accepts connections."""
+    app: ASGIApp
+    host: str
+    port: int
+    """The port it listens on (given 0, the one the OS chose)."""
+    _: KW_ONLY
+    bell: LogBell | None
+    connections: Connections
+    keys: Authenticator | None = None
+    """The app's authenticator, whose key files SIGHUP reads again (the CLI's handler)."""
+    socket: socket.socket = field(init=False)
+    stopping: threading.Event = field(default_factory=threading.Event, init=False)
+    server: uvicorn.Server | None = field(default=None, init=False)
+    started: threading.Event = field(default_factory=threading.Event, init=False)
+    """Set once it accepts connections."""
+
+    def __post_init__(self) -> None:
+        self.socket = listen(self.host, self.port)
+        self.port = self.socket.getsockname()[1]
 
     @property
     def url(self) -> str:

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from decimal import Decimal
 from enum import StrEnum
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict, Unpack
 from uuid import uuid4
 
 from jobledger.domain.admission import check_priority
@@ -75,6 +75,21 @@ class SignalOutcome(StrEnum):
     DUPLICATE = "duplicate"
 
 
+class SubmitOptions(TypedDict, total=False):
+    """What a submit may say besides its tenant, job id and workflow type: the keywords of
+    :meth:`JobCommands.submit`, handed on to :meth:`JobCommands.submission` as they are."""
+
+    workflow_version: int | None
+    input: Mapping[str, Any] | None
+    budget: Mapping[str, Any] | None
+    idempotency_key: str | None
+    mission_id: str | None
+    employee_id: str | None
+    correlation_id: str | None
+    data_subject: str | None
+    priority: int | None
+
+
 @dataclass(frozen=True)
 class Submission:
     job: JobView
@@ -112,16 +127,7 @@ class JobCommands:
         tenant_id: str,
         job_id: str | None,
         workflow_type: str,
-        *,
-        workflow_version: int | None = None,
-        input: Mapping[str, Any] | None = None,
-        budget: Mapping[str, Any] | None = None,
-        idempotency_key: str | None = None,
-        mission_id: str | None = None,
-        employee_id: str | None = None,
-        correlation_id: str | None = None,
-        data_subject: str | None = None,
-        priority: int | None = None,
+        **options: Unpack[SubmitOptions],
     ) -> JobView:
         """Create a job and enqueue its first tick. Submitting the same job again, or
         with an idempotency key already used, returns the existing job unchanged.
@@ -129,20 +135,7 @@ class JobCommands:
         ``personal_data``), sealed with that subject's key; without one, a key of its own.
         ``priority``: 0-9, the higher admitted first among the tenant's queued jobs
         (default 5); a waiting job gains a level per ``priority_aging_seconds``."""
-        return self.submission(
-            tenant_id,
-            job_id,
-            workflow_type,
-            workflow_version=workflow_version,
-            input=input,
-            budget=budget,
-            idempotency_key=idempotency_key,
-            mission_id=mission_id,
-            employee_id=employee_id,
-            correlation_id=correlation_id,
-            data_subject=data_subject,
-            priority=priority,
-        ).job
+        return self.submission(tenant_id, job_id, workflow_type, **options).job
 
     def submission(
         self,

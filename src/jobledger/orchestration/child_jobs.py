@@ -13,6 +13,7 @@ reconciler's backstop looks at a join that has not moved for a while) repairs bo
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from datetime import datetime
 from decimal import Decimal
 from typing import Any, Protocol
@@ -40,24 +41,17 @@ class Reporter(Protocol):
     def __call__(self, job: Job, event_type: str, **metadata: Any) -> None: ...
 
 
+@dataclass(eq=False)  # eq=False: compared and hashed by identity, as a plain class is
 class Family:
     """The orchestrator's part that acts on parents and children (one per engine)."""
 
-    def __init__(
-        self,
-        store: JobStore,
-        clock: Clock,
-        report: Reporter,
-        wake: Callable[[Job, str], None],
-        spawner: Spawner | None,
-    ) -> None:
-        self.store = store
-        self.clock = clock
-        self.report = report
-        self.wake = wake
-        """Enqueues the tick of a job that an append here made runnable."""
-        self.spawner = spawner
-        """The engine's submit of a child; without one a map step is a deployment error."""
+    store: JobStore
+    clock: Clock
+    report: Reporter
+    wake: Callable[[Job, str], None]
+    """Enqueues the tick of a job that an append here made runnable."""
+    spawner: Spawner | None
+    """The engine's submit of a child; without one a map step is a deployment error."""
 
     # ---- the parent's side --------------------------------------------------------------
 

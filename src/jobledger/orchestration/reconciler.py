@@ -14,7 +14,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from jobledger.domain.status import JobStatus
@@ -53,34 +53,21 @@ class ReconcileResult:
     """Jobs submitted by due schedules in this pass."""
 
 
+@dataclass(kw_only=True, eq=False)  # eq=False: compared and hashed by identity
 class Reconciler:
-    def __init__(
-        self,
-        *,
-        views: DueJobs,
-        queue: Queue,
-        clock: Clock,
-        lock: Lock,
-        ops: Ops,
-        lost_tick_after: timedelta = timedelta(seconds=30),
-        resend_after: timedelta = timedelta(minutes=1),
-        batch: int = 1_000,
-        schedules: ScheduleFirer | None = None,
-        admission: Callable[[], object] | None = None,
-    ) -> None:
-        self.views = views
-        self.queue = queue
-        self.clock = clock
-        self.lock = lock
-        self.ops = ops
-        self.lost_tick_after = lost_tick_after
-        self.resend_after = resend_after
-        self.batch = batch
-        self.schedules = schedules
-        self.admission = admission
-        """A pass of the admission gate (``Engine.admission_pass``), run each round."""
-        self.sent: dict[tuple[str, int], datetime] = {}
-        self.stopping = threading.Event()
+    views: DueJobs
+    queue: Queue
+    clock: Clock
+    lock: Lock
+    ops: Ops
+    lost_tick_after: timedelta = timedelta(seconds=30)
+    resend_after: timedelta = timedelta(minutes=1)
+    batch: int = 1_000
+    schedules: ScheduleFirer | None = None
+    admission: Callable[[], object] | None = None
+    """A pass of the admission gate (``Engine.admission_pass``), run each round."""
+    sent: dict[tuple[str, int], datetime] = field(default_factory=dict, init=False)
+    stopping: threading.Event = field(default_factory=threading.Event, init=False)
 
     def reconcile(
         self, as_of: datetime | None = None, *, lost_tick_after: timedelta | None = None
