@@ -415,8 +415,7 @@ class JobCommands:
         woken = _Wake(self._wake_claim)
 
         def resume(job: Job) -> list[ConsumedKey]:
-            if self._key_used(job, KeyKind.TOKEN, claims.nonce):
-                raise DuplicateKeyError(KeyKind.TOKEN, claims.nonce)
+            self._refuse_used(job, KeyKind.TOKEN, claims.nonce)
             job.resume_by_token(
                 step_number=claims.step_number,
                 event_name=claims.event_name,
@@ -428,10 +427,13 @@ class JobCommands:
             )
             return [self._key(job, KeyKind.TOKEN, claims.nonce)]
 
-        try:
-            job = self.apply(claims.tenant_id, claims.job_id, resume, missing=TokenMismatchError)
-        except DuplicateKeyError:
-            raise self._used_token(claims) from None
+        job = self.apply(
+            claims.tenant_id,
+            claims.job_id,
+            resume,
+            missing=TokenMismatchError,
+            duplicate=lambda: self._used_token(claims),
+        )
         self._wake(job, WAKE_REASONS["token"], woken.claim_id)
         self._orchestrator.report(
             job, "job.resumed", source="token", nonce=claims.nonce, stepNumber=claims.step_number
@@ -479,13 +481,16 @@ class JobCommands:
             issued[:] = [token]
             return [self._key(job, KeyKind.TOKEN, wait.nonce)]
 
-        try:
-            job = self.apply(tenant_id, job_id, reissue)
-        except DuplicateKeyError:
-            # The old token resumed the job in the meantime: there is no wait to reissue for.
-            raise JobNotWaitingError(
+        # A duplicate: the old token resumed the job meanwhile, so there is no wait to
+        # reissue for.
+        job = self.apply(
+            tenant_id,
+            job_id,
+            reissue,
+            duplicate=lambda: JobNotWaitingError(
                 f"job {job_id!r} was resumed with its token meanwhile; nothing reissued"
-            ) from None
+            ),
+        )
         token = issued[0]
         self._orchestrator.report(
             job,
@@ -521,8 +526,7 @@ class JobCommands:
 
         def deliver(job: Job) -> list[ConsumedKey]:
             nonlocal outcome
-            if self._key_used(job, KeyKind.SIGNAL, signal_id):
-                raise DuplicateKeyError(KeyKind.SIGNAL, signal_id)
+            self._refuse_used(job, KeyKind.SIGNAL, signal_id)
             resumed = job.deliver_signal(
                 signal_id=signal_id,
                 event_name=event_name,
@@ -564,8 +568,7 @@ class JobCommands:
             text(comment, what="approval comment", max_bytes=self._config.limits.max_payload_bytes)
 
         def decide(job: Job) -> list[ConsumedKey]:
-            if self._key_used(job, KeyKind.APPROVAL, approval_id):
-                raise DuplicateKeyError(KeyKind.APPROVAL, approval_id)
+            self._refuse_used(job, KeyKind.APPROVAL, approval_id)
             job.decide_approval(
                 approval_id=approval_id,
                 decision=verdict,
@@ -576,12 +579,14 @@ class JobCommands:
             )
             return [self._key(job, KeyKind.APPROVAL, approval_id)]
 
-        try:
-            job = self.apply(tenant_id, job_id, decide)
-        except DuplicateKeyError:
-            raise ApprovalAlreadyDecidedError(
+        job = self.apply(
+            tenant_id,
+            job_id,
+            decide,
+            duplicate=lambda: ApprovalAlreadyDecidedError(
                 f"approval {approval_id!r} was already decided"
-            ) from None
+            ),
+        )
         self._wake(job, "approval_decided")
         self._orchestrator.report(
             job,
@@ -650,16 +655,22 @@ class JobCommands:
         command: Callable[[Job], list[ConsumedKey]],
         *,
         missing: type[JobLedgerError] | None = None,
+        duplicate: Callable[[], JobLedgerError] | None = None,
     ) -> Job:
         """Load, decide, append; on a lost race decide again on the fresh job, after a
         jittered back-off (``retry.CONTENTION``): many writers to one job all land,
         instead of the losers being told no. Only contention that outlasts the budget
-        (in wall-clock time) is reported, as ConcurrencyError: try again, not refused."""
+        (in wall-clock time) is reported, as ConcurrencyError: try again, not refused.
+        A command whose key was consumed already is refused with ``duplicate()``."""
         backoff = retry.CONTENTION
         deadline = time.monotonic() + backoff.budget_seconds
         for attempt in itertools.count(1):
             try:
                 job = self._attempt(tenant_id, job_id, command, deadline)
+            except DuplicateKeyError:
+                if duplicate is None:
+                    raise
+                raise duplicate() from None
             except VersionConflict:
                 delay = backoff.delay(attempt)
                 if time.monotonic() + delay > deadline:
@@ -709,18 +720,20 @@ class JobCommands:
             timestamp=self._clock.now(),
         )
 
-    def _key_used(self, job: Job, kind: KeyKind, key: str) -> bool:
-        """Whether the job consumed the key already. Asked of the job as loaded, before
-        deciding: a racing use that committed first is then seen here (or collides with
-        this append), so the loser is told it was a replay, not that the job moved on."""
+    def _refuse_used(self, job: Job, kind: KeyKind, key: str) -> None:
+        """DuplicateKeyError if the job consumed the key already. Asked of the job as
+        loaded, before deciding: a racing use that committed first is then seen here (or
+        collides with this append), so the loser is told it was a replay, not that the job
+        moved on."""
         if self._store.find_key(job.id, key_id(kind, job.tenant_id, job.job_id, key)):
-            return True
+            raise DuplicateKeyError(kind, key)
         if job.key_scheme != LEGACY_KEY_SCHEME:
-            return False
+            return
         # A job submitted before signal ids, nonces and approval ids were scoped to their
         # job may have consumed one under its per-tenant id (never written any more).
         legacy = self._store.find_key(job.id, key_uuid(job.tenant_id, kind, key))
-        return legacy is not None and legacy.job_uuid == job.id
+        if legacy is not None and legacy.job_uuid == job.id:
+            raise DuplicateKeyError(kind, key)
 
     def _wake_claim(self, job: Job) -> Claim | None:
         """The claim of the tick a resume wakes, to fold into the resume (so the tick need
