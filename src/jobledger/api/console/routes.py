@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import secrets
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from decimal import Decimal
@@ -171,6 +172,27 @@ class Console:
         if chosen and not session.principal.may_read(chosen):
             return self.not_found(request, session)
         return TenantPage(session, tenants, chosen)
+
+    def tenant_listing(
+        self,
+        request: Request,
+        tenant: str,
+        template: str,
+        listing: Callable[[str], dict[str, Any]],
+        empty: dict[str, Any],
+    ) -> Response:
+        """A tenant's page drawn from the views: ``listing(tenant)`` once they caught up
+        with the log, ``empty`` when the session reads no tenant."""
+        page = self.tenant_page(request, tenant)
+        if isinstance(page, Response):
+            return page
+        context = empty
+        if page.chosen:
+            self.catch_up()
+            context = listing(page.chosen)
+        return self.render(
+            template, request, page.session, tenants=page.tenants, tenant=page.chosen, **context
+        )
 
 
 @dataclass(frozen=True)
@@ -446,41 +468,26 @@ def _add_jobs(api: APIRouter) -> None:
 
     @api.get("/spend")
     def spend(request: Request, c: Of, tenant: str = "") -> Response:
-        page = c.tenant_page(request, tenant)
-        if isinstance(page, Response):
-            return page
-        session, tenants, chosen = page.session, page.tenants, page.chosen
-        days: list[tuple[str, Decimal, int | None]] = []
-        ceiling = Decimal(0)
-        if chosen:
-            c.catch_up()
+        def days(chosen: str) -> dict[str, Any]:
             ceiling = c.engine.config.cost_ceiling_for(chosen)
-            days = [(d, usd, _share(usd, ceiling)) for d, usd in c.views.spend_days(chosen)]
-        return c.render(
-            "spend.html",
-            request,
-            session,
-            tenants=tenants,
-            tenant=chosen,
-            ceiling=ceiling,
-            days=days,
+            spent = c.views.spend_days(chosen)
+            return {
+                "ceiling": ceiling,
+                "days": [(d, usd, _share(usd, ceiling)) for d, usd in spent],
+            }
+
+        return c.tenant_listing(
+            request, tenant, "spend.html", days, {"ceiling": Decimal(0), "days": []}
         )
 
 
 def _add_schedules(api: APIRouter) -> None:
     @api.get("/schedules")
     def schedules(request: Request, c: Of, tenant: str = "") -> Response:
-        page = c.tenant_page(request, tenant)
-        if isinstance(page, Response):
-            return page
-        session, tenants, chosen = page.session, page.tenants, page.chosen
-        rows: list[ScheduleSummary] = []
-        if chosen:
-            c.catch_up()
-            rows = [ScheduleSummary.of(row) for row in c.views.tenant_schedules(chosen)]
-        return c.render(
-            "schedules.html", request, session, tenants=tenants, tenant=chosen, rows=rows
-        )
+        def rows(chosen: str) -> dict[str, Any]:
+            return {"rows": [ScheduleSummary.of(row) for row in c.views.tenant_schedules(chosen)]}
+
+        return c.tenant_listing(request, tenant, "schedules.html", rows, {"rows": []})
 
 
 def _listing(c: Console, tenant: str, status: str, workflow: str, after: str) -> dict[str, Any]:
