@@ -31,6 +31,7 @@ from jobledger.audit.tamper import take_anchor
 from jobledger.audit.timestamping import TimeStampAuthority, TsaTrust
 from jobledger.config import EngineConfig
 from jobledger.domain.errors import ConfigError
+from jobledger.domain.setting_problems import setting_problem
 from jobledger.orchestration.ports import Clock, Lock
 
 log = logging.getLogger(__name__)
@@ -124,7 +125,8 @@ def load_anchor_settings(
         return AnchorSettings(**values)
     except ValidationError as error:
         where = f"[{TABLE}] of {str(config_file)!r}" if config_file is not None else "settings"
-        problems = "; ".join(_problem(detail) for detail in error.errors())
+        known = AnchorSettings.model_fields
+        problems = "; ".join(setting_problem(detail, known) for detail in error.errors())
         raise ConfigError(
             f"invalid anchor {where} (or {ENV_PREFIX}* variable): {problems}"
         ) from None
@@ -139,14 +141,6 @@ def _relative(to: str, directory: Path) -> str | None:
 
 def env_name(setting: str) -> str:
     return f"{ENV_PREFIX}{setting.upper()}"
-
-
-def _problem(detail: Any) -> str:
-    key = ".".join(str(part) for part in detail["loc"])
-    if detail["type"] == "extra_forbidden":
-        return f"unknown setting {key!r} (known: {', '.join(AnchorSettings.model_fields)})"
-    message = str(detail["msg"]).removeprefix("Value error, ")
-    return f"{key}: {message}" if key else message
 
 
 @dataclass(frozen=True)

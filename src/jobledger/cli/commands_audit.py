@@ -33,9 +33,8 @@ from jobledger.audit.tamper import (
 )
 from jobledger.audit.timestamping import TimeStampAuthority, TsaTrust
 from jobledger.cli.config_file import load_settings
-from jobledger.cli.logs import OneShotLogFormatOption, OneShotLogLevelOption, configure_one_shot
 from jobledger.cli.params import LARGEST, JobId, Tenant
-from jobledger.cli.session import ConfigOption, Exit, JsonFlag, StoreOption, open_engine
+from jobledger.cli.session import Exit, OneShot, one_shot, one_shot_with
 from jobledger.domain.identity import job_uuid
 from jobledger.domain.status import JobStatus
 from jobledger.engine.engine import Engine
@@ -55,12 +54,17 @@ OptionalJob = Annotated[
     str | None, typer.Argument(metavar="[JOB]", help="Job id.", show_default=False)
 ]
 AllFlag = Annotated[bool, typer.Option("--all", help="Every job in the store.")]
+OneTenant = Annotated[
+    str | None, typer.Option("--tenant", metavar="T", help="Every job of one tenant.")
+]
 
 
 # ---- replay and migrate -----------------------------------------------------------------------
 
 
+@one_shot
 def replay(
+    cmd: OneShot,
     definition: Annotated[
         Path,
         typer.Option(
@@ -84,11 +88,6 @@ def replay(
     only_tenant: Annotated[
         str | None, typer.Option("--tenant", help="With --all: only this tenant.")
     ] = None,
-    store: StoreOption = None,
-    config: ConfigOption = None,
-    json: JsonFlag = False,
-    log_level: OneShotLogLevelOption = None,
-    log_format: OneShotLogFormatOption = None,
 ) -> None:
     """Replay recorded decisions against a definition, without any side effect.
 
@@ -97,21 +96,20 @@ def replay(
     `different next step` or `different wait`, and each job is `safe to migrate` or
     `diverges at step k: recorded X, would now do Y`. Exits 1 if any job diverges.
     """
-    configure_one_shot(log_level, log_format)
     target = _definition(definition)
     statuses = _statuses(status)
     _one_or_all(tenant, job, all_jobs)
     if (statuses or only_tenant) and not all_jobs:
         raise typer.BadParameter("--status and --tenant go with --all")
-    with open_engine(store, config, purpose="replay", mode="read") as engine:
+    with cmd.engine(purpose="replay", mode="read") as engine:
         if not all_jobs:
             assert tenant is not None and job is not None
             report = engine.replay(tenant, job, target)
             reports = [report]
         else:
-            reports = _replay_all(engine, target, statuses, only_tenant, show=not json)
+            reports = _replay_all(engine, target, statuses, only_tenant, show=not cmd.json)
     diverged = [report for report in reports if not report.safe]
-    if json:
+    if cmd.json:
         documents = [_replay_document(report) for report in reports]
         if all_jobs:
             print_json(
@@ -138,7 +136,9 @@ def replay(
         _fail(message)
 
 
+@one_shot
 def migrate(
+    cmd: OneShot,
     tenant: Tenant,
     job: JobId,
     to_version: Annotated[
@@ -154,11 +154,6 @@ def migrate(
     reason: Annotated[
         str | None, typer.Option("--reason", metavar="TEXT", help="Why (recorded).")
     ] = None,
-    store: StoreOption = None,
-    config: ConfigOption = None,
-    json: JsonFlag = False,
-    log_level: OneShotLogLevelOption = None,
-    log_format: OneShotLogFormatOption = None,
 ) -> None:
     """Move a job that has not finished to another version of its definition.
 
@@ -166,13 +161,12 @@ def migrate(
     with the divergence, unless --force (with --by and --reason, which are recorded in
     the `Migrated` event with the replay verdict). Needs the definitions.
     """
-    configure_one_shot(log_level, log_format)
     if force and not (by and reason):
         raise typer.BadParameter("--force needs --by USER and --reason TEXT")
-    with open_engine(store, config, purpose="migrate", definitions=True) as engine:
+    with cmd.engine(purpose="migrate", definitions=True) as engine:
         view, report = engine.migrate(tenant, job, to_version, by=by, reason=reason, force=force)
         entries = engine.history(tenant, job)
-    if json:
+    if cmd.json:
         print_json(
             {
                 "job": job_document(view, entries),
@@ -327,12 +321,12 @@ TsaCaOption = Annotated[
 ]
 
 
+@one_shot
 def verify(
+    cmd: OneShot,
     tenant: OptionalTenant = None,
     job: OptionalJob = None,
-    only_tenant: Annotated[
-        str | None, typer.Option("--tenant", metavar="T", help="Every job of one tenant.")
-    ] = None,
+    only_tenant: OneTenant = None,
     all_jobs: AllFlag = False,
     anchors: AnchorsOption = None,
     tsa_ca: TsaCaOption = None,
@@ -356,11 +350,6 @@ def verify(
             "a zone), written before signing was turned on.",
         ),
     ] = None,
-    store: StoreOption = None,
-    config: ConfigOption = None,
-    json: JsonFlag = False,
-    log_level: OneShotLogLevelOption = None,
-    log_format: OneShotLogFormatOption = None,
 ) -> None:
     """Recompute hash chains from the stored events; name each job's first broken link.
 
@@ -372,7 +361,6 @@ def verify(
     an event unsigned or not signed by a key valid at its time (a history re-hashed by
     someone without a key). Exits 1 if any chain (or the anchors) is broken.
     """
-    configure_one_shot(log_level, log_format)
     if (tenant is None) != (job is None) or (tenant is not None and (all_jobs or only_tenant)):
         raise typer.BadParameter("give TENANT JOB, or --tenant T, or --all (the default)")
     if all_jobs and only_tenant is not None:
@@ -380,14 +368,16 @@ def verify(
     if tsa_ca is not None and anchors is None:
         raise typer.BadParameter("--tsa-ca goes with --anchors")
     cutoff = _moment(unsigned_before, "--unsigned-before")
-    anchor_log = _read_anchors(anchors, tsa_ca, store, config) if anchors is not None else None
-    with open_engine(store, config, purpose="verify", mode="read") as engine:
+    anchor_log = (
+        _read_anchors(anchors, tsa_ca, cmd.store, cmd.config) if anchors is not None else None
+    )
+    with cmd.engine(purpose="verify", mode="read") as engine:
         keyring = keyring if keyring is not None else engine.deps.config.signing.keyring
         if cutoff is not None and keyring is None:
             raise typer.BadParameter("--unsigned-before needs a keyring (--keyring FILE)")
         signatures = Signatures(Keyring.from_file(keyring), cutoff) if keyring is not None else None
         if tenant is None:
-            with _progress(not json) as progress:
+            with _progress(not cmd.json) as progress:
                 task = progress.add_task("verifying", total=None)
                 report = verify_store(
                     engine.deps.store,
@@ -401,7 +391,7 @@ def verify(
             report = verify_one(engine.deps.store, job_uuid(tenant, job), anchor_log, signatures)
             if report.jobs[0].events == 0 and report.jobs[0].anchored_version is None:
                 engine.job(tenant, job)  # raises: no such job
-    if json:
+    if cmd.json:
         print_json(_verify_document(report, anchor_log, keyring, cutoff))
     else:
         _print_verify(report, anchor_log, keyring)
@@ -419,7 +409,9 @@ def verify(
         _fail(message)
 
 
+@one_shot
 def anchor(
+    cmd: OneShot,
     to: Annotated[
         str,
         typer.Option(
@@ -442,11 +434,6 @@ def anchor(
             show_default=False,
         ),
     ] = None,
-    store: StoreOption = None,
-    config: ConfigOption = None,
-    json: JsonFlag = False,
-    log_level: OneShotLogLevelOption = None,
-    log_format: OneShotLogFormatOption = None,
 ) -> None:
     """Pin every job's chain head outside the store (one JSON line with a Merkle root).
 
@@ -454,10 +441,9 @@ def anchor(
     1, if any is broken; a destination or TSA that does not take the line exits non-zero
     with nothing anchored. `verify --anchors DEST` then catches a history rolled back since.
     """
-    configure_one_shot(log_level, log_format)
-    engine_config = load_settings(config, store).engine
+    engine_config = load_settings(cmd.config, cmd.store).engine
     if dump is not None:
-        _dump(Destination.parse(dump[0]).sink(engine_config), dump[1], json)
+        _dump(Destination.parse(dump[0]).sink(engine_config), dump[1], cmd.json)
         return
     destination = Destination.parse(to)
     trust = TsaTrust.load(tsa_ca) if tsa_ca is not None else None
@@ -465,8 +451,8 @@ def anchor(
     sink = open_sink(destination, engine_config, authority)
     previous = read_log(sink, trust)
     with (
-        open_engine(store, config, purpose="anchor", mode="read") as engine,
-        _progress(not json) as progress,
+        cmd.engine(purpose="anchor", mode="read") as engine,
+        _progress(not cmd.json) as progress,
     ):
         task = progress.add_task("verifying", total=None)
         anchored, _ = take_anchor(
@@ -485,7 +471,7 @@ def anchor(
         "merkle_root": anchored.merkle_root,
         "rfc3161": {"tsa": tsa} if tsa is not None else None,
     }
-    if json:
+    if cmd.json:
         print_json(document)
         return
     stamped = f", stamped by {tsa}" if tsa is not None else ""
@@ -635,17 +621,13 @@ def _print_stamps(anchor_log: AnchorLog) -> None:
 # ---- export and import ------------------------------------------------------------------------
 
 
+@one_shot_with("store", "config", "logs")
 def export(
+    cmd: OneShot,
     tenant: OptionalTenant = None,
     job: OptionalJob = None,
-    only_tenant: Annotated[
-        str | None, typer.Option("--tenant", metavar="T", help="Every job of one tenant.")
-    ] = None,
+    only_tenant: OneTenant = None,
     all_jobs: AllFlag = False,
-    store: StoreOption = None,
-    config: ConfigOption = None,
-    log_level: OneShotLogLevelOption = None,
-    log_format: OneShotLogFormatOption = None,
 ) -> None:
     """Write job histories to stdout as canonical JSON lines, then a manifest line.
 
@@ -655,12 +637,11 @@ def export(
     manifest has the counts, each job's head hash and the export time. Exits 1 (after
     writing everything) if a stored chain does not verify: import refuses such a file.
     """
-    configure_one_shot(log_level, log_format)
     chosen = sum([tenant is not None or job is not None, only_tenant is not None, all_jobs])
     if chosen > 1 or (tenant is None) != (job is None):
         raise typer.BadParameter("give TENANT JOB, or --tenant T, or --all (the default)")
     selection = exporting.Selection(tenant_id=tenant or only_tenant, job_id=job)
-    with open_engine(store, config, purpose="export", mode="read") as engine:
+    with cmd.engine(purpose="export", mode="read") as engine:
         summary = exporting.export_jobs(
             engine.deps.store, sys.stdout, selection, engine.clock.now()
         )
@@ -669,7 +650,9 @@ def export(
         _fail(f"{len(summary.broken)} job(s) with a broken chain: {summary.broken[0]}")
 
 
+@one_shot
 def import_(
+    cmd: OneShot,
     file: Annotated[
         Path,
         typer.Argument(
@@ -679,11 +662,6 @@ def import_(
             dir_okay=False,
         ),
     ],
-    store: StoreOption = None,
-    config: ConfigOption = None,
-    json: JsonFlag = False,
-    log_level: OneShotLogLevelOption = None,
-    log_format: OneShotLogFormatOption = None,
 ) -> None:
     """Load an export into an EMPTY store, chains and all.
 
@@ -691,10 +669,9 @@ def import_(
     keys they consumed. Refuses, writing nothing, a file that jobledger-verify would not
     verify (without a keyring), or a store that is not empty.
     """
-    configure_one_shot(log_level, log_format)
-    with open_engine(store, config, purpose="import", mode="create") as engine:
+    with cmd.engine(purpose="import", mode="create") as engine:
         summary = exporting.import_file(engine.deps.store, file)
-    if json:
+    if cmd.json:
         print_json(summary)
         return
     console().print(f"imported {summary.jobs} job(s), {summary.events} events, {summary.keys} keys")

@@ -16,8 +16,7 @@ from jobledger.api.settings import load_api_settings
 from jobledger.audit.anchor_schedule import env_name as anchors_env_name
 from jobledger.audit.anchor_schedule import load_anchor_settings
 from jobledger.cli.config_file import CLI_KEYS, Settings, env_name, load_settings
-from jobledger.cli.logs import OneShotLogFormatOption, OneShotLogLevelOption, configure_one_shot
-from jobledger.cli.session import ConfigOption, JsonFlag, StoreOption
+from jobledger.cli.session import OneShot, one_shot
 from jobledger.config import SETTINGS
 from jobledger.domain.redaction import redact
 from jobledger.presentation.json_output import jsonable, print_json
@@ -102,18 +101,12 @@ def source(settings: Settings, name: str) -> str:
 
 
 @app.command("show")
-def show(
-    store: StoreOption = None,
-    config: ConfigOption = None,
-    json: JsonFlag = False,
-    log_level: OneShotLogLevelOption = None,
-    log_format: OneShotLogFormatOption = None,
-) -> None:
+@one_shot
+def show(cmd: OneShot) -> None:
     """Print the effective settings, each with where it came from; secrets hidden."""
-    configure_one_shot(log_level, log_format)
-    settings = load_settings(config, store)
+    settings = load_settings(cmd.config, cmd.store)
     rows = effective(settings)
-    if json:
+    if cmd.json:
         print_json({"config_file": settings.config_file, "settings": rows})
         return
     out = console()

@@ -6,14 +6,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from datetime import datetime
 from decimal import Decimal, InvalidOperation
-from pathlib import Path
 from typing import Annotated
 
 import typer
 
-from jobledger.cli.logs import OneShotLogFormatOption, OneShotLogLevelOption, configure_one_shot
 from jobledger.cli.params import LARGEST, JobId, PayloadOption, Tenant, parse_moment, read_value
-from jobledger.cli.session import ConfigOption, JsonFlag, StoreOption, open_engine
+from jobledger.cli.session import OneShot, one_shot
 from jobledger.domain.errors import StaleApprovalError
 from jobledger.domain.views import JobView
 from jobledger.engine.engine import Engine
@@ -38,45 +36,26 @@ def _decision_command(decision: str, doc: str) -> Callable[..., None]:
     """``approve`` and ``reject``: the same command but for the decision it records."""
 
     def command(
+        cmd: OneShot,
         tenant: Tenant,
         job: JobId,
         by: ByOption,
         approval: ApprovalOption = None,
         comment: CommentOption = None,
-        store: StoreOption = None,
-        config: ConfigOption = None,
-        json: JsonFlag = False,
-        log_level: OneShotLogLevelOption = None,
-        log_format: OneShotLogFormatOption = None,
     ) -> None:
-        configure_one_shot(log_level, log_format)
-        _decide(decision, tenant, job, approval, by, comment, store, config, json)
+        with cmd.engine(purpose=decision) as engine:
+            approval_id = approval if approval is not None else _open_approval(engine, tenant, job)
+            view = engine.decide(tenant, job, approval_id, decision, by, comment)
+            verb = "approved" if decision == "approve" else "rejected"
+            _done(f"{verb} {approval_id} as {by}", engine, view, cmd.json)
 
     command.__name__ = command.__qualname__ = decision  # typer names the command after it
     command.__doc__ = doc
-    return command
+    return one_shot(command)
 
 
 approve = _decision_command("approve", "Approve the job's open approval request.")
 reject = _decision_command("reject", "Reject the job's open approval request.")
-
-
-def _decide(
-    decision: str,
-    tenant: str,
-    job: str,
-    approval: str | None,
-    by: str,
-    comment: str | None,
-    store: str | None,
-    config: Path | None,
-    as_json: bool,
-) -> None:
-    with open_engine(store, config, purpose=decision) as engine:
-        approval_id = approval if approval is not None else _open_approval(engine, tenant, job)
-        view = engine.decide(tenant, job, approval_id, decision, by, comment)
-        verb = "approved" if decision == "approve" else "rejected"
-        _done(f"{verb} {approval_id} as {by}", engine, view, as_json)
 
 
 def _open_approval(engine: Engine, tenant: str, job: str) -> str:
@@ -86,7 +65,9 @@ def _open_approval(engine: Engine, tenant: str, job: str) -> str:
     return view.pending_approval_id
 
 
+@one_shot
 def resume(
+    cmd: OneShot,
     token: Annotated[
         str, typer.Option("--token", metavar="TOKEN", help="The resume token, or @file.")
     ],
@@ -95,41 +76,31 @@ def resume(
         str | None,
         typer.Option("--tenant", metavar="TENANT", help="Refuse a token of another tenant."),
     ] = None,
-    store: StoreOption = None,
-    config: ConfigOption = None,
-    json: JsonFlag = False,
-    log_level: OneShotLogLevelOption = None,
-    log_format: OneShotLogFormatOption = None,
 ) -> None:
     """Resume the job a signed resume token was issued for (once)."""
-    configure_one_shot(log_level, log_format)
-    with open_engine(store, config, purpose="resume") as engine:
+    with cmd.engine(purpose="resume") as engine:
         view = engine.resume(read_value(token).strip(), payload, tenant_id=tenant)
-        _done(f"resumed {view.tenant_id}/{view.job_id}", engine, view, json)
+        _done(f"resumed {view.tenant_id}/{view.job_id}", engine, view, cmd.json)
 
 
 @token_app.command("reissue")
+@one_shot
 def reissue_token(
+    cmd: OneShot,
     tenant: Tenant,
     job: JobId,
     by: Annotated[str, typer.Option("--by", metavar="USER", help="Who asks for it.")],
-    store: StoreOption = None,
-    config: ConfigOption = None,
-    json: JsonFlag = False,
-    log_level: OneShotLogLevelOption = None,
-    log_format: OneShotLogFormatOption = None,
 ) -> None:
     """Issue a new resume token for a job waiting for an event, and print it.
 
     The old token stops working in the same write (it is refused as superseded). The
     new one lives at least until the wait's timeout or the job's deadline.
     """
-    configure_one_shot(log_level, log_format)
-    with open_engine(store, config, purpose="token reissue") as engine:
+    with cmd.engine(purpose="token reissue") as engine:
         token = engine.reissue_token(tenant, job, by=by)
         view = engine.job(tenant, job)
         history = engine.history(tenant, job)
-    if json:
+    if cmd.json:
         print_json(
             {
                 "token": token.token,
@@ -147,7 +118,9 @@ def reissue_token(
     out.print(token.token, soft_wrap=True)
 
 
+@one_shot
 def signal(
+    cmd: OneShot,
     tenant: Tenant,
     job: JobId,
     event: Annotated[str, typer.Argument(metavar="EVENT", help="The event's name.")],
@@ -155,39 +128,29 @@ def signal(
         str, typer.Option("--id", metavar="SIGNAL_ID", help="Makes delivery idempotent.")
     ],
     payload: PayloadOption = None,
-    store: StoreOption = None,
-    config: ConfigOption = None,
-    json: JsonFlag = False,
-    log_level: OneShotLogLevelOption = None,
-    log_format: OneShotLogFormatOption = None,
 ) -> None:
     """Deliver an outside event by name (trusted callers).
 
     A job waiting for EVENT resumes; otherwise the signal is kept until the wait opens.
     The same --id twice is delivered once.
     """
-    configure_one_shot(log_level, log_format)
-    with open_engine(store, config, purpose="signal") as engine:
+    with cmd.engine(purpose="signal") as engine:
         outcome = engine.signal(tenant, job, event, payload, signal_id=signal_id)
-        _done(f"signal {signal_id}: {outcome}", engine, engine.job(tenant, job), json, outcome)
+        _done(f"signal {signal_id}: {outcome}", engine, engine.job(tenant, job), cmd.json, outcome)
 
 
+@one_shot
 def cancel(
+    cmd: OneShot,
     tenant: Tenant,
     job: JobId,
     reason: Annotated[str, typer.Option("--reason", metavar="TEXT")],
     by: Annotated[str, typer.Option("--by", metavar="USER", help="Who cancels.")],
-    store: StoreOption = None,
-    config: ConfigOption = None,
-    json: JsonFlag = False,
-    log_level: OneShotLogLevelOption = None,
-    log_format: OneShotLogFormatOption = None,
 ) -> None:
     """Cancel a job (terminal; open tokens and approvals become void)."""
-    configure_one_shot(log_level, log_format)
-    with open_engine(store, config, purpose="cancel") as engine:
+    with cmd.engine(purpose="cancel") as engine:
         view = engine.cancel(tenant, job, reason=reason, by=by)
-        _done(f"cancelled by {by}", engine, view, json)
+        _done(f"cancelled by {by}", engine, view, cmd.json)
 
 
 def _amount(value: str) -> Decimal:
@@ -200,7 +163,9 @@ def _amount(value: str) -> Decimal:
     return amount
 
 
+@one_shot
 def raise_budget(
+    cmd: OneShot,
     tenant: Tenant,
     job: JobId,
     by: Annotated[str, typer.Option("--by", metavar="USER", help="Who raises it.")],
@@ -224,20 +189,14 @@ def raise_budget(
             help="The new deadline, ISO 8601 (UTC unless it says otherwise).",
         ),
     ] = None,
-    store: StoreOption = None,
-    config: ConfigOption = None,
-    json: JsonFlag = False,
-    log_level: OneShotLogLevelOption = None,
-    log_format: OneShotLogFormatOption = None,
 ) -> None:
     """Raise a job's budget (steps, cost, deadline), recorded with who and why.
 
     A job parked in budget_exceeded goes on once the raise covers what stopped it.
     """
-    configure_one_shot(log_level, log_format)
     if max_steps is None and max_cost is None and deadline is None:
         raise typer.BadParameter("give at least one of --max-steps, --max-cost, --deadline")
-    with open_engine(store, config, purpose="raise-budget") as engine:
+    with cmd.engine(purpose="raise-budget") as engine:
         view = engine.raise_budget(
             tenant,
             job,
@@ -247,7 +206,7 @@ def raise_budget(
             max_cost_usd=max_cost,
             deadline_at=deadline,
         )
-        _done(f"budget raised by {by}", engine, view, json)
+        _done(f"budget raised by {by}", engine, view, cmd.json)
 
 
 def _done(

@@ -7,16 +7,17 @@ from typing import Annotated
 
 import typer
 
-from jobledger.cli.logs import OneShotLogFormatOption, OneShotLogLevelOption, configure_one_shot
 from jobledger.cli.params import Tenant
-from jobledger.cli.session import ConfigOption, Exit, JsonFlag, StoreOption, open_engine
+from jobledger.cli.session import Exit, OneShot, one_shot
 from jobledger.engine.erasure_commands import ErasureReport
 from jobledger.presentation.figures import when
 from jobledger.presentation.json_output import print_json
 from jobledger.presentation.terminal import console
 
 
+@one_shot
 def erase(
+    cmd: OneShot,
     tenant: Tenant,
     reason: Annotated[str, typer.Option("--reason", metavar="TEXT", help="Why (recorded).")],
     by: Annotated[str, typer.Option("--by", metavar="USER", help="Who erases (recorded).")],
@@ -38,11 +39,6 @@ def erase(
             show_default=False,
         ),
     ] = None,
-    store: StoreOption = None,
-    config: ConfigOption = None,
-    json: JsonFlag = False,
-    log_level: OneShotLogLevelOption = None,
-    log_format: OneShotLogFormatOption = None,
 ) -> None:
     """Erase a data subject (--subject) or one job without a subject (--job): each job
     records Erased (who, why), then the key is destroyed; the personal values read as
@@ -54,16 +50,15 @@ def erase(
     connection's read transaction keeps the key's bytes in the database's files past a
     bounded wait, it says the shred is pending and exits 4: run it again to finish.
     """
-    configure_one_shot(log_level, log_format)
     if (subject is None) == (job is None):
         raise typer.BadParameter("give exactly one of --subject S and --job J")
-    with open_engine(store, config, purpose="erase") as engine:
+    with cmd.engine(purpose="erase") as engine:
         if subject is not None:
             report = engine.erase(tenant, subject, by=by, reason=reason)
         else:
             assert job is not None
             report = engine.erase_job(tenant, job, by=by, reason=reason)
-    if json:
+    if cmd.json:
         print_json(as_json(report))
     else:
         _print(report)

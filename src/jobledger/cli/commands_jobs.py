@@ -8,7 +8,6 @@ from typing import Annotated, Any
 
 import typer
 
-from jobledger.cli.logs import OneShotLogFormatOption, OneShotLogLevelOption, configure_one_shot
 from jobledger.cli.params import (
     LARGEST,
     BudgetOption,
@@ -18,7 +17,7 @@ from jobledger.cli.params import (
     VersionOption,
     parse_moment,
 )
-from jobledger.cli.session import ConfigOption, Exit, JsonFlag, Outside, StoreOption, open_engine
+from jobledger.cli.session import Exit, OneShot, Outside, one_shot
 from jobledger.domain.identity import job_uuid
 from jobledger.domain.views import FamilyView, HistoryEntry, JobView
 from jobledger.engine.engine import Engine
@@ -30,7 +29,9 @@ from jobledger.presentation.json_output import print_json
 from jobledger.presentation.terminal import console
 
 
+@one_shot
 def submit(
+    cmd: OneShot,
     tenant: Tenant,
     job: JobId,
     workflow: Annotated[str, typer.Argument(metavar="WORKFLOW", help="Workflow type.")],
@@ -70,19 +71,13 @@ def submit(
             "without it, with a key of the job's own (`jobledger erase --job`).",
         ),
     ] = None,
-    store: StoreOption = None,
-    config: ConfigOption = None,
-    json: JsonFlag = False,
-    log_level: OneShotLogLevelOption = None,
-    log_format: OneShotLogFormatOption = None,
 ) -> None:
     """Submit a job; a worker (or `jobledger tick`) runs it.
 
     Submitting the same job again, or with a used idempotency key, returns the existing
     job unchanged (a different request for the same job is refused).
     """
-    configure_one_shot(log_level, log_format)
-    with open_engine(store, config, purpose="submit", definitions=True, mode="create") as engine:
+    with cmd.engine(purpose="submit", definitions=True, mode="create") as engine:
         view = engine.submit(
             tenant,
             job,
@@ -99,10 +94,14 @@ def submit(
         )
         family = engine.family(tenant, view.job_id)
         queued = engine.queued_because(tenant, view.job_id)
-        _print_job(engine.history(tenant, view.job_id), view, json, family=family, queued=queued)
+        _print_job(
+            engine.history(tenant, view.job_id), view, cmd.json, family=family, queued=queued
+        )
 
 
+@one_shot
 def show(
+    cmd: OneShot,
     tenant: Tenant,
     job: JobId,
     at_version: Annotated[
@@ -123,26 +122,20 @@ def show(
             help="The job as it was at an ISO 8601 time (UTC unless it says otherwise).",
         ),
     ] = None,
-    store: StoreOption = None,
-    config: ConfigOption = None,
-    json: JsonFlag = False,
-    log_level: OneShotLogLevelOption = None,
-    log_format: OneShotLogFormatOption = None,
 ) -> None:
     """Show a job: status, step, next step, state, counters, lease, waits, approval.
 
     With --at-version N or --at TIME: the job exactly as it was then.
     """
-    configure_one_shot(log_level, log_format)
     if at_version is not None and at is not None:
         raise typer.BadParameter("give --at-version or --at, not both")
-    with open_engine(store, config, purpose="show", mode="read") as engine:
+    with cmd.engine(purpose="show", mode="read") as engine:
         if at_version is None and at is None:
             view = engine.job(tenant, job)
         else:
             view = engine.job_at(tenant, job, version=at_version, at=at)
         entries = [e for e in engine.history(tenant, job) if e.version <= view.version]
-        if not json and (at_version is not None or at is not None):
+        if not cmd.json and (at_version is not None or at is not None):
             moment = when(view.updated_at)
             console().print(f"as it was at version {view.version} ({moment})")
         now = at_version is None and at is None
@@ -150,17 +143,14 @@ def show(
         # The children as they are now: a view of the past leaves them out.
         family = engine.family(tenant, job) if now else None
         queued = engine.queued_because(tenant, job) if now and view.status == "queued" else None
-        _print_job(entries, view, json, blocked, family, queued=queued)
+        _print_job(entries, view, cmd.json, blocked, family, queued=queued)
 
 
+@one_shot
 def history(
+    cmd: OneShot,
     tenant: Tenant,
     job: JobId,
-    store: StoreOption = None,
-    config: ConfigOption = None,
-    json: JsonFlag = False,
-    log_level: OneShotLogLevelOption = None,
-    log_format: OneShotLogFormatOption = None,
 ) -> None:
     """Every event of a job in order, as an audit reads it, and whether its chain holds.
 
@@ -168,11 +158,10 @@ def history(
     token's nonce, the signal id, the cost ceiling or a timeout. Exits 1 if the hash
     chain is broken.
     """
-    configure_one_shot(log_level, log_format)
-    with open_engine(store, config, purpose="history", mode="read") as engine:
+    with cmd.engine(purpose="history", mode="read") as engine:
         entries = engine.history(tenant, job)
         broken = engine.verify(tenant, job)
-    if json:
+    if cmd.json:
         chain = {"intact": broken is None, "broken_at": broken}
         print_json({"events": history_document(entries), "chain": chain})
     else:
@@ -187,14 +176,11 @@ def history(
         raise typer.Exit(Exit.REFUSED)
 
 
+@one_shot
 def tick(
+    cmd: OneShot,
     tenant: Tenant,
     job: JobId,
-    store: StoreOption = None,
-    config: ConfigOption = None,
-    json: JsonFlag = False,
-    log_level: OneShotLogLevelOption = None,
-    log_format: OneShotLogFormatOption = None,
 ) -> None:
     """Advance one job by one tick, as a worker would (for operators).
 
@@ -202,11 +188,8 @@ def tick(
     Needs the definitions and an executor (--config or JOBLEDGER_DEFINITIONS and
     JOBLEDGER_EXECUTOR).
     """
-    configure_one_shot(log_level, log_format)
     outside = Outside()
-    with open_engine(
-        store, config, purpose="tick", definitions=True, executor=True, notifier=outside
-    ) as engine:
+    with cmd.engine(purpose="tick", definitions=True, executor=True, notifier=outside) as engine:
         report = engine.tick(tenant, job, reason="operator")
         view = engine.job(tenant, job)
         entries = engine.history(tenant, job)
@@ -221,7 +204,7 @@ def tick(
         "approval_requests": outside.approvals,
         "job": job_document(view, entries),
     }
-    if json:
+    if cmd.json:
         print_json(document)
         return
     out = console()

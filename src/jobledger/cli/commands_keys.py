@@ -35,9 +35,8 @@ from jobledger.adapters.signing import (
     utc,
 )
 from jobledger.cli.config_file import load_settings
-from jobledger.cli.logs import OneShotLogFormatOption, OneShotLogLevelOption, configure_one_shot
 from jobledger.cli.params import parse_moment
-from jobledger.cli.session import ConfigOption, JsonFlag
+from jobledger.cli.session import OneShot, one_shot_with
 from jobledger.domain.errors import ConfigError
 from jobledger.presentation.json_output import print_json
 from jobledger.presentation.terminal import console
@@ -74,7 +73,9 @@ def _moment(name: str, help: str) -> Any:
 
 
 @app.command()
+@one_shot_with("config", "json", "logs")
 def generate(
+    cmd: OneShot,
     key_id: Annotated[str, typer.Argument(metavar="ID", help="The new key's id.")],
     directory: Annotated[
         Path,
@@ -88,22 +89,17 @@ def generate(
     ] = None,
     keys: KeysOption = None,
     keyring: KeyringOption = None,
-    config: ConfigOption = None,
-    json: JsonFlag = False,
-    log_level: OneShotLogLevelOption = None,
-    log_format: OneShotLogFormatOption = None,
 ) -> None:
     """Make an Ed25519 key: write DIR/ID.pem (mode 0600, never over a file), add it to the
     signing-keys file and its public key to the keyring (each created if missing; by
     default DIR/signing-keys.json and DIR/keyring.json unless configured)."""
-    configure_one_shot(log_level, log_format)
     if not KEY_ID.match(key_id):
         raise typer.BadParameter(
             f"{key_id!r}: use letters, digits, '.', '_' and '-' (at most 64, starting with "
             "a letter or digit)",
             param_hint="ID",
         )
-    keys_file, keyring_file = _files(keys, keyring, config, default_dir=directory)
+    keys_file, keyring_file = _files(keys, keyring, cmd.config, default_dir=directory)
     assert keys_file is not None and keyring_file is not None
     window = _window(not_before or datetime.now(UTC), not_after)
     entries = _signing_entries(keys_file) if keys_file.exists() else []
@@ -127,7 +123,7 @@ def generate(
     except OSError as error:
         pem.unlink()  # no private key that no file names
         raise ConfigError(f"cannot write the key files: {error}") from None
-    if json:
+    if cmd.json:
         print_json({"key": entry, "keys_file": keys_file, "keyring": keyring_file})
         return
     out = console()
@@ -138,25 +134,22 @@ def generate(
 
 
 @app.command("list")
+@one_shot_with("config", "json", "logs")
 def list_keys(
+    cmd: OneShot,
     keys: KeysOption = None,
     keyring: KeyringOption = None,
-    config: ConfigOption = None,
-    json: JsonFlag = False,
-    log_level: OneShotLogLevelOption = None,
-    log_format: OneShotLogFormatOption = None,
 ) -> None:
     """The keys of the signing-keys file and of the keyring: each one's window, whether it
     signs now, and whether the keyring publishes it as the writers hold it."""
-    configure_one_shot(log_level, log_format)
-    keys_file, keyring_file = _files(keys, keyring, config)
+    keys_file, keyring_file = _files(keys, keyring, cmd.config)
     if keys_file is None and keyring_file is None:
         raise ConfigError(
             "no signing-keys file or keyring: give --keys or --keyring, or configure them "
             "([signing] keys and keyring, or JOBLEDGER_SIGNING_KEYS and JOBLEDGER_KEYRING)"
         )
     rows = key_rows(keys_file, keyring_file, datetime.now(UTC))
-    if json:
+    if cmd.json:
         print_json({"keys_file": keys_file, "keyring": keyring_file, "keys": rows})
         return
     table = Table("id", "not before", "not after", "status", "private key", "keyring")
@@ -208,20 +201,18 @@ def key_rows(
 
 
 @app.command()
+@one_shot_with("config", "logs")
 def retire(
+    cmd: OneShot,
     key_id: Annotated[str, typer.Argument(metavar="ID", help="The key to retire.")],
     at: Annotated[datetime, _moment("--at", "When the key stops being valid (ISO 8601).")],
     keys: KeysOption = None,
     keyring: KeyringOption = None,
-    config: ConfigOption = None,
-    log_level: OneShotLogLevelOption = None,
-    log_format: OneShotLogFormatOption = None,
 ) -> None:
     """Set the key's not_after to --at in the signing-keys file and in the keyring
     (rotation: the next key's not_before is the same time). Events dated from --at on no
     longer verify by this key."""
-    configure_one_shot(log_level, log_format)
-    keys_file, keyring_file = _files(keys, keyring, config)
+    keys_file, keyring_file = _files(keys, keyring, cmd.config)
     entries = _signing_entries(keys_file) if keys_file is not None else []
     published = _keyring(keyring_file) if keyring_file is not None else {"keys": []}
     found = [e for e in [*entries, *published["keys"]] if e["id"] == key_id]

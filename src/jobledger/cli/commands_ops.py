@@ -29,14 +29,18 @@ from jobledger.cli.logs import (
     LogFormatOption,
     LogLevel,
     LogLevelOption,
-    OneShotLogFormatOption,
-    OneShotLogLevelOption,
-    configure_one_shot,
 )
 from jobledger.cli.logs import configure as configure_logs
 from jobledger.cli.params import LARGEST, parse_bind, parse_moment
 from jobledger.cli.reloading import reload_on_sighup
-from jobledger.cli.session import ConfigOption, JsonFlag, StoreOption, open_engine
+from jobledger.cli.session import (
+    ConfigOption,
+    JsonFlag,
+    OneShot,
+    StoreOption,
+    one_shot,
+    open_engine,
+)
 from jobledger.domain.redaction import redact
 from jobledger.domain.status import TERMINAL_STATUSES, UnknownStatusError, parse_statuses
 from jobledger.engine.engine import Engine
@@ -106,7 +110,9 @@ class ListOutput(StrEnum):
     PLAIN = "plain"
 
 
+@one_shot
 def list_jobs(
+    cmd: OneShot,
     tenant: Annotated[str | None, typer.Option("--tenant", help="Only this tenant.")] = None,
     status: Annotated[
         str | None,
@@ -151,15 +157,9 @@ def list_jobs(
             help="table (people), json (machines), plain (tab-separated, for scripts).",
         ),
     ] = None,
-    store: StoreOption = None,
-    config: ConfigOption = None,
-    json: JsonFlag = False,
-    log_level: OneShotLogLevelOption = None,
-    log_format: OneShotLogFormatOption = None,
 ) -> None:
     """List jobs from the status view (brought up to date with the log first), newest
     change first. A listing that stops at --limit says how to go on (--after CURSOR)."""
-    configure_one_shot(log_level, log_format)
     query = JobQuery(
         tenant_id=tenant,
         status_in=_statuses(status),
@@ -174,12 +174,12 @@ def list_jobs(
         after=after,
         limit=limit,
     )
-    with open_engine(store, config, purpose="list", mode="read") as engine:
+    with cmd.engine(purpose="list", mode="read") as engine:
         views = _views(engine)
         views.catch_up()
         rows = views.jobs(query)
         blocked = views.blocked_notes(rows)
-    shape = output_format or (ListOutput.JSON if json else ListOutput.TABLE)
+    shape = output_format or (ListOutput.JSON if cmd.json else ListOutput.TABLE)
     if shape is ListOutput.JSON:
         print_json([_row_document(r, blocked.get(r.job_uuid)) for r in rows])
     elif shape is ListOutput.PLAIN:
@@ -378,46 +378,38 @@ def projections_run(
 
 
 @projections_app.command("rebuild")
+@one_shot
 def projections_rebuild(
-    store: StoreOption = None,
-    config: ConfigOption = None,
-    json: JsonFlag = False,
-    log_level: OneShotLogLevelOption = None,
-    log_format: OneShotLogFormatOption = None,
+    cmd: OneShot,
 ) -> None:
     """Drop the views and fold the whole log again, with a progress bar."""
-    configure_one_shot(log_level, log_format)
-    with open_engine(store, config, purpose="projections rebuild") as engine:
+    with cmd.engine(purpose="projections rebuild") as engine:
         views = _views(engine)
         total = sum(entry.last_event for entry in views.lag())
-        with _progress(not json) as progress:
+        with _progress(not cmd.json) as progress:
             task = progress.add_task("rebuilding", total=total or None)
             replayed = views.rebuild(lambda done, _: progress.update(task, completed=done))
-    if json:
+    if cmd.json:
         print_json({"replayed": replayed})
     else:
         console().print(f"rebuilt the views from {replayed} notifications")
 
 
 @projections_app.command("status")
+@one_shot
 def projections_status(
-    store: StoreOption = None,
-    config: ConfigOption = None,
-    json: JsonFlag = False,
-    log_level: OneShotLogLevelOption = None,
-    log_format: OneShotLogFormatOption = None,
+    cmd: OneShot,
 ) -> None:
     """How far each partition's views (and, with the kafka transport, the outbox) are
     behind the log."""
-    configure_one_shot(log_level, log_format)
-    with open_engine(store, config, purpose="projections status", mode="read") as engine:
+    with cmd.engine(purpose="projections status", mode="read") as engine:
         views = _views(engine)
         lag = views.lag()
         if engine.config.transport == "kafka":
             from jobledger.projections.outbox import outbox_lag
 
             lag += outbox_lag(views.store)
-    if json:
+    if cmd.json:
         print_json([{**vars(entry), "behind": entry.behind} for entry in lag])
         return
     table = Table("partition", "last event", "last applied", "behind")

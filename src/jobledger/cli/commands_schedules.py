@@ -8,7 +8,7 @@ import typer
 from rich.table import Table
 
 from jobledger.cli.params import InputOption, Tenant, VersionOption
-from jobledger.cli.session import ConfigOption, JsonFlag, StoreOption, open_engine
+from jobledger.cli.session import OneShot, one_shot_with
 from jobledger.domain.schedule import MAX_CATCH_UP, CatchUp, Overlap, ScheduleEntry, ScheduleView
 from jobledger.presentation.figures import when
 from jobledger.presentation.json_output import jsonable, print_json
@@ -26,7 +26,9 @@ Name = Annotated[str, typer.Argument(metavar="NAME", help="Schedule name.", show
 
 
 @app.command("create")
+@one_shot_with("store", "config", "json")
 def create(
+    cmd: OneShot,
     tenant: Tenant,
     name: Name,
     cron: Annotated[
@@ -63,14 +65,9 @@ def create(
             help="While the previous job runs: allow, skip, or buffer_one (fire one when it ends).",
         ),
     ] = Overlap.ALLOW,
-    store: StoreOption = None,
-    config: ConfigOption = None,
-    json: JsonFlag = False,
 ) -> None:
     """Create a schedule: each time of --cron on --timezone's clock submits a --workflow job."""
-    with open_engine(
-        store, config, purpose="schedule create", definitions=True, mode="create"
-    ) as e:
+    with cmd.engine(purpose="schedule create", definitions=True, mode="create") as e:
         view = e.schedules.create(
             tenant,
             name,
@@ -83,24 +80,23 @@ def create(
             catch_up_max=catch_up_max,
             overlap=str(overlap),
         )
-    _print_view(view, json)
+    _print_view(view, cmd.json)
 
 
 @app.command("list")
+@one_shot_with("store", "config", "json")
 def list_schedules(
+    cmd: OneShot,
     tenant: Tenant,
     deleted: Annotated[bool, typer.Option("--deleted", help="Deleted schedules too.")] = False,
-    store: StoreOption = None,
-    config: ConfigOption = None,
-    json: JsonFlag = False,
 ) -> None:
     """The tenant's schedules from the schedules view (brought up to date first): cron,
     zone, workflow, state, next firing on the schedule's clock and in UTC, last job."""
-    with open_engine(store, config, purpose="schedule list", mode="read") as engine:
+    with cmd.engine(purpose="schedule list", mode="read") as engine:
         views = JobViews(engine.deps.store)
         views.catch_up()
         rows = views.tenant_schedules(tenant, deleted=deleted)
-    if json:
+    if cmd.json:
         print_json([_row_document(r) for r in rows])
         return
     table = Table()
@@ -125,78 +121,73 @@ def list_schedules(
 
 
 @app.command("pause")
+@one_shot_with("store", "config", "json")
 def pause(
+    cmd: OneShot,
     tenant: Tenant,
     name: Name,
-    store: StoreOption = None,
-    config: ConfigOption = None,
-    json: JsonFlag = False,
 ) -> None:
     """Stop firing until resumed (trigger still fires)."""
-    with open_engine(store, config, purpose="schedule pause") as engine:
+    with cmd.engine(purpose="schedule pause") as engine:
         view = engine.schedules.pause(tenant, name)
-    _print_view(view, json)
+    _print_view(view, cmd.json)
 
 
 @app.command("resume")
+@one_shot_with("store", "config", "json")
 def resume(
+    cmd: OneShot,
     tenant: Tenant,
     name: Name,
-    store: StoreOption = None,
-    config: ConfigOption = None,
-    json: JsonFlag = False,
 ) -> None:
     """Fire again from the next cron time (firings missed while paused are not caught up)."""
-    with open_engine(store, config, purpose="schedule resume") as engine:
+    with cmd.engine(purpose="schedule resume") as engine:
         view = engine.schedules.resume(tenant, name)
-    _print_view(view, json)
+    _print_view(view, cmd.json)
 
 
 @app.command("delete")
+@one_shot_with("store", "config", "json")
 def delete(
+    cmd: OneShot,
     tenant: Tenant,
     name: Name,
-    store: StoreOption = None,
-    config: ConfigOption = None,
-    json: JsonFlag = False,
 ) -> None:
     """Never fire again; the history (and the name) are kept."""
-    with open_engine(store, config, purpose="schedule delete") as engine:
+    with cmd.engine(purpose="schedule delete") as engine:
         view = engine.schedules.delete(tenant, name)
-    _print_view(view, json)
+    _print_view(view, cmd.json)
 
 
 @app.command("trigger")
+@one_shot_with("store", "config", "json")
 def trigger(
+    cmd: OneShot,
     tenant: Tenant,
     name: Name,
-    store: StoreOption = None,
-    config: ConfigOption = None,
-    json: JsonFlag = False,
 ) -> None:
     """Fire now, under a key of its own: submits the job (a worker runs it); the next cron
     firing is unchanged."""
-    with open_engine(store, config, purpose="schedule trigger", definitions=True) as engine:
+    with cmd.engine(purpose="schedule trigger", definitions=True) as engine:
         job_id = engine.schedules.trigger(tenant, name)
         view = engine.schedules.get(tenant, name)
-    if json:
+    if cmd.json:
         print_json({"job_id": job_id, "schedule": _view_document(view)})
         return
     console().print(f"fired {job_id}")
 
 
 @app.command("history")
+@one_shot_with("store", "config", "json")
 def history(
+    cmd: OneShot,
     tenant: Tenant,
     name: Name,
-    store: StoreOption = None,
-    config: ConfigOption = None,
-    json: JsonFlag = False,
 ) -> None:
     """Every event of the schedule: each firing with its job, each skip with its reason."""
-    with open_engine(store, config, purpose="schedule history", mode="read") as engine:
+    with cmd.engine(purpose="schedule history", mode="read") as engine:
         entries = engine.schedules.history(tenant, name)
-    if json:
+    if cmd.json:
         print_json({"events": [_entry_document(e) for e in entries]})
         return
     table = Table("version", "time", "event", "fire time", "what")

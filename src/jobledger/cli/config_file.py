@@ -35,6 +35,7 @@ from pydantic import ValidationError
 
 from jobledger.config import SETTINGS, EngineConfig
 from jobledger.domain.errors import ConfigError
+from jobledger.domain.setting_problems import setting_key, unknown_setting
 from jobledger.orchestration.ports import StepExecutor
 
 CLI_KEYS = ("definitions", "executor")
@@ -180,11 +181,10 @@ def engine_config(values: dict[str, Any], source: Path | None) -> EngineConfig:
 
 
 def _problem(detail: Any) -> str:
-    key = ".".join(str(part) for part in detail["loc"])
+    key = setting_key(detail)
     kind, ctx = detail["type"], detail.get("ctx") or {}
     if kind == "extra_forbidden":
-        known = ", ".join([*SETTINGS, *CLI_KEYS])
-        return f"unknown setting {key!r} (known: {known})"
+        return unknown_setting(key, [*SETTINGS, *CLI_KEYS])
     if kind == "too_short":
         return (
             f"{key} must be at least {ctx['min_length']} characters long "

@@ -3,12 +3,15 @@ exit code each kind of error maps to."""
 
 from __future__ import annotations
 
+import functools
+import inspect
 import sys
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
+from dataclasses import dataclass
 from enum import IntEnum
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Concatenate, Literal, ParamSpec, TypeVar
 
 import typer
 from eventsourcing.persistence import PersistenceError
@@ -16,6 +19,7 @@ from eventsourcing.persistence import PersistenceError
 from jobledger.adapters.event_store import StoreMode
 from jobledger.adapters.notifier import MemoryNotifier
 from jobledger.cli.config_file import Settings, load_executor, load_settings
+from jobledger.cli.logs import OneShotLogFormatOption, OneShotLogLevelOption, configure_one_shot
 from jobledger.domain.errors import (
     BrokenHistoryError,
     ConcurrencyError,
@@ -95,9 +99,101 @@ ConfigOption = Annotated[
 ]
 JsonFlag = Annotated[bool, typer.Option("--json", help="Print JSON on stdout instead of tables.")]
 
+TailOption = Literal["store", "config", "json", "logs"]
+"""The options a one-shot command's signature ends with: ``logs`` is ``--log-level`` and
+``--log-format``."""
+
+_TAIL: dict[str, tuple[TailOption, Any, Any]] = {
+    "store": ("store", StoreOption, None),
+    "config": ("config", ConfigOption, None),
+    "json": ("json", JsonFlag, False),
+    "log_level": ("logs", OneShotLogLevelOption, None),
+    "log_format": ("logs", OneShotLogFormatOption, None),
+}
+"""Each common option's parameter: the choice that brings it, its typer annotation and its
+default, in the order a signature ends with them."""
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
 
 # The CLI's notifier keeps what a tick hands out, for printing.
 Outside = MemoryNotifier
+
+
+@dataclass(frozen=True)
+class OneShot:
+    """What a one-shot command's common options said (see :func:`one_shot_with`); an
+    option the command does not take reads as its default."""
+
+    store: str | None = None
+    config: Path | None = None
+    json: bool = False
+
+    def engine(
+        self,
+        *,
+        purpose: str,
+        mode: StoreMode = "existing",
+        definitions: bool = False,
+        executor: bool = False,
+        notifier: Notifier | None = None,
+    ) -> AbstractContextManager[Engine]:
+        """:func:`open_engine` on the store and config file these options name."""
+        return open_engine(
+            self.store,
+            self.config,
+            purpose=purpose,
+            mode=mode,
+            definitions=definitions,
+            executor=executor,
+            notifier=notifier,
+        )
+
+
+def one_shot_with(
+    *options: TailOption,
+) -> Callable[[Callable[Concatenate[OneShot, P], R]], Callable[P, R]]:
+    """A decorator for a command whose signature ends with the chosen common options, in
+    the order of :data:`_TAIL`. The command declares a first parameter, a :class:`OneShot`,
+    which typer does not see; typer sees the options appended instead. With ``logs``,
+    logging is configured from them before the command's body runs."""
+
+    def decorate(body: Callable[Concatenate[OneShot, P], R]) -> Callable[P, R]:
+        tail = {name: option for name, option in _TAIL.items() if option[0] in options}
+        signature = inspect.signature(body, eval_str=True)  # typer reads no strings here
+        parameters = [
+            *list(signature.parameters.values())[1:],  # all but the OneShot
+            *(
+                inspect.Parameter(
+                    name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=annotation
+                )
+                for name, (_, annotation, default) in tail.items()
+            ),
+        ]
+
+        # Typer calls the command with keywords: the body's own and the tail's, which
+        # P.kwargs does not name (its signature is what typer reads, not what mypy checks).
+        @functools.wraps(body)
+        def command(*args: P.args, **kwargs: P.kwargs) -> R:
+            common: dict[str, Any] = {name: kwargs.pop(name) for name in tail}  # typer checked them
+            if "logs" in options:
+                configure_one_shot(common.pop("log_level"), common.pop("log_format"))
+            return body(OneShot(**common), *args, **kwargs)
+
+        command.__signature__ = signature.replace(parameters=parameters)  # type: ignore[attr-defined]
+        command.__annotations__ = {
+            **{parameter.name: parameter.annotation for parameter in parameters},
+            "return": signature.return_annotation,
+        }
+        return command
+
+    return decorate
+
+
+one_shot = one_shot_with("store", "config", "json", "logs")
+"""The common options of most one-shot commands: --store, --config, --json, --log-level,
+--log-format."""
 
 
 @contextmanager
