@@ -13,6 +13,7 @@ from pydantic import Field, SecretStr, ValidationError, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from jobledger.domain.errors import ConfigError
+from jobledger.domain.setting_problems import setting_problem
 
 ENV_PREFIX = "JOBLEDGER_HTTP_"
 PATHS = ("jwks_file", "api_keys_file")
@@ -98,17 +99,10 @@ def load_api_settings(
         return ApiSettings(**values)
     except ValidationError as error:
         where = f"[http] of {str(config_file)!r}" if config_file is not None else "settings"
-        problems = "; ".join(_problem(detail) for detail in error.errors())
+        known = ApiSettings.model_fields
+        problems = "; ".join(setting_problem(detail, known) for detail in error.errors())
         raise ConfigError(f"invalid HTTP {where} (or {ENV_PREFIX}* variable): {problems}") from None
 
 
 def env_name(setting: str) -> str:
     return f"{ENV_PREFIX}{setting.upper()}"
-
-
-def _problem(detail: Any) -> str:
-    key = ".".join(str(part) for part in detail["loc"])
-    if detail["type"] == "extra_forbidden":
-        return f"unknown setting {key!r} (known: {', '.join(ApiSettings.model_fields)})"
-    message = str(detail["msg"]).removeprefix("Value error, ")
-    return f"{key}: {message}" if key else message

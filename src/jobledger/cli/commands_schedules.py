@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Annotated, Any
 
 import typer
@@ -10,6 +11,7 @@ from rich.table import Table
 from jobledger.cli.params import InputOption, Tenant, VersionOption
 from jobledger.cli.session import OneShot, one_shot_with
 from jobledger.domain.schedule import MAX_CATCH_UP, CatchUp, Overlap, ScheduleEntry, ScheduleView
+from jobledger.engine.schedule_commands import ScheduleCommands
 from jobledger.presentation.figures import when
 from jobledger.presentation.json_output import jsonable, print_json
 from jobledger.presentation.terminal import console
@@ -120,43 +122,30 @@ def list_schedules(
     console().print(table)
 
 
-@app.command("pause")
-@one_shot_with("store", "config", "json")
-def pause(
-    cmd: OneShot,
-    tenant: Tenant,
-    name: Name,
-) -> None:
-    """Stop firing until resumed (trigger still fires)."""
-    with cmd.engine(purpose="schedule pause") as engine:
-        view = engine.schedules.pause(tenant, name)
-    _print_view(view, cmd.json)
+StateChange = Callable[[ScheduleCommands, str, str], ScheduleView]
 
 
-@app.command("resume")
-@one_shot_with("store", "config", "json")
-def resume(
-    cmd: OneShot,
-    tenant: Tenant,
-    name: Name,
-) -> None:
-    """Fire again from the next cron time (firings missed while paused are not caught up)."""
-    with cmd.engine(purpose="schedule resume") as engine:
-        view = engine.schedules.resume(tenant, name)
-    _print_view(view, cmd.json)
+def _state_command(action: str, change: StateChange, doc: str) -> None:
+    """``schedule pause|resume|delete``: one change of the schedule's state, then the
+    schedule as it is now."""
+
+    @app.command(action, help=doc)
+    @one_shot_with("store", "config", "json")
+    def command(cmd: OneShot, tenant: Tenant, name: Name) -> None:
+        with cmd.engine(purpose=f"schedule {action}") as engine:
+            view = change(engine.schedules, tenant, name)
+        _print_view(view, cmd.json)
 
 
-@app.command("delete")
-@one_shot_with("store", "config", "json")
-def delete(
-    cmd: OneShot,
-    tenant: Tenant,
-    name: Name,
-) -> None:
-    """Never fire again; the history (and the name) are kept."""
-    with cmd.engine(purpose="schedule delete") as engine:
-        view = engine.schedules.delete(tenant, name)
-    _print_view(view, cmd.json)
+_state_command("pause", ScheduleCommands.pause, "Stop firing until resumed (trigger still fires).")
+_state_command(
+    "resume",
+    ScheduleCommands.resume,
+    "Fire again from the next cron time (firings missed while paused are not caught up).",
+)
+_state_command(
+    "delete", ScheduleCommands.delete, "Never fire again; the history (and the name) are kept."
+)
 
 
 @app.command("trigger")
