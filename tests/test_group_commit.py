@@ -22,6 +22,7 @@ from jobledger.adapters.clock import SystemClock
 from jobledger.domain.identity import job_uuid, step_key
 from jobledger.domain.job import Job
 from jobledger.domain.keys import ConsumedKey
+from jobledger.orchestration import group_commit
 from jobledger.orchestration.group_commit import GroupCommitter
 from jobledger.orchestration.ports import Append, JobStore, Refusal
 from tests.support.crash_worker import TENANT, FileCountingExecutor, read_counts, registry
@@ -269,6 +270,41 @@ def test_a_group_is_never_larger_than_max_batch() -> None:
         thread.join(timeout=10)
     assert not any(t.is_alive() for t in threads)
     assert sorted(store.calls) == [1, 2, 2] and max(store.calls) <= 2
+
+
+def test_each_waiting_tick_is_woken_once_and_no_append_wakes_the_others(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Issue 25 item 1: 48 ticks in flight, groups of at most 8. A tick that waits is
+    woken once (its group committed, or it was handed the next group's lead); a
+    broadcast per append would wake each waiting tick once per later append."""
+    woken: Counter[int] = Counter()
+    wake = group_commit._Waiting.wake
+
+    def counted(waiting: Any) -> None:
+        woken[id(waiting)] += 1
+        wake(waiting)
+
+    monkeypatch.setattr(group_commit._Waiting, "wake", counted)
+    store = RecordingStore()
+    committer = GroupCommitter(store, max_batch=8, max_wait_ms=600_000)  # type: ignore[arg-type]
+    ticks = 48
+    entered = threading.Barrier(ticks, timeout=10)
+
+    def tick() -> None:
+        with committer.running():
+            entered.wait()
+            committer.append(object())  # type: ignore[arg-type]
+
+    threads = [run_in_thread(tick) for _ in range(ticks)]
+    for thread in threads:
+        thread.join(timeout=10)
+    assert not any(t.is_alive() for t in threads)
+    assert sum(store.calls) == ticks and max(store.calls) <= 8
+    # Every append but the first leader's is woken once; a leader that gathered waits
+    # for its group to fill and may be woken once more for that, and never again.
+    assert max(woken.values()) <= 2
+    assert ticks - 1 <= sum(woken.values()) <= ticks - 1 + len(store.calls)
 
 
 def test_each_tick_prepares_its_own_job_in_its_own_thread_before_any_group_is_written() -> None:

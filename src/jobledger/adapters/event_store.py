@@ -22,6 +22,7 @@ from eventsourcing.persistence import (
 
 from jobledger.adapters.backends import StoreBackend, backend_for
 from jobledger.adapters.backends.migrations import COMPONENT, STORE_MIGRATIONS
+from jobledger.adapters.kept_jobs import KeptJobs
 from jobledger.adapters.leases import LeaseTable
 from jobledger.adapters.mapper import SealedMapper
 from jobledger.adapters.sealing import SealingPipeline
@@ -140,6 +141,8 @@ class EventSourcedJobStore:
         self.sealing = SealingPipeline(sealer, signer)
         """Hashes, seals and signs every job event this store writes."""
         self.snapshot_interval = snapshot_interval
+        self.kept = KeptJobs(cache_size)
+        """Jobs their last user handed back (``keep``): the next load takes the object."""
         self.read_only = mode == "read"
         self.backend: StoreBackend = backend_for(location)
         """Everything that differs between SQLite and PostgreSQL."""
@@ -180,7 +183,13 @@ class EventSourcedJobStore:
 
     @store_errors("loading a job")
     def load(self, job_uuid: UUID) -> Job | None:
+        kept = self.kept.take(job_uuid)
+        if kept is not None:
+            return self._fast_forward(kept)
         return self._fold(job_uuid, Job)
+
+    def keep(self, job: Job) -> None:
+        self.kept.keep(job)
 
     @store_errors("appending")
     def append(self, job: Job, *keys: ConsumedKey) -> None:
@@ -370,6 +379,17 @@ class EventSourcedJobStore:
         except MapperDeserialisationError as error:
             raise BrokenHistoryError(str(job_uuid), _broken_at(error)) from None
         return [event for event in stored if isinstance(event, Job.Event)]
+
+    def _fast_forward(self, job: Job) -> Job:
+        """A kept job brought up to date: the events another writer (another process, or
+        a command of this one that loaded the job cold) appended after its version."""
+        newer = self.partition(job.id).events.get(job.id, gt=job.version)
+        try:
+            folded = project(job, newer)
+        except (OriginatorVersionError, MapperDeserialisationError) as error:
+            raise BrokenHistoryError(str(job.id), _broken_at(error)) from None
+        assert isinstance(folded, Job)
+        return folded
 
     def _fold(self, uuid: UUID, kind: type[_Folded]) -> _Folded | None:
         try:

@@ -4,9 +4,14 @@ Leader and followers, as in a database's own group commit (no committer thread: 
 each append to another thread costs a GIL hand-off per step). The first tick to bring
 its append while no group is being written leads: it waits until every tick in flight
 has brought its append, ``max_batch`` are queued or ``max_batch_wait_ms`` has passed,
-then writes the group with ``JobStore.append_many`` and wakes the others. A tick goes on
-only once the group holding its append has committed; an append the store refused
-raises its refusal in its own tick, exactly as ``JobStore.append`` would.
+then writes the group with ``JobStore.append_many``. A tick goes on only once the group
+holding its append has committed; an append the store refused raises its refusal in its
+own tick, exactly as ``JobStore.append`` would.
+
+Each waiting tick is woken once: when its group has committed, or when it is handed the
+lead of the next group. Nothing is broadcast: a broadcast per append wakes every waiting
+tick to find it has nothing to do, and those wake-ups grow with the square of the ticks
+in flight.
 """
 
 from __future__ import annotations
@@ -17,7 +22,6 @@ import time
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from copy import copy
-from dataclasses import dataclass
 from typing import TypeVar
 
 from jobledger.domain.job import Job
@@ -27,11 +31,26 @@ from jobledger.orchestration.ports import Append, JobStore
 T = TypeVar("T")
 
 
-@dataclass(eq=False)
 class _Waiting:
-    append: Append
-    done: bool = False
-    error: Exception | None = None
+    """One tick's append, and the one wake-up that tells it what became of it."""
+
+    __slots__ = ("append", "error", "leads", "_wake")
+
+    def __init__(self, append: Append) -> None:
+        self.append = append
+        self.error: Exception | None = None
+        self.leads = False
+        """Woken to lead the next group, not because its own group committed."""
+        # A lock held from birth is a one-shot wake-up: cheaper than an Event, whose
+        # Condition takes two more locks per wait.
+        self._wake = threading.Lock()
+        self._wake.acquire()
+
+    def wait(self, timeout: float = -1) -> bool:
+        return self._wake.acquire(timeout=timeout)
+
+    def wake(self) -> None:
+        self._wake.release()
 
 
 class GroupCommitter:
@@ -53,59 +72,92 @@ class GroupCommitter:
         would be done one job after another while the other ticks wait."""
         self.max_batch = max_batch
         self.max_wait = max_wait_ms / 1000
-        self._changed = threading.Condition()
+        self._lock = threading.Lock()
         self._queue: list[_Waiting] = []
         self._leading = False
+        self._gathering: _Waiting | None = None
+        """The leader, while it waits for its group to fill: woken once it has."""
         self._in_flight = 0
 
     @contextmanager
     def running(self) -> Iterator[None]:
         """Around each tick this worker runs, so a leader knows whom to wait for."""
-        with self._changed:
+        with self._lock:
             self._in_flight += 1
         try:
             yield
         finally:
-            with self._changed:
+            with self._lock:
                 self._in_flight -= 1
-                self._changed.notify_all()
+                self._wake_gatherer_if_full()
 
     def append(self, job: Job, *keys: ConsumedKey) -> None:
         """``JobStore.append``, committed together with the other ticks' step appends."""
         if self.prepare is not None:
             self.prepare(job)
         waiting = _Waiting(Append(job, keys))
-        with self._changed:
+        with self._lock:
             self._queue.append(waiting)
-            self._changed.notify_all()
-            while not waiting.done:
-                if self._leading:
-                    self._changed.wait()
-                    continue
+            leads = waiting.leads = not self._leading
+            if leads:
                 self._leading = True
-                group = self._gather()
-                self._changed.release()
-                try:
-                    self._commit(group)
-                finally:
-                    self._changed.acquire()
-                    for written in group:
-                        written.done = True
-                    self._leading = False
-                    self._changed.notify_all()
+            else:
+                self._wake_gatherer_if_full()
+        if not leads:
+            waiting.wait()
+        if waiting.leads:
+            self._lead(waiting)
         if waiting.error is not None:
             raise waiting.error
 
-    def _gather(self) -> list[_Waiting]:
-        """Called by the leader holding the lock: wait for the group to fill, take it."""
+    def _lead(self, leader: _Waiting) -> None:
+        """Gather a group (the leader is its first append), write it, wake each of its
+        ticks, and hand the lead to the first append left queued, if any."""
+        group = self._gather(leader)
+        try:
+            self._commit(group)
+        finally:
+            with self._lock:
+                heir = self._queue[0] if self._queue else None
+                self._leading = heir is not None
+            for written in group:
+                if written is not leader:
+                    written.wake()
+            if heir is not None:
+                heir.leads = True
+                heir.wake()
+
+    def _gather(self, leader: _Waiting) -> list[_Waiting]:
+        """Wait for the group to fill (or the wait to run out), then take it."""
         deadline = time.monotonic() + self.max_wait
-        while len(self._queue) < min(self.max_batch, max(self._in_flight, 1)):
-            left = deadline - time.monotonic()
-            if left <= 0:
-                break
-            self._changed.wait(left)
-        group, self._queue = self._queue[: self.max_batch], self._queue[self.max_batch :]
+        with self._lock:
+            while not self._full():
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                self._gathering = leader
+                self._lock.release()
+                try:
+                    leader.wait(left)
+                finally:
+                    self._lock.acquire()
+                if self._gathering is leader:  # timed out: nobody will wake it now
+                    self._gathering = None
+                else:  # woken: its wake-up was used, the lock is held again
+                    continue
+            group, self._queue = self._queue[: self.max_batch], self._queue[self.max_batch :]
         return group
+
+    def _full(self) -> bool:
+        """Called holding the lock: every tick in flight has brought its append."""
+        return len(self._queue) >= min(self.max_batch, max(self._in_flight, 1))
+
+    def _wake_gatherer_if_full(self) -> None:
+        """Called holding the lock: the one wake-up a gathering leader waits for."""
+        gathering = self._gathering
+        if gathering is not None and self._full():
+            self._gathering = None
+            gathering.wake()
 
     def _commit(self, group: list[_Waiting]) -> None:
         """Outside the lock: the next group gathers while this one is written."""

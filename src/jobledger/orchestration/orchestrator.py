@@ -243,6 +243,9 @@ class Orchestrator:
                 report = self._drive(run)
                 # A finished child tells its parent now, in the tick that finished it.
                 self.family.settle(run.job)
+                # Reached only when every append of the tick committed (a refused one
+                # reloads run.job): the job's next tick continues from this object.
+                self.store.keep(run.job)
             span.set(
                 {
                     "jobledger.outcome": str(report.outcome),

@@ -165,7 +165,12 @@ class JobStore(Protocol):
     """An append-only store of job events; every append is atomic and version-checked."""
 
     def load(self, job_uuid: UUID) -> Job | None:
-        """The job at its newest version, or None."""
+        """The job at its newest version, or None. The caller owns the object."""
+
+    def keep(self, job: Job) -> None:
+        """Take back a loaded job whose every event is committed (nothing pending, no
+        refused append applied to it), so the next load of it continues from this object
+        instead of re-reading and copying its history. The caller must not use it after."""
 
     def append(self, job: Job, *keys: ConsumedKey) -> None:
         """Write the job's pending events and the keys they consume in ONE transaction.
