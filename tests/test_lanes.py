@@ -5,10 +5,13 @@ from __future__ import annotations
 import threading
 import time
 from collections import defaultdict
+from pathlib import Path
 
 import pytest
 
+from jobledger import Engine
 from jobledger.orchestration.lanes import Lanes
+from tests.support.engines import CountingExecutor, default_registry
 
 
 def test_each_keys_items_run_one_at_a_time_in_the_order_they_were_put() -> None:
@@ -121,3 +124,54 @@ def test_wait_below_reports_whether_a_lane_came_free() -> None:
 def test_a_width_below_one_is_refused() -> None:
     with pytest.raises(ValueError, match="width of at least 1"):
         Lanes(0, print, id)
+
+
+def test_withdraw_returns_the_items_not_started_and_the_lanes_take_more_work() -> None:
+    started = threading.Event()
+    release = threading.Event()
+    handled: list[tuple[str, int]] = []
+
+    def handle(item: tuple[str, int]) -> None:
+        if item == ("a", 0):
+            started.set()
+            release.wait(10)
+        handled.append(item)
+
+    lanes: Lanes[tuple[str, int]] = Lanes(1, handle, lambda item: item[0])
+    for item in [("a", 0), ("a", 1), ("b", 0), ("b", 1)]:
+        lanes.put(item)
+    assert started.wait(10)
+    threading.Timer(0.05, release.set).start()
+    assert lanes.withdraw() == [("a", 1), ("b", 0), ("b", 1)]
+    assert handled == [("a", 0)]  # the one in hand finished before withdraw returned
+    lanes.put(("c", 0))
+    lanes.join()
+    assert handled == [("a", 0), ("c", 0)]
+    lanes.close()
+
+
+def test_draining_the_local_queue_again_starts_no_thread(tmp_path: Path) -> None:
+    """Issue 25 item 2: each run_until_idle reuses the lanes' threads of the last one
+    (a resume's tick used to pay a thread start)."""
+    engine = Engine.open(
+        f"sqlite:///{tmp_path}/jobs.db", registry=default_registry(), executor=CountingExecutor()
+    )
+    started: list[str] = []
+    start = threading.Thread.start
+
+    def counted(thread: threading.Thread) -> None:
+        started.append(thread.name)
+        start(thread)
+
+    try:
+        engine.submit("t", "warm", "agent3")
+        engine.run_until_idle(concurrency=1)
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(threading.Thread, "start", counted)
+            for n in range(5):
+                engine.submit("t", f"j{n}", "agent3")
+                engine.run_until_idle(concurrency=1)
+        assert [engine.job("t", f"j{n}").status for n in range(5)] == ["completed"] * 5
+        assert [name for name in started if name.startswith("jobledger-tick")] == []
+    finally:
+        engine.close()

@@ -165,6 +165,7 @@ class Engine:
     replay_all = _to("reads", JobReader.replay_all)
 
     def close(self) -> None:
+        self.ticks.close()
         self.orchestrator.async_steps.close()
         self.deps.close()
 

@@ -4,7 +4,9 @@ queue drained, and what a consumer does with a tick that cannot run as deployed.
 from __future__ import annotations
 
 import logging
+import threading
 import time
+from collections.abc import Hashable
 from dataclasses import replace
 
 from jobledger.domain.errors import (
@@ -40,6 +42,11 @@ class TickRunner:
         self._group = group
         self._gatekeeper = gatekeeper
         self._blocked_notes: BlockedNotes | None = None
+        self._draining = threading.Lock()
+        """One drain of the local queue at a time: drains share the lanes."""
+        self._lanes: Lanes[Tick] | None = None
+        self._failed: list[BaseException] = []
+        """What the ticks of the current drain raised."""
 
     def note_blocked_in(self, notes: BlockedNotes) -> None:
         """Note there the jobs a tick leaves untouched for a deployment error, so ``show``
@@ -129,38 +136,52 @@ class TickRunner:
             raise ConfigError("run_until_idle drives the local queue; this engine has another")
         width = self._deps.config.batching.concurrency if concurrency is None else concurrency
         taken = 0
-        errors: list[BaseException] = []
-
-        def handle(tick: Tick) -> None:
+        with self._draining:
+            lanes = self._lanes_of(width)
+            self._failed.clear()
             try:
-                self.handle(tick)
-            except BaseException as error:  # raised in the caller's thread, below
-                errors.append(error)
-
-        lanes: Lanes[Tick] = Lanes(width, handle, lambda tick: tick.job, name="jobledger-tick")
-        try:
-            while not errors:
-                busy = lanes.busy()
-                tick = queue.pop_due() if busy < width and taken < max_ticks else None
-                if tick is not None:
-                    lanes.put(tick)
-                    taken += 1
-                elif busy:
-                    lanes.wait_below(busy, timeout=0.05)
-                else:
-                    due = queue.next_due()
-                    if taken >= max_ticks or due is None or not wait_for_timers:
-                        break
-                    clock = self._deps.clock
-                    clock.sleep((due - clock.now()).total_seconds())
-            lanes.join()
-        finally:
-            for tick in lanes.close():  # only when a tick raised: the rest stay queued
-                queue.enqueue(tick)
-                taken -= 1
-        if errors:
-            raise errors[0]
+                while not self._failed:
+                    busy = lanes.busy()
+                    tick = queue.pop_due() if busy < width and taken < max_ticks else None
+                    if tick is not None:
+                        lanes.put(tick)
+                        taken += 1
+                    elif busy:
+                        lanes.wait_below(busy, timeout=0.05)
+                    else:
+                        due = queue.next_due()
+                        if taken >= max_ticks or due is None or not wait_for_timers:
+                            break
+                        clock = self._deps.clock
+                        clock.sleep((due - clock.now()).total_seconds())
+                if not self._failed:
+                    lanes.join()
+            finally:
+                for tick in lanes.withdraw():  # only when a tick raised: the rest stay queued
+                    queue.enqueue(tick)
+                    taken -= 1
+            if self._failed:
+                raise self._failed[0]
         return taken
+
+    def _lanes_of(self, width: int) -> Lanes[Tick]:
+        """The drains' lanes, made once: their threads wait for the next drain instead of
+        being started for each one (a resume's tick would pay a thread start)."""
+        if self._lanes is None:
+            self._lanes = Lanes(width, self._handle_in_lane, _job_of, name="jobledger-tick")
+        self._lanes.widen(width)
+        return self._lanes
+
+    def _handle_in_lane(self, tick: Tick) -> None:
+        try:
+            self.handle(tick)
+        except BaseException as error:  # raised in the draining thread, by run_until_idle
+            self._failed.append(error)
+
+    def close(self) -> None:
+        """Stop the drains' threads (the engine is closing)."""
+        if self._lanes is not None:
+            self._lanes.close()
 
     def handle(self, tick: Tick) -> TickReport | None:
         """What a queue consumer does with one tick: bad ticks are reported and dropped;
@@ -234,3 +255,7 @@ def _error_kind(error: JobLedgerError) -> str:
     if isinstance(error, StoreUnavailableError) and error.__cause__ is not None:
         return type(error.__cause__).__name__
     return type(error).__name__
+
+
+def _job_of(tick: Tick) -> Hashable:
+    return tick.job

@@ -73,6 +73,29 @@ class Lanes(Generic[T]):
         with self._changed:
             self._changed.wait_for(lambda: not self._lanes)
 
+    def widen(self, width: int) -> None:
+        """Let up to ``width`` keys run at once from now on (threads already started stay)."""
+        with self._changed:
+            self.width = max(self.width, width)
+
+    def withdraw(self) -> list[T]:
+        """Take back every item not yet started, in order, and wait for the ones being
+        handled to finish: the lanes stay open for more work."""
+        with self._changed:
+            ready = set(self._ready)
+            left: list[T] = []
+            for key, lane in list(self._lanes.items()):
+                started = key not in ready
+                left.extend(list(lane)[1:] if started else lane)
+                if started:
+                    while len(lane) > 1:
+                        lane.pop()
+                else:
+                    del self._lanes[key]
+            self._ready.clear()
+            self._changed.wait_for(lambda: not self._lanes)
+            return left
+
     def close(self) -> list[T]:
         """Stop after the items being handled; return those never started, in order."""
         with self._changed:
