@@ -34,7 +34,7 @@ T = TypeVar("T")
 class _Waiting:
     """One tick's append, and the one wake-up that tells it what became of it."""
 
-    __slots__ = ("append", "error", "leads", "_wake")
+    __slots__ = ("_wake", "append", "error", "leads")
 
     def __init__(self, append: Append) -> None:
         self.append = append
