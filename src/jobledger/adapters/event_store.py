@@ -7,7 +7,7 @@ import re
 from collections.abc import Iterable, Sequence
 from copy import deepcopy
 from datetime import datetime
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal, TypeVar, cast
 from uuid import UUID
 
 from eventsourcing.application import AggregateNotFoundError, Application
@@ -385,7 +385,7 @@ class EventSourcedJobStore:
         a command of this one that loaded the job cold) appended after its version."""
         newer = self.partition(job.id).events.get(job.id, gt=job.version)
         try:
-            folded = project(job, newer)
+            folded = project(job, cast("Iterable[CanMutate]", newer))
         except (OriginatorVersionError, MapperDeserialisationError) as error:
             raise BrokenHistoryError(str(job.id), _broken_at(error)) from None
         assert isinstance(folded, Job)
