@@ -35,6 +35,8 @@ def json_object(value: Mapping[str, Any] | None, *, what: str, max_bytes: int) -
         return {}
     if not isinstance(value, Mapping):
         raise InvalidPayloadError(f"{what} must be a JSON object, got {type(value).__name__}")
+    if not value:  # most steps return no output or patch: nothing to walk or encode
+        return {}
     _check_shape(value, what)
     try:
         encoded = json.dumps(value, allow_nan=False, separators=(",", ":"), default=_thaw_view)

@@ -279,7 +279,7 @@ class OneTripRecorder(PostgresApplicationRecorder):
             schema=Identifier(datastore.schema),
             function=Identifier(append_function_name(events_table_name)),
             id_type=Identifier(datastore.originator_id_type),
-        )
+        ).as_bytes(None)  # composed once: psycopg would compose it again on each append
 
     def create_table(self) -> None:
         """The table, and its append function beside it: a partition added after store
