@@ -176,3 +176,17 @@ def test_bench_fairness_quick_reports_every_figure(tmp_path: Path) -> None:
         assert max(run["big_started_before_small"]) < run["backlog"] // 4
     for run in sqlite["one_tenant"]:
         assert run["p99_submit_to_completed_ms"] >= run["p50_submit_to_completed_ms"] > 0
+
+
+def test_bench_instructions_counts_a_positive_cost_per_step() -> None:
+    """Under callgrind (valgrind, installed by .ci/run): two short runs of one job."""
+    command = [sys.executable, str(ROOT / "scripts" / "bench_instructions.py")]
+    command += ["--steps", "20", "--scenario", "one", "--json"]
+    paths = [str(ROOT / "src"), str(ROOT), os.environ.get("PYTHONPATH", "")]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in paths if p)}
+    done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=600)
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    # A no-op step is hundreds of thousands of instructions at least: a positive count of
+    # that order shows the two runs differed by their steps, not by noise.
+    assert report["one"] > 100_000
