@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 from eventsourcing.persistence import OperationalError
+from eventsourcing.sqlite import SQLiteDatastore
 
 from jobledger import Engine, FunctionRegistry, JobStatus, Outcome, StepRequest, StepResult
 from jobledger.domain.errors import VersionConflict
@@ -164,25 +165,39 @@ class LostAcknowledgement:
 
     def wrap(self, recorder: Any) -> None:
         insert, datastore = recorder.insert_events, recorder.datastore
-        connection_name = "get_connection" if hasattr(datastore, "pool") else "transaction"
-        open_connection = getattr(datastore, connection_name)
 
         def insert_events(stored_events: Any, **kwargs: Any) -> Any:
             if not self.fired and any("StepRecorded" in e.topic for e in stored_events):
                 self.armed = True
             return insert(stored_events, **kwargs)
 
+        recorder.insert_events = insert_events
+        if isinstance(datastore, SQLiteDatastore):
+            # SQLite's append hands its writer connection back to the pool once committed.
+            pool = datastore.pool
+            put_connection = pool.put_connection
+
+            def handed_back(conn: Any) -> None:
+                put_connection(conn)
+                self.lose_acknowledgement()
+
+            pool.put_connection = handed_back
+            return
+        open_connection = datastore.get_connection
+
         @contextmanager
         def connection(*args: Any, **kwargs: Any) -> Iterator[Any]:
             with open_connection(*args, **kwargs) as conn:
                 yield conn
-            if self.armed:  # the transaction committed; its acknowledgement is lost
-                self.armed = False
-                self.fired += 1
-                raise OperationalError("server closed the connection unexpectedly")
+            self.lose_acknowledgement()
 
-        recorder.insert_events = insert_events
-        setattr(datastore, connection_name, connection)
+        datastore.get_connection = connection
+
+    def lose_acknowledgement(self) -> None:
+        if self.armed:  # the transaction committed; its acknowledgement is lost
+            self.armed = False
+            self.fired += 1
+            raise OperationalError("server closed the connection unexpectedly")
 
 
 def test_a_step_whose_commit_acknowledgement_was_lost_is_recognised_as_its_own(
