@@ -45,6 +45,14 @@ Counted, not estimated: commits are the calls to the event and snapshot recorder
 are ``count(*)`` of the events tables before and after each scenario. Step latency is
 from the executor being called to the commit of that step's record returning (p50, p99).
 
+Bytes per step (issue 25, item 3): ``event B/step`` is what the appends handed the store
+(each row's state and topic), ``WAL B/step`` what the store's write-ahead log grew by
+over the same run, every table's writes included. SQLite: the frames appended to the
+-wal file times their size (a page and a 24-byte header); a read transaction held for
+the run keeps checkpoints from restarting the log, and the checkpoint so held off is
+made after the run and timed as part of it. PostgreSQL: ``pg_current_wal_insert_lsn()``
+after minus before, the whole server's, so other clients' writes count too.
+
 Usage::
 
     python scripts/bench_steps.py                      # both stores, K = 1 4 16 64
@@ -287,6 +295,89 @@ def percentile(samples: Sequence[float], fraction: float) -> float:
     return ordered[min(len(ordered) - 1, max(0, round(fraction * len(ordered)) - 1))]
 
 
+# ---- how many bytes the store's write-ahead log grew by ----------------------------------
+
+
+class WalMeter:
+    """The bytes a store's write-ahead log grows by over a scenario (every table's writes:
+    events, snapshots, leases, admission, tracking), measured around the timed run."""
+
+    def start(self) -> None:
+        raise NotImplementedError
+
+    def stop(self) -> tuple[int, float]:
+        """(bytes the log grew by, seconds of work the measuring held off and then did)."""
+        raise NotImplementedError
+
+
+class SQLiteWal(WalMeter):
+    """Frames appended to the -wal file, times their size (a page and its 24-byte header).
+
+    A checkpoint lets the next writer start the log over, which would hide the frames
+    before it; so a read transaction opened at the start keeps its snapshot for the whole
+    run: no checkpoint may copy past it, and the log only grows. The checkpoint the run
+    held off is made at its end and its seconds are added to the run's."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.reader: sqlite3.Connection | None = None
+        self.frames = 0
+        self.page_size = 0
+
+    def start(self) -> None:
+        self.reader = sqlite3.connect(self.path, isolation_level=None)
+        self.reader.execute("BEGIN")
+        self.reader.execute("SELECT count(*) FROM sqlite_master").fetchone()  # the snapshot
+        self.page_size = int(self.reader.execute("PRAGMA page_size").fetchone()[0])
+        self.frames = self._frames("PASSIVE")
+
+    def stop(self) -> tuple[int, float]:
+        grown = self._frames("PASSIVE") - self.frames
+        assert self.reader is not None
+        self.reader.close()
+        started = time.perf_counter()
+        self._frames("TRUNCATE")
+        return grown * (self.page_size + 24), time.perf_counter() - started
+
+    def _frames(self, mode: str) -> int:
+        """Frames in the log now (a checkpoint reports them; PASSIVE copies what it may)."""
+        connection = sqlite3.connect(self.path, isolation_level=None, timeout=30)
+        try:
+            _, frames, _ = connection.execute(f"PRAGMA wal_checkpoint({mode})").fetchone()
+            return int(frames)
+        finally:
+            connection.close()
+
+
+class PostgresWal(WalMeter):
+    """The server's WAL insert position before and after: the whole cluster's WAL, so
+    another client writing at the same time counts too (run on a quiet server)."""
+
+    def __init__(self, backend: Any) -> None:
+        self.backend = backend
+        self.before = ""
+
+    def start(self) -> None:
+        self.before = self._lsn()
+
+    def stop(self) -> tuple[int, float]:
+        [row] = self.backend.fetch(
+            "SELECT pg_wal_lsn_diff(pg_current_wal_insert_lsn(), CAST(:before AS pg_lsn)) AS n",
+            {"before": self.before},
+        )
+        return int(row["n"]), 0.0
+
+    def _lsn(self) -> str:
+        [row] = self.backend.fetch("SELECT CAST(pg_current_wal_insert_lsn() AS text) AS lsn")
+        return str(row["lsn"])
+
+
+def wal_meter(store: EventSourcedJobStore) -> WalMeter:
+    if store.location.kind == "sqlite":
+        return SQLiteWal(store.location.env["SQLITE_DBNAME"])
+    return PostgresWal(store.backend)
+
+
 # ---- the scenarios ---------------------------------------------------------------------
 
 
@@ -317,6 +408,11 @@ class Scenario:
     rows: int
     """Rows the events tables gained (count(*) after minus before)."""
     rows_per_step: float
+    event_bytes_per_step: float
+    """Stored bytes of the rows the appends wrote (state and topic), per step."""
+    wal_bytes: int
+    """Bytes the store's write-ahead log grew by over the run (see ``WalMeter``)."""
+    wal_bytes_per_step: float
     signed_rows: int
     """Event rows written with a signature (every one on the signed engine, none else)."""
     reads_per_step: float
@@ -420,11 +516,15 @@ class Bench:
         rows_before = count_rows(self.store)
         self.counter.reset()
         profiler = cProfile.Profile() if self.args.profile else None
+        wal = wal_meter(self.store)
+        wal.start()
         cpu_started = time.process_time()
         steps = concurrency * steps_per_job
         label = f"{self.label}: {name} K={concurrency}"
         seconds = self.tick_until_idle(label, steps, concurrency, profiler)
         cpu_seconds = time.process_time() - cpu_started
+        wal_bytes, held_off = wal.stop()
+        seconds += held_off
         counts = self.counter.reset()
         rows = count_rows(self.store) - rows_before
         incomplete = sum(
@@ -455,6 +555,9 @@ class Bench:
             snapshot_commits=counts.snapshot_writes,
             rows=rows,
             rows_per_step=rows / steps,
+            event_bytes_per_step=(counts.state_bytes + counts.topic_chars) / steps,
+            wal_bytes=wal_bytes,
+            wal_bytes_per_step=wal_bytes / steps,
             signed_rows=counts.signed_rows,
             reads_per_step=counts.reads / steps,
             p50_step_ms=1e3 * percentile(latencies, 0.50),
@@ -745,6 +848,9 @@ def pooled(rounds: list[Scenario]) -> Scenario:
         snapshot_commits=sum(s.snapshot_commits for s in rounds),
         rows=rows,
         rows_per_step=rows / steps,
+        event_bytes_per_step=sum(s.event_bytes_per_step * s.steps for s in rounds) / steps,
+        wal_bytes=sum(s.wal_bytes for s in rounds),
+        wal_bytes_per_step=sum(s.wal_bytes for s in rounds) / steps,
         signed_rows=sum(s.signed_rows for s in rounds),
         reads_per_step=sum(s.reads_per_step * s.steps for s in rounds) / steps,
         p50_step_ms=statistics.median(s.p50_step_ms for s in rounds),
@@ -864,6 +970,7 @@ def print_text(results: list[StoreResult], batch: int | None) -> None:
     header = (
         f"{'scenario':<18}{'steps':>7}{'steps/s':>10}{'ratio':>7}{'commits/step':>14}"
         f"{'rows/step':>11}{'p50 ms':>9}{'p99 ms':>9}{'cpu us/step':>13}"
+        f"{'event B/step':>14}{'WAL B/step':>12}"
     )
     for r in results:
         raw = r.raw
@@ -883,6 +990,7 @@ def print_text(results: list[StoreResult], batch: int | None) -> None:
                 f"{name:<18}{s.steps:>7}{s.steps_per_second:>10,.0f}{s.ratio:>7.2f}"
                 f"{s.commits_per_step:>14.3f}{s.rows_per_step:>11.2f}{s.p50_step_ms:>9.3f}"
                 f"{s.p99_step_ms:>9.3f}{s.cpu_us_per_step:>13,.0f}"
+                f"{s.event_bytes_per_step:>14,.0f}{s.wal_bytes_per_step:>12,.0f}"
             )
             if s.incomplete_jobs:
                 print(f"  !! {s.incomplete_jobs} jobs did not complete {s.steps_per_job} steps")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import sqlite3
 import threading
 from collections.abc import Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
@@ -26,6 +27,13 @@ from eventsourcing.sqlite import (
 from jobledger.adapters.backends.base import Cursor, StoreBackend
 from jobledger.adapters.store_url import StoreLocation
 from jobledger.domain.errors import StoreMissingError
+
+PAGE_SIZE = 1024
+"""The page size of a new store's file. WAL logs whole pages, and a step dirties at least
+its row's page and a leaf of the events' (job, version) index, a different leaf for
+each job of a group commit: at 1 KiB a step logs about half the bytes it did at
+SQLite's default of 4 KiB (``scripts/bench_steps.py``, WAL B/step). A larger event
+spills into overflow pages, logged once each."""
 
 
 class SQLiteBackend(StoreBackend):
@@ -70,7 +78,22 @@ class SQLiteBackend(StoreBackend):
         return replace(self.location, env={**self.location.env, "SQLITE_DBNAME": uri})
 
     def create_home(self) -> None:
-        """Nothing: opening a SQLite file creates it (its directory must exist)."""
+        """A new file is made here, before the library opens it, with pages of
+        ``PAGE_SIZE`` bytes and in WAL mode: the page size is fixed once the first page
+        is written (the library's switch to WAL writes it). An existing file is left as
+        it is."""
+        with self.schema_lock():
+            if os.path.exists(self.path) and os.path.getsize(self.path) > 0:
+                return
+            try:
+                connection = sqlite3.connect(self.path, isolation_level=None)
+                try:
+                    connection.execute(f"PRAGMA page_size = {PAGE_SIZE}")
+                    connection.execute("PRAGMA journal_mode = WAL")
+                finally:
+                    connection.close()
+            except sqlite3.Error as error:  # a store error, as the library's open would raise
+                raise OperationalError(f"cannot create {self.path}: {error}") from None
 
     def opening_lock(self, *, read_only: bool) -> AbstractContextManager[None]:
         # A read never takes the lock: it is a file, and the store may be on read-only media.
