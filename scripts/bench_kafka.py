@@ -5,7 +5,9 @@ For each worker count (default: 1 and 2), in a fresh PostgreSQL schema and fresh
 1. N one-step jobs are submitted without a tick (``run_interaction_task`` with a no-op
    executor that records the step and completes the job in ONE append).
 2. W worker processes start (``KafkaWorker``, the consumer ``jobledger worker
-   --transport kafka`` runs), each its own process, and join the group.
+   --transport kafka`` runs), each its own process, and join the group; then
+   ``--warmup-ticks`` ticks run untimed (the publisher's producer, the workers' first
+   store connections and fetches: else the first few ticks are the whole p99).
 3. Latency: ticks are published one by one at ``--rate`` per second (open loop, so the
    queue stays short) through ``KafkaQueue`` (each waits for the broker's ack). The
    script notes the wall-clock time just before each publish; the worker notes when the
@@ -196,7 +198,8 @@ def measure(workers: int, args: argparse.Namespace, bootstrap: str, pg: str) -> 
         config = EngineConfig(store_url=url, worker_id="bench", **fields)
         settings = KafkaSettings.of(config)
         ensure_topics(settings)
-        total = args.latency_ticks + args.burst
+        warm, timed = args.warmup_ticks, args.warmup_ticks + args.latency_ticks
+        total = timed + args.burst
         note(f"{workers} worker(s): submitting {total} jobs")
         with Engine.open(registry=registry(), config=config, queue=Dropped()) as engine:
             for n in range(total):
@@ -223,16 +226,13 @@ def measure(workers: int, args: argparse.Namespace, bootstrap: str, pg: str) -> 
             time.sleep(2.0)  # let the group settle (every member's assignment in place)
 
             queue = KafkaQueue(settings)
+            note(f"warm-up: {warm} ticks at {args.rate}/s, not timed")
+            publish_at_rate(queue, range(warm), args.rate)
+            wait_lines(results, warm)
             note(f"latency: {args.latency_ticks} ticks at {args.rate}/s")
-            interval = 1.0 / args.rate
-            start = time.monotonic()
-            published: dict[str, float] = {}
-            for n in range(args.latency_ticks):
-                time.sleep(max(0.0, start + n * interval - time.monotonic()))
-                published[f"job-{n}"] = time.time() * 1000
-                queue.publish(Tick(TENANT, f"job-{n}", "bench"))
-            wait_lines(results, args.latency_ticks)
-            handled = read_lines(results)
+            published = publish_at_rate(queue, range(warm, timed), args.rate)
+            wait_lines(results, timed)
+            handled = read_lines(results)[warm:]
             latencies = [done - published[job] for job, _, done in handled]
             deliveries = [begun - published[job] for job, begun, _ in handled]
             ticks = [done - begun for _, begun, done in handled]
@@ -240,13 +240,13 @@ def measure(workers: int, args: argparse.Namespace, bootstrap: str, pg: str) -> 
             note(f"throughput: {args.burst} ticks at once")
             producer = queue.producer()
             first = time.time() * 1000
-            for n in range(args.latency_ticks, total):
+            for n in range(timed, total):
                 tick = Tick(TENANT, f"job-{n}", "bench")
                 value = encode_tick(tick, dedupe_key=None, enqueued_at_ms=int(time.time() * 1000))
                 producer.send(settings.ticks_topic, key=job_key(TENANT, tick.job_id), value=value)
             producer.flush()
             wait_lines(results, total)
-            burst = read_lines(results)[args.latency_ticks :]
+            burst = read_lines(results)[timed:]
             last = max(done for _, _, done in burst)
             queue.close()
         finally:
@@ -269,6 +269,18 @@ def measure(workers: int, args: argparse.Namespace, bootstrap: str, pg: str) -> 
         ticks_per_s=round(args.burst / ((last - first) / 1000), 1),
         load_average=round(os.getloadavg()[0], 2),
     )
+
+
+def publish_at_rate(queue: KafkaQueue, jobs: range, rate: float) -> dict[str, float]:
+    """Publish job-n's tick for each n, open loop at ``rate`` per second, each waiting for
+    the broker's ack; returns when each was published (wall clock, ms, just before)."""
+    published: dict[str, float] = {}
+    start = time.monotonic()
+    for i, n in enumerate(jobs):
+        time.sleep(max(0.0, start + i / rate - time.monotonic()))
+        published[f"job-{n}"] = time.time() * 1000
+        queue.publish(Tick(TENANT, f"job-{n}", "bench"))
+    return published
 
 
 def read_lines(path: Path) -> list[tuple[str, float, float]]:
@@ -359,6 +371,12 @@ def main(argv: list[str] | None = None) -> int:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--workers", type=int, nargs="+", default=[1, 2])
+    parser.add_argument(
+        "--warmup-ticks",
+        type=int,
+        default=20,
+        help="untimed ticks first: the producer's and the workers' first connections",
+    )
     parser.add_argument("--latency-ticks", type=int, default=500)
     parser.add_argument("--rate", type=float, default=50.0, help="latency phase ticks/s")
     parser.add_argument("--burst", type=int, default=3000)
