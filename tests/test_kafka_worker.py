@@ -281,6 +281,7 @@ class PollLog:
         self._consumer = consumer
         self._log = log
         self._lock = lock
+        self.config: dict[str, Any] = consumer.config
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._consumer, name)
@@ -299,13 +300,16 @@ def test_a_tick_published_to_an_idle_worker_is_taken_by_the_poll_under_way(
 ) -> None:
     """Issue 25: no poll interval is waited out with work queued. Once a tick is on the
     broker, no poll the idle worker begins comes back empty before the tick is handled:
-    the fetch under way returns it as soon as it lands."""
+    the fetch under way returns it as soon as it lands, since the broker answers a fetch
+    at its first byte and the tick's producer sends at once."""
     log: list[tuple[str, int]] = []
     lock = threading.Lock()
     real_consumer = kafka_clients.consumer
+    consumers: list[PollLog] = []
 
     def logged_consumer(*args: Any, **kwargs: Any) -> Any:
-        return PollLog(real_consumer(*args, **kwargs), log, lock)
+        consumers.append(PollLog(real_consumer(*args, **kwargs), log, lock))
+        return consumers[-1]
 
     monkeypatch.setattr(kafka_clients, "consumer", logged_consumer)
     engine = open_engine(store_url, kafka_topics, CountingExecutor(), registry=one_step())
@@ -334,6 +338,10 @@ def test_a_tick_published_to_an_idle_worker_is_taken_by_the_poll_under_way(
         if entry == ("poll returned", 0) and ("poll begun", 0) in window[:i]
     ]
     assert waited_out == [], window
+    # The waits a tick could sit out, as configured: none while one byte is there.
+    assert consumers[0].config["fetch_min_bytes"] == 1
+    assert engine.deps.kafka_queue is not None
+    assert engine.deps.kafka_queue.producer().config["linger_ms"] == 0
     engine.close()
 
 
