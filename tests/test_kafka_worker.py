@@ -28,6 +28,7 @@ from kafka import KafkaProducer, TopicPartition
 from jobledger import Engine, EngineConfig, FunctionRegistry, JobStatus, StoreUnavailableError, Tick
 from jobledger.adapters.event_store import EventSourcedJobStore
 from jobledger.adapters.kafka import KafkaQueue, SignalMessage, job_key
+from jobledger.adapters.kafka import clients as kafka_clients
 from jobledger.adapters.kafka.messages import (
     MalformedMessage,
     TickMessage,
@@ -57,7 +58,7 @@ from tests.support.kafka_broker import (
 )
 from tests.support.outage import Outage
 from tests.support.services import postgres_schema_url
-from tests.support.workflows import DONE, STEP, linear_registry, sleep_ms, wait_event
+from tests.support.workflows import DONE, LAST_STEP, STEP, linear_registry, sleep_ms, wait_event
 
 TENANT = "acme"
 PROCS = [sys.executable, "-m", "tests.support.kafka_procs"]
@@ -270,6 +271,90 @@ def test_a_worker_run_again_after_it_stopped_handles_ticks_again(
     assert_steps_once(engine, "first", 3)
     assert_steps_once(engine, "second", 3)
     engine.close()
+
+
+class PollLog:
+    """The worker's real consumer, its polls written down in order with what else
+    happened (a publish acknowledged, a tick handled): an order, never a duration."""
+
+    def __init__(self, consumer: Any, log: list[tuple[str, int]], lock: threading.Lock) -> None:
+        self._consumer = consumer
+        self._log = log
+        self._lock = lock
+        self.config: dict[str, Any] = consumer.config
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._consumer, name)
+
+    def poll(self, **options: Any) -> Any:
+        with self._lock:
+            self._log.append(("poll begun", 0))
+        batch = self._consumer.poll(**options)
+        with self._lock:
+            self._log.append(("poll returned", sum(map(len, batch.values()))))
+        return batch
+
+
+def test_a_tick_published_to_an_idle_worker_is_taken_by_the_poll_under_way(
+    store_url: str, kafka_topics: KafkaTopics, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 25: no poll interval is waited out with work queued. Once a tick is on the
+    broker, no poll the idle worker begins comes back empty before the tick is handled:
+    the fetch under way returns it as soon as it lands, since the broker answers a fetch
+    at its first byte and the tick's producer sends at once."""
+    log: list[tuple[str, int]] = []
+    lock = threading.Lock()
+    real_consumer = kafka_clients.consumer
+    consumers: list[PollLog] = []
+
+    def logged_consumer(*args: Any, **kwargs: Any) -> Any:
+        consumers.append(PollLog(real_consumer(*args, **kwargs), log, lock))
+        return consumers[-1]
+
+    monkeypatch.setattr(kafka_clients, "consumer", logged_consumer)
+    engine = open_engine(store_url, kafka_topics, CountingExecutor(), registry=one_step())
+    engine.submit(TENANT, "warm-up", "one")
+
+    def note(message: TickMessage, report: TickReport | None) -> None:
+        with lock:
+            log.append(("handled " + message.tick.job_id, 0))
+
+    worker = KafkaWorker(engine, kafka_topics.settings(), on_tick=note)
+    with running(worker):
+        wait_for(lambda: all_done(engine, ["warm-up"]), 60, "the warm-up job completed")
+        # Idle: a poll has come back empty since (the worker is waiting on the broker).
+        wait_for(lambda: ("poll returned", 0) in after(log, lock, "handled warm-up"), 30, "idle")
+        engine.submit(TENANT, "j", "one")  # its tick is published, acknowledged
+        with lock:
+            log.append(("acknowledged", 0))
+        wait_for(lambda: all_done(engine, ["j"]), 60, "the job completed")
+    since = after(log, lock, "acknowledged")
+    window = since[: since.index(("handled j", 0))]
+    # Polls run one after another: an empty return preceded by a begin in the window is
+    # a poll that began with the tick on the broker and waited out its timeout.
+    waited_out = [
+        i
+        for i, entry in enumerate(window)
+        if entry == ("poll returned", 0) and ("poll begun", 0) in window[:i]
+    ]
+    assert waited_out == [], window
+    # The waits a tick could sit out, as configured: none while one byte is there.
+    assert consumers[0].config["fetch_min_bytes"] == 1
+    assert engine.deps.kafka_queue is not None
+    assert engine.deps.kafka_queue.producer().config["linger_ms"] == 0
+    engine.close()
+
+
+def after(log: list[tuple[str, int]], lock: threading.Lock, mark: str) -> list[tuple[str, int]]:
+    """What the log holds after ``mark`` (all of it when there is none yet)."""
+    with lock:
+        entries = list(log)
+    marks = [i for i, (what, _) in enumerate(entries) if what == mark]
+    return entries[marks[-1] + 1 :] if marks else []
+
+
+def one_step() -> FunctionRegistry:
+    return linear_registry({"one": [LAST_STEP]})
 
 
 def test_malformed_ticks_and_signals_go_to_the_dead_letter_topics_and_are_committed(

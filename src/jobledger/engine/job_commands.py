@@ -415,16 +415,16 @@ class JobCommands:
         woken = _Wake(self._wake_claim)
 
         def resume(job: Job) -> list[ConsumedKey]:
-            self._refuse_used(job, KeyKind.TOKEN, claims.nonce)
-            job.resume_by_token(
-                step_number=claims.step_number,
-                event_name=claims.event_name,
-                nonce=claims.nonce,
-                token_sha256=token_sha256,
-                payload=data,
-                now=self._clock.now(),
-                claim=woken.claim(job),
-            )
+            with self._refused_if_used(job, KeyKind.TOKEN, claims.nonce):
+                job.resume_by_token(
+                    step_number=claims.step_number,
+                    event_name=claims.event_name,
+                    nonce=claims.nonce,
+                    token_sha256=token_sha256,
+                    payload=data,
+                    now=self._clock.now(),
+                    claim=woken.claim(job),
+                )
             return [self._key(job, KeyKind.TOKEN, claims.nonce)]
 
         job = self.apply(
@@ -434,11 +434,12 @@ class JobCommands:
             missing=TokenMismatchError,
             duplicate=lambda: self._used_token(claims),
         )
-        self._wake(job, WAKE_REASONS["token"], woken.claim_id)
         self._orchestrator.report(
             job, "job.resumed", source="token", nonce=claims.nonce, stepNumber=claims.step_number
         )
-        return JobView.of(job)
+        view = JobView.of(job)
+        self._wake(job, WAKE_REASONS["token"], woken.claim_id)  # last: it may hand the job on
+        return view
 
     def _used_token(self, claims: TokenClaims) -> JobLedgerError:
         """A consumed nonce: used to resume the job, or voided by a reissue."""
@@ -526,14 +527,14 @@ class JobCommands:
 
         def deliver(job: Job) -> list[ConsumedKey]:
             nonlocal outcome
-            self._refuse_used(job, KeyKind.SIGNAL, signal_id)
-            resumed = job.deliver_signal(
-                signal_id=signal_id,
-                event_name=event_name,
-                payload=data,
-                now=self._clock.now(),
-                claim=woken.claim(job),
-            )
+            with self._refused_if_used(job, KeyKind.SIGNAL, signal_id):
+                resumed = job.deliver_signal(
+                    signal_id=signal_id,
+                    event_name=event_name,
+                    payload=data,
+                    now=self._clock.now(),
+                    claim=woken.claim(job),
+                )
             outcome = SignalOutcome.RESUMED if resumed else SignalOutcome.BUFFERED
             return [self._key(job, KeyKind.SIGNAL, signal_id)]
 
@@ -541,11 +542,11 @@ class JobCommands:
             job = self.apply(tenant_id, job_id, deliver)
         except DuplicateKeyError:
             return SignalOutcome.DUPLICATE
-        if outcome is SignalOutcome.RESUMED:
-            self._wake(job, WAKE_REASONS["signal"], woken.claim_id)
         self._orchestrator.report(
             job, f"job.signal.{outcome}", signalId=signal_id, eventName=event_name
         )
+        if outcome is SignalOutcome.RESUMED:  # last: the wake may hand the job on
+            self._wake(job, WAKE_REASONS["signal"], woken.claim_id)
         return outcome
 
     def decide(
@@ -568,15 +569,15 @@ class JobCommands:
             text(comment, what="approval comment", max_bytes=self._config.limits.max_payload_bytes)
 
         def decide(job: Job) -> list[ConsumedKey]:
-            self._refuse_used(job, KeyKind.APPROVAL, approval_id)
-            job.decide_approval(
-                approval_id=approval_id,
-                decision=verdict,
-                decided_by=decided_by,
-                comment=comment,
-                action_sha256=action_sha256,
-                now=self._clock.now(),
-            )
+            with self._refused_if_used(job, KeyKind.APPROVAL, approval_id):
+                job.decide_approval(
+                    approval_id=approval_id,
+                    decision=verdict,
+                    decided_by=decided_by,
+                    comment=comment,
+                    action_sha256=action_sha256,
+                    now=self._clock.now(),
+                )
             return [self._key(job, KeyKind.APPROVAL, approval_id)]
 
         job = self.apply(
@@ -702,6 +703,8 @@ class JobCommands:
         if not turn.acquire(timeout=max(0.0, deadline - time.monotonic())):
             raise VersionConflict("other writers in this process held the job throughout")
         try:
+            # A job handed to a tick of this process is about to change: the tick loads.
+            self._orchestrator.handed.drop(job_uuid(tenant_id, job_id))
             job = self._jobs.fetch(tenant_id, job_id)
             if job is None:
                 return None
@@ -720,11 +723,25 @@ class JobCommands:
             timestamp=self._clock.now(),
         )
 
+    @contextmanager
+    def _refused_if_used(self, job: Job, kind: KeyKind, key: str) -> Iterator[None]:
+        """Around a command that consumes ``key``: when the job refuses the command, a
+        consumed key is the reason given (DuplicateKeyError). The store is asked only
+        then: a use that committed first left the job past the wait or gate it names, so
+        the command refuses; and a command the job accepts with a used key collides with
+        that key in its append. A job of the legacy key scheme is asked first, since its
+        keys may sit under ids this append does not write."""
+        if job.key_scheme == LEGACY_KEY_SCHEME:
+            self._refuse_used(job, kind, key)
+        try:
+            yield
+        except JobLedgerError:
+            self._refuse_used(job, kind, key)
+            raise
+
     def _refuse_used(self, job: Job, kind: KeyKind, key: str) -> None:
-        """DuplicateKeyError if the job consumed the key already. Asked of the job as
-        loaded, before deciding: a racing use that committed first is then seen here (or
-        collides with this append), so the loser is told it was a replay, not that the job
-        moved on."""
+        """DuplicateKeyError if the job consumed the key already: the loser of a race is
+        told it was a replay, not that the job moved on."""
         if self._store.find_key(job.id, key_id(kind, job.tenant_id, job.job_id, key)):
             raise DuplicateKeyError(kind, key)
         if job.key_scheme != LEGACY_KEY_SCHEME:
@@ -759,6 +776,9 @@ class JobCommands:
         held = claim_id is not None and job.status is JobStatus.RUNNING
         if job.status is not JobStatus.QUEUED and not (held and job.claim_id == claim_id):
             return
+        if held and claim_id is not None:
+            # The tick starts from the job as committed: one load per resume, not two.
+            self._orchestrator.handed.hand(claim_id, job)
         with self._job_span("jobledger.wake", job.tenant_id, job.job_id, job) as span:
             span.set({"jobledger.wake.reason": reason, "jobledger.job.version": job.version})
             tick = Tick(

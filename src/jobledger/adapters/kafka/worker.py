@@ -15,7 +15,10 @@ returns); the effect of a dead-lettered message is its copy on the dead-letter t
   again (to this worker after a restart, or to another after the rebalance). Claims and
   step keys make that safe: a recorded step is never recorded or run again.
 
-Commits happen after every polled batch, before the next poll. Rebalances only happen
+Commits are sent after every polled batch, before the next poll, without waiting for
+the coordinator's answer: the next message does not wait out that round trip, and a
+commit that is lost only means messages already handled are delivered again. When the
+worker stops, its last offsets are committed again, waiting. Rebalances only happen
 inside poll(), so nothing is pending when the rebalance listener runs; the listener
 only records assignments (it runs on the client's IO thread, where the blocking
 commit() must not be called).
@@ -151,6 +154,8 @@ class KafkaWorker:
         self.concurrency = concurrency
         self._halted = threading.Event()
         self._done: dict[Position, bool] = {}
+        self._sent: dict[TopicPartition, OffsetAndMetadata] = {}
+        """The offsets last sent for commit, per partition: committed again at the stop."""
         self.consumer_lag: dict[tuple[str, int], int] = {}
         """Per assigned (topic, partition): messages between this worker's position and
         the partition's end, as of its last poll (replaced whole, so a scrape reads one)."""
@@ -189,6 +194,7 @@ class KafkaWorker:
         finally:
             try:
                 lanes.close()
+                self.settle(consumer)
                 consumer.close(autocommit=False)
             finally:
                 producer, self._dlq_producer = self._dlq_producer, None
@@ -261,17 +267,39 @@ class KafkaWorker:
         self._done[(record.topic, record.partition, record.offset)] = ok
 
     def commit(self, consumer: Any, offsets: dict[TopicPartition, int]) -> None:
+        """Send the offsets of handled messages; the answer is counted when it comes."""
+        if not offsets:
+            return
+        stamped = {tp: OffsetAndMetadata(o, "", -1) for tp, o in offsets.items()}
+        self._sent.update(stamped)
+        try:
+            consumer.commit_async(stamped, callback=self._answered)
+        except KafkaError as error:
+            self._answered(stamped, error)
+
+    def _answered(self, offsets: dict[TopicPartition, Any], response: object) -> None:
+        """A commit's answer (on the polling thread). A refusal (the partition was taken
+        away, the coordinator is away) means those messages are delivered again, which
+        is safe; nothing is skipped."""
+        if isinstance(response, Exception):
+            self.stats.commit_failures += 1
+            log.warning("offset commit failed; the messages will be re-delivered: %r", response)
+            return
+        self.stats.committed += len(offsets)
+
+    def settle(self, consumer: Any) -> None:
+        """At the stop, commit the last offsets sent again and wait for the answer, for
+        the partitions this worker still holds: an answer still on its way when the
+        consumer closes would be lost, and those messages handled again."""
+        held = consumer.assignment()
+        offsets = {tp: o for tp, o in self._sent.items() if tp in held}
+        self._sent.clear()
         if not offsets:
             return
         try:
-            consumer.commit({tp: OffsetAndMetadata(o, "", -1) for tp, o in offsets.items()})
+            consumer.commit(offsets)
         except KafkaError as error:
-            # The partition was taken away (a rebalance) or the coordinator is away:
-            # those messages are delivered again, which is safe; nothing is skipped.
-            self.stats.commit_failures += 1
-            log.warning("offset commit failed; the messages will be re-delivered: %r", error)
-            return
-        self.stats.committed += sum(1 for _ in offsets)
+            self._answered(offsets, error)
 
     def backoff(self) -> float:
         """Grows with each consecutive failure, with jitter: workers that lost the same
