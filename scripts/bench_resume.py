@@ -126,8 +126,12 @@ class Latencies:
     """Commits of the events tables from the resume to the next step's record, inclusive."""
     rows_per_resume: float
     reads_per_resume: float
-    """Reads of the events tables from the resume to the next step's record (the job
-    loaded once: by the resume; the tick it wakes starts from what the resume wrote)."""
+    """Selects of the events tables that returned rows, from the resume to the next step's
+    record: none when the engine holds the job (its wait's tick handed it back, and the
+    resume hands it on to the tick it wakes)."""
+    empty_reads_per_resume: float
+    """Selects that found nothing: the resume's and the tick's look for events newer than
+    the job they took."""
     cpu_us_per_resume: float
     """CPU time of this process (every thread) per resume and its step: a figure a busy
     machine disturbs less than the wall-clock ones."""
@@ -293,7 +297,7 @@ def run_kind(
     engine.run_until_idle()  # every job now waits for the event
     resume = resumer(engine, inbox, kind)
     samples: list[float] = []
-    commits = rows = reads = 0
+    commits = rows = reads = empty = 0
     cpu = time.process_time()
     with Progress(f"{label}: {kind} resumes", jobs) as progress:
         for job_id in job_ids:
@@ -307,6 +311,7 @@ def run_kind(
             counts = counter.reset()  # the job completes with that step: nothing after it
             commits, rows = commits + counts.appends, rows + counts.rows
             reads += counts.reads
+            empty += counts.empty_reads
             if done is not None:
                 samples.append(done - started)
             progress.advance(1)
@@ -324,6 +329,7 @@ def run_kind(
         commits_per_resume=commits / jobs,
         rows_per_resume=rows / jobs,
         reads_per_resume=reads / jobs,
+        empty_reads_per_resume=empty / jobs,
         cpu_us_per_resume=1e6 * cpu / jobs,
         incomplete_jobs=incomplete,
     )
@@ -359,7 +365,7 @@ def bench_postgres(args: argparse.Namespace, base_url: str) -> StoreResult:
 def print_text(results: list[StoreResult]) -> None:
     print(
         f"{'store':<10}{'resume by':<11}{'samples':>8}{'p50 ms':>9}{'p99 ms':>9}"
-        f"{'max ms':>9}{'commits':>9}{'rows':>7}{'reads':>7}{'CPU us':>8}  targets"
+        f"{'max ms':>9}{'commits':>9}{'rows':>7}{'reads':>7}{'empty':>7}{'CPU us':>8}  targets"
     )
     for r in results:
         lg = r.langgraph
@@ -367,7 +373,8 @@ def print_text(results: list[StoreResult]) -> None:
             print(
                 f"{r.store:<10}{k.kind:<11}{k.samples:>8}{k.p50_ms:>9.3f}{k.p99_ms:>9.3f}"
                 f"{k.max_ms:>9.3f}{k.commits_per_resume:>9.2f}{k.rows_per_resume:>7.2f}"
-                f"{k.reads_per_resume:>7.2f}{k.cpu_us_per_resume:>8.0f}  "
+                f"{k.reads_per_resume:>7.2f}{k.empty_reads_per_resume:>7.2f}"
+                f"{k.cpu_us_per_resume:>8.0f}  "
                 f"p50 <= {r.target_p50_ms} ms: "
                 f"{met(k.p50_ms <= r.target_p50_ms)}; {versus_langgraph(k, lg)}"
             )

@@ -184,8 +184,17 @@ class StoreCounts:
     signed_rows: int = 0
     """Rows whose stored state carries a signature (the row format's ``"signer":``)."""
     reads: int = 0
+    """Selects of the events or snapshots tables that returned rows (history read)."""
+    empty_reads: int = 0
+    """Selects that found nothing: a kept job's look for newer events, a key asked for."""
     latencies: list[float] = field(default_factory=list)
     """Seconds from the executor's call to the step's commit returning."""
+
+    def count_read(self, rows: Sequence[Any]) -> None:
+        if rows:
+            self.reads += 1
+        else:
+            self.empty_reads += 1
 
     def add_append(self, stored_events: Sequence[Any]) -> bool:
         """Count one append; True when it recorded a step."""
@@ -241,9 +250,10 @@ class CountingRecorders:
             return result
 
         def select_events(*args: Any, **kwargs: Any) -> Any:
+            found = select(*args, **kwargs)
             with self.lock:
-                self.counts.reads += 1
-            return select(*args, **kwargs)
+                self.counts.count_read(found)
+            return found
 
         recorder.insert_events = insert_events
         recorder.select_events = select_events
@@ -270,9 +280,10 @@ class CountingRecorders:
             return result
 
         def select_events(*args: Any, **kwargs: Any) -> Any:
+            found = select(*args, **kwargs)
             with self.lock:
-                self.counts.reads += 1
-            return select(*args, **kwargs)
+                self.counts.count_read(found)
+            return found
 
         recorder.insert_events = insert_events
         recorder.select_events = select_events

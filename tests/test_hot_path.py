@@ -10,6 +10,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from jobledger import Engine, JobStatus
+from jobledger.adapters.event_store import EventSourcedJobStore
 from jobledger.domain.identity import job_uuid
 from tests.support.engines import CountingExecutor, EngineFactory, store_of
 
@@ -17,10 +18,10 @@ TENANT = "t"
 
 
 @contextmanager
-def rows_read(engine: Engine) -> Iterator[list[int]]:
-    """Counts the job rows every select of the engine's events tables returns."""
+def rows_read(store: EventSourcedJobStore) -> Iterator[list[int]]:
+    """Counts the rows every select of the store's events tables returns."""
     counts: list[int] = []
-    recorders = [partition.events.recorder for partition in store_of(engine).partitions]
+    recorders = [partition.events.recorder for partition in store.partitions]
     originals = [recorder.select_events for recorder in recorders]
 
     def counting(select: Any) -> Any:
@@ -47,7 +48,7 @@ def test_each_tick_after_the_first_reads_no_row_its_predecessor_wrote(
     engine.submit(TENANT, "j", "agent3")
     first = engine.tick(TENANT, "j")
     assert first.steps_executed == 1
-    with rows_read(engine) as counts:
+    with rows_read(store_of(engine)) as counts:
         for _ in range(3):
             engine.tick(TENANT, "j")
     assert engine.job(TENANT, "j").status == JobStatus.COMPLETED

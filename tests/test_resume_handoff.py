@@ -1,5 +1,7 @@
 """A resume (token or signal) and the tick it wakes in this engine read the job from the
-store once: the tick starts from the job as the resume committed it (issue 25, item 5)."""
+store once: the resume hands the job it committed back to the store (``JobStore.keep``),
+and the tick's load takes it, asking the store only for events another writer added
+since; none here (issue 25, item 5)."""
 
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ from jobledger.domain.job import Job
 from jobledger.engine.engine import SignalOutcome
 from jobledger.orchestration.ports import JobStore
 from tests.support.engines import CountingExecutor, EngineFactory, StoreAround
+from tests.test_hot_path import rows_read
 from tests.support.notifiers import Inbox
 from tests.support.workflows import LAST_STEP, STEP, linear_registry, wait_event
 
@@ -76,12 +79,15 @@ def test_a_token_resume_and_its_tick_load_the_job_once(
 ) -> None:
     engine, reads = store
 
-    engine.resume(inbox.tokens["j"].token, {"paid": 1})
-    assert engine.run_until_idle() == 1
+    with rows_read(reads.inner) as rows:
+        engine.resume(inbox.tokens["j"].token, {"paid": 1})
+        assert engine.run_until_idle() == 1
 
-    # One load (the resume's); no key lookup (a fresh nonce is asked of the store only
-    # when the job refuses the resume); the tick read nothing.
-    assert reads.of_job() == Counter({"load": 1})
+    # The resume's load and the tick's; no key lookup (a fresh nonce is asked of the store
+    # only when the job refuses the resume). The job was read once: the resume's load
+    # read its events, the tick's read no row.
+    assert reads.of_job() == Counter({"load": 2})
+    assert rows[1:] == [0]
     job = engine.job("t", "j")
     assert job.status is JobStatus.COMPLETED and job.state["paid"] == 1
     assert executor.calls["t/j:step:3"] == 1
@@ -93,10 +99,12 @@ def test_a_signal_and_its_tick_load_the_job_once(
 ) -> None:
     engine, reads = store
 
-    assert engine.signal("t", "j", "go", {"n": 2}, signal_id="s1") is SignalOutcome.RESUMED
-    engine.run_until_idle()
+    with rows_read(reads.inner) as rows:
+        assert engine.signal("t", "j", "go", {"n": 2}, signal_id="s1") is SignalOutcome.RESUMED
+        engine.run_until_idle()
 
-    assert reads.of_job() == Counter({"load": 1})
+    assert reads.of_job() == Counter({"load": 2})
+    assert rows[1:] == [0]
     assert engine.job("t", "j").status is JobStatus.COMPLETED
     assert executor.calls["t/j:step:3"] == 1
 
@@ -122,7 +130,7 @@ def test_a_used_token_or_signal_id_is_still_refused(
     assert reads.of_job()["find_key"] == 1
 
 
-def test_an_input_from_another_process_before_the_tick_is_rebased_onto(
+def test_an_input_from_another_process_before_the_tick_is_seen_by_it(
     store: tuple[Engine, CountingReads],
     make_engine: EngineFactory,
     inbox: Inbox,
@@ -144,7 +152,7 @@ def test_an_input_from_another_process_before_the_tick_is_rebased_onto(
     assert engine.verify("t", "j") is None
 
 
-def test_this_engines_own_command_voids_the_hand_off(
+def test_this_engines_own_command_before_the_tick_is_seen_by_it(
     store: tuple[Engine, CountingReads], inbox: Inbox, executor: CountingExecutor
 ) -> None:
     engine, reads = store
@@ -153,7 +161,29 @@ def test_this_engines_own_command_voids_the_hand_off(
     engine.cancel("t", "j", reason="withdrawn", by="support")
     engine.run_until_idle()
 
-    # The tick loaded the cancelled job instead of running a step on the resumed one.
+    # The cancel took the job the resume handed back; the tick loaded the cancelled job
+    # instead of running a step on the resumed one.
     assert reads.of_job()["load"] == 3  # the resume's, the cancel's, the tick's
     assert engine.job("t", "j").status is JobStatus.CANCELLED
     assert executor.calls["t/j:step:3"] == 0
+
+
+def test_a_cancel_from_another_process_before_the_tick_runs_no_step(
+    store: tuple[Engine, CountingReads],
+    make_engine: EngineFactory,
+    inbox: Inbox,
+    executor: CountingExecutor,
+) -> None:
+    """The tick starts from the job the resume handed back, brought up to date: a cancel
+    another process committed in between is seen before any step runs (not discarded
+    after a paid side effect)."""
+    engine, _ = store
+    other = make_engine(registry=registry())
+    engine.resume(inbox.tokens["j"].token)
+    other.cancel("t", "j", reason="withdrawn", by="support")
+    engine.run_until_idle()
+
+    assert engine.job("t", "j").status is JobStatus.CANCELLED
+    assert executor.calls["t/j:step:3"] == 0
+    types = [entry.event_type for entry in engine.history("t", "j")]
+    assert "LateResultDiscarded" not in types

@@ -703,8 +703,6 @@ class JobCommands:
         if not turn.acquire(timeout=max(0.0, deadline - time.monotonic())):
             raise VersionConflict("other writers in this process held the job throughout")
         try:
-            # A job handed to a tick of this process is about to change: the tick loads.
-            self._orchestrator.handed.drop(job_uuid(tenant_id, job_id))
             job = self._jobs.fetch(tenant_id, job_id)
             if job is None:
                 return None
@@ -776,9 +774,6 @@ class JobCommands:
         held = claim_id is not None and job.status is JobStatus.RUNNING
         if job.status is not JobStatus.QUEUED and not (held and job.claim_id == claim_id):
             return
-        if held and claim_id is not None:
-            # The tick starts from the job as committed: one load per resume, not two.
-            self._orchestrator.handed.hand(claim_id, job)
         with self._job_span("jobledger.wake", job.tenant_id, job.job_id, job) as span:
             span.set({"jobledger.wake.reason": reason, "jobledger.job.version": job.version})
             tick = Tick(
@@ -788,7 +783,12 @@ class JobCommands:
                 claim_id=claim_id if held else None,
                 trace_context=span.carrier or None,
             )
-            self._deps.queue.enqueue(tick, dedupe_key=f"{reason}:{job.version}")
+            dedupe_key = f"{reason}:{job.version}"
+            if held:
+                # The command's last use of the object: the tick's load takes it as
+                # committed and asks the store only for what another writer added since.
+                self._store.keep(job)
+            self._deps.queue.enqueue(tick, dedupe_key=dedupe_key)
 
     @contextmanager
     def _job_span(

@@ -55,7 +55,6 @@ from jobledger.orchestration import tracing
 from jobledger.orchestration.child_jobs import Family, Spawner
 from jobledger.orchestration.deployment import Deployment
 from jobledger.orchestration.group_commit import SharedLoop
-from jobledger.orchestration.handoff import HandedJobs
 from jobledger.orchestration.heartbeat import Heartbeats
 from jobledger.orchestration.ports import (
     AdmissionGate,
@@ -212,8 +211,6 @@ class Orchestrator:
         """Steps run here whose record the store refused, until their retry records them."""
         self.async_steps = SharedLoop()
         """The loop ``async def`` steps run on, shared by the tick threads."""
-        self.handed = HandedJobs()
-        """Jobs a resume committed for the tick it woke here: that tick does not load them."""
         # Without a Leases port a claim is only its Claimed event's lease (no heartbeat).
         leases = wiring.leases
         self.heartbeats = (
@@ -230,7 +227,7 @@ class Orchestrator:
         """Advance the job until it parks, finishes, or spends this tick's step budget,
         in a span of the job's trace: the child of the span that enqueued the tick, else
         of the one that submitted the job."""
-        job = self.handed.take(tick) or self.load(tick)
+        job = self.load(tick)
         attributes: Attributes = {
             "jobledger.tenant_id": job.tenant_id,
             "jobledger.job_id": job.job_id,
