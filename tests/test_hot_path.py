@@ -9,7 +9,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
-from jobledger import Engine, JobStatus
+from jobledger import JobStatus
 from jobledger.adapters.event_store import EventSourcedJobStore
 from jobledger.domain.identity import job_uuid
 from tests.support.engines import CountingExecutor, EngineFactory, store_of

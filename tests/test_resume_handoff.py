@@ -18,9 +18,9 @@ from jobledger.domain.job import Job
 from jobledger.engine.engine import SignalOutcome
 from jobledger.orchestration.ports import JobStore
 from tests.support.engines import CountingExecutor, EngineFactory, StoreAround
-from tests.test_hot_path import rows_read
 from tests.support.notifiers import Inbox
 from tests.support.workflows import LAST_STEP, STEP, linear_registry, wait_event
+from tests.test_hot_path import rows_read
 
 JOB = job_uuid("t", "j")
 
