@@ -35,7 +35,7 @@ from jobledger.domain.errors import InvalidPayloadError, StoreUnavailableError
 from jobledger.domain.job import Job
 from jobledger.domain.schedule import Schedule
 from jobledger.domain.status import TERMINAL_STATUSES, JobStatus
-from jobledger.orchestration.ports import BlockedNote
+from jobledger.orchestration.ports import BlockedNote, DueFilter
 from jobledger.projections import approvals, blocked, schedules, spend, status
 from jobledger.projections.schedules import ScheduleRow
 from jobledger.projections.status import StatusRow
@@ -88,6 +88,19 @@ def parse_cursor(text: str) -> tuple[datetime, str]:
         raise InvalidPayloadError(f"not a listing cursor: {text!r}") from None
 
 
+# A running job whose heartbeat keeps a live lease row (or that a take-over is claiming
+# right now) is not due, whatever its Claimed lease says.
+_LEASE_LIVE = (
+    "EXISTS (SELECT 1 FROM {leases} AS l "
+    "WHERE l.job_uuid = s.job_uuid AND l.lease_until > :now)"
+)
+# Held by the admission gate: its tick comes when a pass admits it, and a tick for each
+# of a deep backlog would only fill the tick queue.
+_ADMISSION_HELD = (
+    "EXISTS (SELECT 1 FROM {admission} AS a WHERE a.job_uuid = s.job_uuid AND a.state = 0)"
+)
+
+
 class JobViews(TrackedReader):
     """Every public method translates store errors (``store_errors``): callers see
     StoreUnavailableError, never a driver's or the library's own error."""
@@ -133,6 +146,7 @@ class JobViews(TrackedReader):
             Migration(2, "the status view's deadline_at, folded again", self._add_columns),
             Migration(3, "the status view's mission and correlation ids", self._add_columns),
             Migration(4, "the schedules view", _create_schedules),
+            Migration(5, "the status view's taken marks", status.add_taken_marks),
         )
 
     @store_errors("creating the views")
@@ -268,20 +282,51 @@ class JobViews(TrackedReader):
             "WHERE status = :status AND due_at <= :before"
         )
         if job_status is JobStatus.RUNNING:
-            statement += (
-                f" AND NOT EXISTS (SELECT 1 FROM {self.backend.table(LEASE_TABLE)} AS l "
-                "WHERE l.job_uuid = s.job_uuid AND l.lease_until > :before)"
-            )
+            leases = self.backend.table(LEASE_TABLE)
+            statement += f" AND NOT {_LEASE_LIVE.format(leases=leases)}"
         if job_status is JobStatus.QUEUED:
-            # Held by the admission gate: its tick comes when a pass admits it, and a
-            # tick for each of a deep backlog would only fill the tick queue.
-            statement += (
-                f" AND NOT EXISTS (SELECT 1 FROM {self.backend.table(ADMISSION_TABLE)} AS a "
-                "WHERE a.job_uuid = s.job_uuid AND a.state = 0)"
-            )
+            admission = self.backend.table(ADMISSION_TABLE)
+            statement += f" AND NOT {_ADMISSION_HELD.format(admission=admission)}"
         statement += " ORDER BY due_at LIMIT :limit"
-        params = {"status": str(job_status), "before": self.backend.ts(before), "limit": limit}
+        params = {
+            "status": str(job_status),
+            "before": self.backend.ts(before),
+            "now": self.backend.ts(before),
+            "limit": limit,
+        }
         return [status.row_from(r) for r in self.backend.fetch(statement, params)]
+
+    @store_errors("taking due jobs")
+    def take_due(self, due: DueFilter, limit: int, hold_until: datetime) -> list[StatusRow]:
+        """Mark at most ``limit`` due jobs taken by the caller and return them, in one
+        statement. A job is taken at its version: no other caller takes it again until
+        the view moves on (its tick appended) or ``hold_until`` passes (the taker died
+        first). Concurrent callers pass each other's rows by (``SKIP LOCKED``) instead of
+        waiting for them, so each due job goes to exactly one of them."""
+        b = self.backend
+        t = b.table("jobledger_job_status")
+        timed = ", ".join(f"'{s}'" for s in due.timed)
+        idle = ", ".join(f"'{s}'" for s in due.idle)
+        statement = (
+            f"UPDATE {t} SET taken_version = version, taken_until = :hold "
+            f"WHERE job_uuid IN (SELECT s.job_uuid FROM {t} AS s "
+            f"WHERE ((s.status IN ({timed}) AND s.due_at <= :now) "
+            f"OR (s.status IN ({idle}) AND s.due_at <= :idle)) "
+            "AND (s.taken_version IS NULL OR s.taken_version <> s.version "
+            "OR s.taken_until <= :now) "
+            f"AND NOT (s.status = 'running' AND {_LEASE_LIVE.format(leases=b.table(LEASE_TABLE))}) "
+            f"AND NOT (s.status = 'queued' AND {_ADMISSION_HELD.format(admission=b.table(ADMISSION_TABLE))}) "
+            f"ORDER BY s.due_at LIMIT :limit {b.skip_locked}) RETURNING *"
+        )
+        params = {
+            "now": b.ts(due.now),
+            "idle": b.ts(due.idle_before),
+            "hold": b.ts(hold_until),
+            "limit": limit,
+        }
+        with b.transaction() as curs:
+            curs.execute(b.sql(statement), params)
+            return [status.row_from(b.row(r)) for r in curs.fetchall()]
 
     @store_errors("reading due schedules")
     def due_schedules(self, before: datetime, limit: int) -> list[ScheduleRow]:
