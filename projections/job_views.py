@@ -91,8 +91,7 @@ def parse_cursor(text: str) -> tuple[datetime, str]:
 # A running job whose heartbeat keeps a live lease row (or that a take-over is claiming
 # right now) is not due, whatever its Claimed lease says.
 _LEASE_LIVE = (
-    "EXISTS (SELECT 1 FROM {leases} AS l "
-    "WHERE l.job_uuid = s.job_uuid AND l.lease_until > :now)"
+    "EXISTS (SELECT 1 FROM {leases} AS l WHERE l.job_uuid = s.job_uuid AND l.lease_until > :now)"
 )
 # Held by the admission gate: its tick comes when a pass admits it, and a tick for each
 # of a deep backlog would only fill the tick queue.
@@ -307,16 +306,21 @@ class JobViews(TrackedReader):
         t = b.table("jobledger_job_status")
         timed = ", ".join(f"'{s}'" for s in due.timed)
         idle = ", ".join(f"'{s}'" for s in due.idle)
+        lease_live = _LEASE_LIVE.format(leases=b.table(LEASE_TABLE))
+        admission_held = _ADMISSION_HELD.format(admission=b.table(ADMISSION_TABLE))
+        # The choice is a WITH query: PostgreSQL runs it once, where a subquery in the
+        # UPDATE's WHERE could be run again and skip its way past the LIMIT.
         statement = (
-            f"UPDATE {t} SET taken_version = version, taken_until = :hold "
-            f"WHERE job_uuid IN (SELECT s.job_uuid FROM {t} AS s "
+            f"WITH chosen AS (SELECT s.job_uuid FROM {t} AS s "
             f"WHERE ((s.status IN ({timed}) AND s.due_at <= :now) "
             f"OR (s.status IN ({idle}) AND s.due_at <= :idle)) "
             "AND (s.taken_version IS NULL OR s.taken_version <> s.version "
             "OR s.taken_until <= :now) "
-            f"AND NOT (s.status = 'running' AND {_LEASE_LIVE.format(leases=b.table(LEASE_TABLE))}) "
-            f"AND NOT (s.status = 'queued' AND {_ADMISSION_HELD.format(admission=b.table(ADMISSION_TABLE))}) "
-            f"ORDER BY s.due_at LIMIT :limit {b.skip_locked}) RETURNING *"
+            f"AND NOT (s.status = 'running' AND {lease_live}) "
+            f"AND NOT (s.status = 'queued' AND {admission_held}) "
+            f"ORDER BY s.due_at LIMIT :limit {b.skip_locked}) "
+            f"UPDATE {t} SET taken_version = version, taken_until = :hold "
+            "WHERE job_uuid IN (SELECT job_uuid FROM chosen) RETURNING *"
         )
         params = {
             "now": b.ts(due.now),
