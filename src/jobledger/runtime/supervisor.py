@@ -246,7 +246,8 @@ class Supervisor:
         wired: list[_Service] = []
         if self.services.views:
             assert self.views is not None
-            follower = ProjectionRunner(self.views, poll_interval=0.2)
+            lock = lock_for(self.engine.deps.store.location, "views")
+            follower = ProjectionRunner(self.views, poll_interval=0.2, lock=lock)
             wired.append(_Service("projections", follower.run_forever, follower.stop))
         if self.services.outbox:
             wired.append(self._outbox())
