@@ -136,6 +136,8 @@ class Reconciler:
         now = self.clock.now()
         due = DueFilter(now, now - self.lost_tick_after, TIMED_STATUSES, IDLE_STATUSES)
         taken = self.views.take_due(due, limit, now + self.take_hold)
+        for job in taken:
+            self.record_reconciled(job, taken=True)
         return [Tick(job.tenant_id, job.job_id, f"reconcile_{job.status}") for job in taken]
 
     def enqueue(self, job: DueJob, now: datetime) -> bool:
@@ -148,6 +150,13 @@ class Reconciler:
             dedupe_key=f"reconcile:{job.version}",
         )
         self.sent[moment] = now
+        self.record_reconciled(job)
+        return True
+
+    def record_reconciled(self, job: DueJob, *, taken: bool = False) -> None:
+        metadata: dict[str, object] = {"version": job.version}
+        if taken:
+            metadata["taken"] = True  # by a local worker, from the store
         self.ops.record(
             OpsEvent(
                 jobId=job.job_id,
@@ -155,10 +164,9 @@ class Reconciler:
                 eventType="job.reconciled",
                 status=job.status,
                 source="job_reconciler",
-                metadata={"version": job.version},
+                metadata=metadata,
             )
         )
-        return True
 
     def forget_before(self, cutoff: datetime) -> None:
         self.sent = {k: v for k, v in self.sent.items() if v >= cutoff}
