@@ -87,8 +87,8 @@ class Services:
         """What each command of the CLI runs, on the local transport or on Kafka.
 
         - ``run``: everything: workers, the views, the reconciler (and on Kafka the outbox).
-        - ``worker``: workers; on the local transport fed by a reconciler (nobody else
-          enqueues for them), on Kafka nothing else.
+        - ``worker``: workers; on the local transport with a reconciler, whose rule of
+          what is due they take jobs by (``Reconciler.take``), on Kafka nothing else.
         - ``reconcile``: the reconciler (on the local transport with one worker, which
           runs what it enqueues).
         - ``projections``: the views, and the outbox if asked for.
