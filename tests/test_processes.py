@@ -23,6 +23,7 @@ from jobledger.domain.identity import step_key
 from jobledger.orchestration.ports import DueFilter
 from jobledger.orchestration.reconciler import IDLE_STATUSES, TIMED_STATUSES
 from jobledger.projections import JobViews
+from jobledger.runtime.processes import STARTUP_SECONDS
 from jobledger.workflows import DefinitionRegistry, parse_definition
 from tests.support import pythonpath
 from tests.support.cli import JOBLEDGER
@@ -254,3 +255,52 @@ def test_a_taken_job_is_taken_again_only_once_it_moved_on_or_its_hold_passed(
     assert take() == {"moves"}
     clock.advance(timedelta(seconds=10))  # the taker of "stalls" never ticked it
     assert take() == {"stalls"}
+
+
+def children_of(pid: int) -> set[int]:
+    text = Path(f"/proc/{pid}/task/{pid}/children").read_text()
+    return {int(child) for child in text.split()}
+
+
+def test_the_parent_starts_again_a_process_that_died_and_stops_the_new_one_too(
+    tmp_path: Path, store: str
+) -> None:
+    setup = Setup(tmp_path, store)
+    parent = setup.start("worker", "--processes", "2", name="parent")
+    try:
+        wait_until(setup.all_done, "every job to complete")
+        wait_until(lambda: len(children_of(parent.pid)) == 2, "two processes")
+        time.sleep(STARTUP_SECONDS)  # past its start: a death now is not a failed start
+        first = children_of(parent.pid)
+        victim = min(first)
+        os.kill(victim, signal.SIGKILL)
+        wait_until(
+            lambda: len(children := children_of(parent.pid)) == 2 and children != first,
+            "the dead process started again",
+            timeout=60,
+        )
+        replaced = children_of(parent.pid)
+    finally:
+        status = stop(parent)
+    assert victim not in replaced and len(replaced & first) == 1
+    assert status == 0, setup.log("parent")
+    for pid in replaced:
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+
+
+def test_processes_that_cannot_start_stop_the_parent_with_their_status(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("JOBLEDGER_")}
+    env["PYTHONPATH"] = pythonpath()
+    # No definitions and no executor here: every process exits 3 at once, and would again.
+    done = subprocess.run(
+        [str(JOBLEDGER), "worker", "--processes", "2"],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        timeout=120,
+    )
+    assert done.returncode == 3, done
+    assert "exited with 3 while starting" in done.stderr
+    assert "needs workflow definitions" in done.stderr

@@ -81,7 +81,7 @@ class ProcessGroup:
 
     def _stop(self) -> int:
         """SIGTERM to each child still running, then wait for all (a child past the
-        timeout is killed); 0 if every child exited 0."""
+        timeout is killed); 0 if every child stopped cleanly."""
         for child in self.children:
             if child.process.poll() is None:
                 child.process.send_signal(signal.SIGTERM)
@@ -94,7 +94,10 @@ class ProcessGroup:
                 log.error("process %d did not stop in time; killing it", child.number)
                 child.process.kill()
                 statuses.append(child.process.wait())
-        return next((status for status in statuses if status != 0), 0)
+        # A child still starting dies of the SIGTERM itself (no handler yet): it had
+        # nothing in hand, so that is a clean stop too.
+        clean = (0, -signal.SIGTERM)
+        return next((status for status in statuses if status not in clean), 0)
 
     @contextmanager
     def _stop_on_signals(self) -> Iterator[None]:
