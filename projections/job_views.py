@@ -278,59 +278,65 @@ class JobViews(TrackedReader):
         (or that a take-over is claiming right now) is not due."""
         statement = (
             f"SELECT * FROM {self.backend.table('jobledger_job_status')} AS s "
-            "WHERE status = :status AND due_at <= :before"
+            f"WHERE {self._due_where(job_status)} ORDER BY due_at LIMIT :limit"
         )
-        if job_status is JobStatus.RUNNING:
-            leases = self.backend.table(LEASE_TABLE)
-            statement += f" AND NOT {_LEASE_LIVE.format(leases=leases)}"
-        if job_status is JobStatus.QUEUED:
-            admission = self.backend.table(ADMISSION_TABLE)
-            statement += f" AND NOT {_ADMISSION_HELD.format(admission=admission)}"
-        statement += " ORDER BY due_at LIMIT :limit"
-        params = {
-            "status": str(job_status),
-            "before": self.backend.ts(before),
-            "now": self.backend.ts(before),
-            "limit": limit,
-        }
-        return [status.row_from(r) for r in self.backend.fetch(statement, params)]
+        before_at = self.backend.ts(before)
+        params = {"status": str(job_status), "before": before_at, "now": before_at}
+        return [
+            status.row_from(r) for r in self.backend.fetch(statement, {**params, "limit": limit})
+        ]
 
     @store_errors("taking due jobs")
     def take_due(self, due: DueFilter, limit: int, hold_until: datetime) -> list[StatusRow]:
         """Mark at most ``limit`` due jobs taken by the caller and return them, in one
-        statement. A job is taken at its version: no other caller takes it again until
+        transaction. A job is taken at its version: no other caller takes it again until
         the view moves on (its tick appended) or ``hold_until`` passes (the taker died
         first). Concurrent callers pass each other's rows by (``SKIP LOCKED``) instead of
         waiting for them, so each due job goes to exactly one of them."""
         b = self.backend
-        t = b.table("jobledger_job_status")
-        timed = ", ".join(f"'{s}'" for s in due.timed)
-        idle = ", ".join(f"'{s}'" for s in due.idle)
-        lease_live = _LEASE_LIVE.format(leases=b.table(LEASE_TABLE))
-        admission_held = _ADMISSION_HELD.format(admission=b.table(ADMISSION_TABLE))
-        # The choice is a WITH query: PostgreSQL runs it once, where a subquery in the
-        # UPDATE's WHERE could be run again and skip its way past the LIMIT.
-        statement = (
+        moments = [(s, due.now) for s in due.timed] + [(s, due.idle_before) for s in due.idle]
+        taken: list[StatusRow] = []
+        with b.transaction() as curs:
+            for job_status, before in moments:
+                if len(taken) == limit:
+                    break
+                params = {
+                    "status": str(job_status),
+                    "before": b.ts(before),
+                    "now": b.ts(due.now),
+                    "hold": b.ts(hold_until),
+                    "limit": limit - len(taken),
+                }
+                curs.execute(b.sql(self._take_statement(job_status)), params)
+                taken += [status.row_from(b.row(r)) for r in curs.fetchall()]
+        return taken
+
+    def _due_where(self, job_status: JobStatus) -> str:
+        """The condition of a due job in ``job_status`` (a row ``s``), by the ``(status,
+        due_at)`` index; ``:now`` judges the lease rows."""
+        where = "s.status = :status AND s.due_at <= :before"
+        if job_status is JobStatus.RUNNING:
+            where += f" AND NOT {_LEASE_LIVE.format(leases=self.backend.table(LEASE_TABLE))}"
+        if job_status is JobStatus.QUEUED:
+            admission = self.backend.table(ADMISSION_TABLE)
+            where += f" AND NOT {_ADMISSION_HELD.format(admission=admission)}"
+        return where
+
+    def _take_statement(self, job_status: JobStatus) -> str:
+        """One status at a time, so each choice is an ordered index range scan that stops
+        at the limit, however deep the backlog. The choice is a WITH query: PostgreSQL runs
+        it once, where a subquery in the UPDATE's WHERE could be run again and skip its
+        way past the LIMIT."""
+        t = self.backend.table("jobledger_job_status")
+        return (
             f"WITH chosen AS (SELECT s.job_uuid FROM {t} AS s "
-            f"WHERE ((s.status IN ({timed}) AND s.due_at <= :now) "
-            f"OR (s.status IN ({idle}) AND s.due_at <= :idle)) "
+            f"WHERE {self._due_where(job_status)} "
             "AND (s.taken_version IS NULL OR s.taken_version <> s.version "
             "OR s.taken_until <= :now) "
-            f"AND NOT (s.status = 'running' AND {lease_live}) "
-            f"AND NOT (s.status = 'queued' AND {admission_held}) "
-            f"ORDER BY s.due_at LIMIT :limit {b.skip_locked}) "
+            f"ORDER BY s.due_at LIMIT :limit {self.backend.skip_locked}) "
             f"UPDATE {t} SET taken_version = version, taken_until = :hold "
             "WHERE job_uuid IN (SELECT job_uuid FROM chosen) RETURNING *"
         )
-        params = {
-            "now": b.ts(due.now),
-            "idle": b.ts(due.idle_before),
-            "hold": b.ts(hold_until),
-            "limit": limit,
-        }
-        with b.transaction() as curs:
-            curs.execute(b.sql(statement), params)
-            return [status.row_from(b.row(r)) for r in curs.fetchall()]
 
     @store_errors("reading due schedules")
     def due_schedules(self, before: datetime, limit: int) -> list[ScheduleRow]:
