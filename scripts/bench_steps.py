@@ -845,6 +845,10 @@ class ProcessesRun:
     """Steps recorded after the first one (the window is first record to last)."""
     seconds: float
     steps_per_second: float
+    cpu_busy: float | None
+    """The machine's CPUs busy over that window, all processes counted (the database
+    server's too), 0 to 1 (from /proc/stat; None where there is none): near 1, the run
+    was bound by the machine's cores, not by the engine's sharing."""
     ratio: float = 0.0
     """steps/s over the raw single-row commits/s of the same run."""
 
@@ -915,7 +919,7 @@ def time_processes(
         parent = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=home)
     try:
         with Progress(f"{label}: {count} process(es)", total) as progress:
-            wait_done(engine, parent, args.process_jobs, progress)
+            cpu = wait_done(engine, parent, args.process_jobs, progress)
     finally:
         parent.send_signal(signal.SIGTERM)
         parent.wait(timeout=120)
@@ -929,13 +933,38 @@ def time_processes(
     )
     steps = len(moments) - 1  # those recorded after the first
     seconds = (moments[-1] - moments[0]).total_seconds()
-    return ProcessesRun(count, args.process_jobs, steps, seconds, steps / seconds)
+    busy = cpu_busy(cpu, moments[0].timestamp(), moments[-1].timestamp())
+    return ProcessesRun(count, args.process_jobs, steps, seconds, steps / seconds, busy)
+
+
+CpuSample = tuple[float, int, int]
+"""(wall time, busy jiffies, all jiffies) of the whole machine."""
+
+
+def cpu_sample() -> CpuSample | None:
+    try:
+        with open("/proc/stat", encoding="ascii") as stat:
+            jiffies = [int(n) for n in stat.readline().split()[1:]]
+    except OSError:
+        return None
+    idle = jiffies[3] + jiffies[4]  # idle and iowait
+    return time.time(), sum(jiffies) - idle, sum(jiffies)
+
+
+def cpu_busy(samples: list[CpuSample], start: float, end: float) -> float | None:
+    """The busy share of the machine's CPUs between the samples nearest inside the window."""
+    inside = [sample for sample in samples if start <= sample[0] <= end]
+    if len(inside) < 2:
+        return None
+    (_, busy0, all0), (_, busy1, all1) = inside[0], inside[-1]
+    return (busy1 - busy0) / (all1 - all0) if all1 > all0 else None
 
 
 def wait_done(
     engine: Engine, parent: subprocess.Popen[bytes], jobs: int, progress: Progress
-) -> None:
-    """Poll the status view (steps recorded, jobs completed) until every job completed."""
+) -> list[CpuSample]:
+    """Poll the status view (steps recorded, jobs completed) until every job completed;
+    the machine's CPU use sampled at each poll."""
     assert isinstance(engine.store, EventSourcedJobStore)
     backend = JobViews(engine.store).backend  # made by now: the views' tables exist
     table = backend.table("jobledger_job_status")
@@ -943,11 +972,14 @@ def wait_done(
         "SELECT coalesce(sum(steps_executed), 0) AS steps, "
         f"coalesce(sum(CASE WHEN status = 'completed' THEN 1 ELSE 0 END), 0) AS done FROM {table}"
     )
+    samples: list[CpuSample] = []
     while True:
+        if (sample := cpu_sample()) is not None:
+            samples.append(sample)
         [row] = backend.fetch(query)
         progress.update(int(row["steps"]))
         if int(row["done"]) == jobs:
-            return
+            return samples
         if parent.poll() is not None:
             raise RuntimeError(f"jobledger run --processes exited with {parent.returncode}")
         time.sleep(0.05)
@@ -1030,9 +1062,10 @@ def print_processes(results: list[ProcessesResult]) -> None:
             f"({r.raw.before_per_second:,.0f}/s before, {r.raw.after_per_second:,.0f}/s after)"
         )
         for run in r.runs:
+            busy = "" if run.cpu_busy is None else f", CPUs {100 * run.cpu_busy:.0f} % busy"
             print(
                 f"{run.processes} process(es): {run.steps:>7} steps in {run.seconds:6.2f} s, "
-                f"{run.steps_per_second:>8,.0f} steps/s, {run.ratio:.2f}x raw"
+                f"{run.steps_per_second:>8,.0f} steps/s, {run.ratio:.2f}x raw{busy}"
             )
         if r.two_vs_one is not None:
             ratio = r.two_vs_one

@@ -69,6 +69,7 @@ def test_bench_steps_processes_runs_one_backlog_by_one_and_by_two_processes(
     assert [run["processes"] for run in sqlite["runs"]] == [1, 2]
     for run in sqlite["runs"]:
         assert run["steps"] > 0 and run["steps_per_second"] > 0
+        assert run["cpu_busy"] is None or 0 <= run["cpu_busy"] <= 1
         assert run["ratio"] == run["steps_per_second"] / sqlite["raw"]["commits_per_second"]
     one, two = (run["steps_per_second"] for run in sqlite["runs"])
     assert sqlite["two_vs_one"] == two / one and sqlite["target"] == 1.7
