@@ -35,7 +35,7 @@ from jobledger.domain.errors import InvalidPayloadError, StoreUnavailableError
 from jobledger.domain.job import Job
 from jobledger.domain.schedule import Schedule
 from jobledger.domain.status import TERMINAL_STATUSES, JobStatus
-from jobledger.orchestration.ports import BlockedNote
+from jobledger.orchestration.ports import BlockedNote, DueFilter
 from jobledger.projections import approvals, blocked, schedules, spend, status
 from jobledger.projections.schedules import ScheduleRow
 from jobledger.projections.status import StatusRow
@@ -88,6 +88,18 @@ def parse_cursor(text: str) -> tuple[datetime, str]:
         raise InvalidPayloadError(f"not a listing cursor: {text!r}") from None
 
 
+# A running job whose heartbeat keeps a live lease row (or that a take-over is claiming
+# right now) is not due, whatever its Claimed lease says.
+_LEASE_LIVE = (
+    "EXISTS (SELECT 1 FROM {leases} AS l WHERE l.job_uuid = s.job_uuid AND l.lease_until > :now)"
+)
+# Held by the admission gate: its tick comes when a pass admits it, and a tick for each
+# of a deep backlog would only fill the tick queue.
+_ADMISSION_HELD = (
+    "EXISTS (SELECT 1 FROM {admission} AS a WHERE a.job_uuid = s.job_uuid AND a.state = 0)"
+)
+
+
 class JobViews(TrackedReader):
     """Every public method translates store errors (``store_errors``): callers see
     StoreUnavailableError, never a driver's or the library's own error."""
@@ -133,6 +145,7 @@ class JobViews(TrackedReader):
             Migration(2, "the status view's deadline_at, folded again", self._add_columns),
             Migration(3, "the status view's mission and correlation ids", self._add_columns),
             Migration(4, "the schedules view", _create_schedules),
+            Migration(5, "the status view's taken marks", status.add_taken_marks),
         )
 
     @store_errors("creating the views")
@@ -265,23 +278,65 @@ class JobViews(TrackedReader):
         (or that a take-over is claiming right now) is not due."""
         statement = (
             f"SELECT * FROM {self.backend.table('jobledger_job_status')} AS s "
-            "WHERE status = :status AND due_at <= :before"
+            f"WHERE {self._due_where(job_status)} ORDER BY due_at LIMIT :limit"
         )
+        before_at = self.backend.ts(before)
+        params = {"status": str(job_status), "before": before_at, "now": before_at}
+        return [
+            status.row_from(r) for r in self.backend.fetch(statement, {**params, "limit": limit})
+        ]
+
+    @store_errors("taking due jobs")
+    def take_due(self, due: DueFilter, limit: int, hold_until: datetime) -> list[StatusRow]:
+        """Mark at most ``limit`` due jobs taken by the caller and return them, in one
+        transaction. A job is taken at its version: no other caller takes it again until
+        the view moves on (its tick appended) or ``hold_until`` passes (the taker died
+        first). Concurrent callers pass each other's rows by (``SKIP LOCKED``) instead of
+        waiting for them, so each due job goes to exactly one of them."""
+        b = self.backend
+        moments = [(s, due.now) for s in due.timed] + [(s, due.idle_before) for s in due.idle]
+        taken: list[StatusRow] = []
+        with b.transaction() as curs:
+            for job_status, before in moments:
+                if len(taken) == limit:
+                    break
+                params = {
+                    "status": str(job_status),
+                    "before": b.ts(before),
+                    "now": b.ts(due.now),
+                    "hold": b.ts(hold_until),
+                    "limit": limit - len(taken),
+                }
+                curs.execute(b.sql(self._take_statement(job_status)), params)
+                taken += [status.row_from(b.row(r)) for r in curs.fetchall()]
+        return taken
+
+    def _due_where(self, job_status: JobStatus) -> str:
+        """The condition of a due job in ``job_status`` (a row ``s``), by the ``(status,
+        due_at)`` index; ``:now`` judges the lease rows."""
+        where = "s.status = :status AND s.due_at <= :before"
         if job_status is JobStatus.RUNNING:
-            statement += (
-                f" AND NOT EXISTS (SELECT 1 FROM {self.backend.table(LEASE_TABLE)} AS l "
-                "WHERE l.job_uuid = s.job_uuid AND l.lease_until > :before)"
-            )
+            where += f" AND NOT {_LEASE_LIVE.format(leases=self.backend.table(LEASE_TABLE))}"
         if job_status is JobStatus.QUEUED:
-            # Held by the admission gate: its tick comes when a pass admits it, and a
-            # tick for each of a deep backlog would only fill the tick queue.
-            statement += (
-                f" AND NOT EXISTS (SELECT 1 FROM {self.backend.table(ADMISSION_TABLE)} AS a "
-                "WHERE a.job_uuid = s.job_uuid AND a.state = 0)"
-            )
-        statement += " ORDER BY due_at LIMIT :limit"
-        params = {"status": str(job_status), "before": self.backend.ts(before), "limit": limit}
-        return [status.row_from(r) for r in self.backend.fetch(statement, params)]
+            admission = self.backend.table(ADMISSION_TABLE)
+            where += f" AND NOT {_ADMISSION_HELD.format(admission=admission)}"
+        return where
+
+    def _take_statement(self, job_status: JobStatus) -> str:
+        """One status at a time, so each choice is an ordered index range scan that stops
+        at the limit, however deep the backlog. The choice is a WITH query: PostgreSQL runs
+        it once, where a subquery in the UPDATE's WHERE could be run again and skip its
+        way past the LIMIT."""
+        t = self.backend.table("jobledger_job_status")
+        return (
+            f"WITH chosen AS (SELECT s.job_uuid FROM {t} AS s "
+            f"WHERE {self._due_where(job_status)} "
+            "AND (s.taken_version IS NULL OR s.taken_version <> s.version "
+            "OR s.taken_until <= :now) "
+            f"ORDER BY s.due_at LIMIT :limit {self.backend.skip_locked}) "
+            f"UPDATE {t} SET taken_version = version, taken_until = :hold "
+            "WHERE job_uuid IN (SELECT job_uuid FROM chosen) RETURNING *"
+        )
 
     @store_errors("reading due schedules")
     def due_schedules(self, before: datetime, limit: int) -> list[ScheduleRow]:

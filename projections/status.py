@@ -97,6 +97,16 @@ def upgrade(d: StoreBackend, curs: Cursor) -> bool:
     return bool(missing)
 
 
+def add_taken_marks(d: StoreBackend, curs: Cursor) -> None:
+    """The columns a worker marks a due job with when it takes it (``taken_version``,
+    ``taken_until``). The fold never writes them, so no row needs folding again."""
+    present = d.columns(curs, "jobledger_job_status")
+    t = d.table("jobledger_job_status")
+    for name, kind in (("taken_version", "INTEGER"), ("taken_until", d.timestamp_type)):
+        if name not in present:
+            curs.execute(d.sql(f"ALTER TABLE {t} ADD COLUMN {name} {kind}"))
+
+
 def load(d: StoreBackend, curs: Cursor, job_uuid: str) -> StatusRow | None:
     curs.execute(
         d.sql(f"SELECT * FROM {d.table('jobledger_job_status')} WHERE job_uuid = :job_uuid"),

@@ -59,6 +59,22 @@ def test_bench_steps_quick_reports_every_figure(tmp_path: Path) -> None:
         assert scenario["p99_step_ms"] >= scenario["p50_step_ms"]
 
 
+def test_bench_steps_processes_runs_one_backlog_by_one_and_by_two_processes(
+    tmp_path: Path,
+) -> None:
+    report = run_script("bench_steps.py", tmp_path, "--processes", "1,2", "--processes-only")
+    assert report["results"] == []
+    [sqlite] = report["processes"]
+    assert sqlite["store"] == "sqlite" and sqlite["raw"]["commits_per_second"] > 0
+    assert [run["processes"] for run in sqlite["runs"]] == [1, 2]
+    for run in sqlite["runs"]:
+        assert run["steps"] > 0 and run["steps_per_second"] > 0
+        assert run["cpu_busy"] is None or 0 <= run["cpu_busy"] <= 1
+        assert run["ratio"] == run["steps_per_second"] / sqlite["raw"]["commits_per_second"]
+    one, two = (run["steps_per_second"] for run in sqlite["runs"])
+    assert sqlite["two_vs_one"] == two / one and sqlite["target"] == 1.7
+
+
 def test_bench_steps_sign_runs_each_scenario_signed_beside_unsigned(tmp_path: Path) -> None:
     report = run_script("bench_steps.py", tmp_path, "--sign", "--concurrency", "1,16")
     [sqlite] = report["results"]

@@ -14,7 +14,7 @@ from contextlib import contextmanager
 from dataclasses import replace
 from datetime import datetime
 from enum import StrEnum
-from typing import TYPE_CHECKING, Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal, NoReturn
 
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
@@ -51,6 +51,7 @@ from jobledger.presentation.json_output import jsonable, print_json
 from jobledger.presentation.terminal import console
 from jobledger.projections import JobViews, StatusRow
 from jobledger.projections.job_views import JobQuery, cursor
+from jobledger.runtime.processes import ProcessGroup
 from jobledger.runtime.supervisor import Services, Supervisor
 
 if TYPE_CHECKING:
@@ -62,6 +63,18 @@ projections_app = typer.Typer(help="The read models: run, rebuild, status.", no_
 
 WorkersOption = Annotated[
     int, typer.Option("--workers", min=1, max=32, help="Worker threads handling ticks.")
+]
+ProcessesOption = Annotated[
+    int,
+    typer.Option(
+        "--processes",
+        min=1,
+        max=64,
+        help="Run N processes of this command on the store under one parent, which starts "
+        "again one that dies and stops them all on Ctrl-C or SIGTERM. They share the work: "
+        "on the local transport each takes its share of the due jobs from the store, on "
+        "Kafka each is a consumer-group member. Not with --http or --metrics-port.",
+    ),
 ]
 TransportOption = Annotated[
     str | None,
@@ -194,6 +207,7 @@ def list_jobs(
 
 def run(
     workers: WorkersOption = 1,
+    processes: ProcessesOption = 1,
     transport: TransportOption = None,
     http: HttpOption = None,
     anchor_to: Annotated[
@@ -240,6 +254,23 @@ def run(
     --transport kafka: Kafka workers, the views, the event outbox and the reconciler.
     """
     configure_logs(log_level, log_format)
+    if processes > 1:
+        _in_processes(
+            processes,
+            "run",
+            {
+                "--workers": workers,
+                "--transport": transport,
+                "--anchor-to": anchor_to,
+                "--anchor-every": anchor_every,
+                "--anchor-events": anchor_events,
+                "--store": store,
+                "--config": config,
+                "--log-level": log_level,
+                "--log-format": log_format,
+            },
+            one_process_only={"--http": http, "--metrics-port": metrics_port},
+        )
     kafka = _is_kafka(transport, store, config)
     services = Services.of("run", kafka=kafka, workers=workers)
     if http is not None:
@@ -272,6 +303,7 @@ def _api_settings(bind: str, store: str | None, config: Any) -> ApiSettings:
 
 def worker(
     workers: WorkersOption = 1,
+    processes: ProcessesOption = 1,
     transport: TransportOption = None,
     metrics_port: MetricsPortOption = None,
     store: StoreOption = None,
@@ -279,9 +311,23 @@ def worker(
     log_level: LogLevelOption = LogLevel.INFO,
     log_format: LogFormatOption = LogFormat.TEXT,
 ) -> None:
-    """Run workers. local: fed by the reconciler (views caught up on each pass).
-    kafka: consumer-group members of the ticks and signals topics, nothing else."""
+    """Run workers. local: they take due jobs from the store (views caught up on each
+    pass). kafka: consumer-group members of the ticks and signals topics, nothing else."""
     configure_logs(log_level, log_format)
+    if processes > 1:
+        _in_processes(
+            processes,
+            "worker",
+            {
+                "--workers": workers,
+                "--transport": transport,
+                "--store": store,
+                "--config": config,
+                "--log-level": log_level,
+                "--log-format": log_format,
+            },
+            one_process_only={"--metrics-port": metrics_port},
+        )
     kafka = _is_kafka(transport, store, config)
     services = Services.of("worker", kafka=kafka, workers=workers)
     _serve("worker", services, store, config, _transport_name(kafka), metrics_port=metrics_port)
@@ -503,6 +549,30 @@ def _banner(name: str, engine: Engine, services: Services, kafka: bool) -> str:
         f"jobledger {name}: {', '.join(p for p in parts if p)} on {where} and Kafka at "
         f"{engine.config.kafka.bootstrap_servers} (Ctrl-C to stop)"
     )
+
+
+def _in_processes(
+    processes: int,
+    command: str,
+    options: dict[str, object],
+    *,
+    one_process_only: dict[str, object],
+) -> NoReturn:
+    """Run ``processes`` copies of ``command`` with the options given (unset ones left to
+    each child's settings, as here), until Ctrl-C or SIGTERM; exit with the group's status."""
+    for flag, value in one_process_only.items():
+        if value is not None:
+            raise typer.BadParameter(
+                "one port cannot serve several processes: run it without --processes "
+                "(or serve the API and metrics from a process of their own)",
+                param_hint=flag,
+            )
+    args = [command]
+    for flag, value in options.items():
+        if value is not None:
+            args += [flag, str(value)]
+    console().print(f"jobledger {command}: {processes} processes on one store")
+    raise typer.Exit(ProcessGroup(args, processes).run())
 
 
 def _is_kafka(transport: str | None, store: str | None, config: Any) -> bool:

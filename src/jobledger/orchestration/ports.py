@@ -390,10 +390,27 @@ class DueJob(Protocol):
     def version(self) -> int: ...
 
 
+@dataclass(frozen=True)
+class DueFilter:
+    """What counts as due when a worker takes work: jobs in a ``timed`` status whose due
+    moment is by ``now``, and jobs in an ``idle`` status (queued, a join) that have not
+    moved since ``idle_before`` (their tick may be lost, or be another process's)."""
+
+    now: datetime
+    idle_before: datetime
+    timed: Sequence[JobStatus]
+    idle: Sequence[JobStatus]
+
+
 class DueJobs(Protocol):
     def due(self, job_status: JobStatus, before: datetime, limit: int) -> Sequence[DueJob]:
         """Jobs in ``job_status`` whose due moment (timer, wait timeout, lease expiry,
         last change for queued jobs) is at or before ``before``."""
+
+    def take_due(self, due: DueFilter, limit: int, hold_until: datetime) -> Sequence[DueJob]:
+        """At most ``limit`` jobs that ``due`` finds, marked taken by the caller until they
+        move on or ``hold_until`` passes: each due job is taken by one caller only,
+        however many processes ask at once."""
 
 
 class ScheduleFirer(Protocol):

@@ -20,6 +20,7 @@ from datetime import datetime, timedelta
 from jobledger.domain.status import JobStatus
 from jobledger.orchestration.ports import (
     Clock,
+    DueFilter,
     DueJob,
     DueJobs,
     Lock,
@@ -39,6 +40,9 @@ TIMED_STATUSES = (
     JobStatus.BUDGET_EXCEEDED,
     JobStatus.RUNNING,
 )
+IDLE_STATUSES = (JobStatus.QUEUED, JobStatus.WAITING_CHILDREN)
+"""Due once they have not moved for ``lost_tick_after``: a queued job, or a join, may
+have lost its tick (or, for a join, a child's report)."""
 
 
 @dataclass(frozen=True)
@@ -66,14 +70,25 @@ class Reconciler:
     schedules: ScheduleFirer | None = None
     admission: Callable[[], object] | None = None
     """A pass of the admission gate (``Engine.admission_pass``), run each round."""
+    workers_take: bool = False
+    """The workers take due jobs from the store themselves (:meth:`take`: the local
+    transport, where each process has its own queue); a pass then leaves jobs to them."""
+    take_hold: timedelta = timedelta(seconds=15)
+    """How long a taken job is left to its taker before another may take it, should the
+    taker die before its tick appends (the lease's length by default)."""
     sent: dict[tuple[str, int], datetime] = field(default_factory=dict, init=False)
     stopping: threading.Event = field(default_factory=threading.Event, init=False)
 
     def reconcile(
-        self, as_of: datetime | None = None, *, lost_tick_after: timedelta | None = None
+        self,
+        as_of: datetime | None = None,
+        *,
+        lost_tick_after: timedelta | None = None,
+        enqueue: bool | None = None,
     ) -> ReconcileResult:
         """One pass. Each due moment of a job (its version) is enqueued once; it is sent
-        again only if the job has not moved for ``resend_after``."""
+        again only if the job has not moved for ``resend_after``. ``enqueue`` (default:
+        unless the workers take) says whether the pass enqueues due jobs at all."""
         if not self.lock.try_acquire():
             return ReconcileResult(0, 0, 0, acted=False)
         started = time.perf_counter()
@@ -81,7 +96,8 @@ class Reconciler:
         lost_after = self.lost_tick_after if lost_tick_after is None else lost_tick_after
         if self.admission is not None:
             self.admission()
-        due = self.due_jobs(now, lost_after)
+        enqueue = not self.workers_take if enqueue is None else enqueue
+        due = self.due_jobs(now, lost_after) if enqueue else []
         enqueued = sum(self.enqueue(job, now) for job in due)
         self.forget_before(now - self.resend_after)
         fired = 0 if self.schedules is None else self.schedules.fire_due(now, self.batch)
@@ -107,11 +123,22 @@ class Reconciler:
 
     def due_jobs(self, now: datetime, lost_after: timedelta) -> list[DueJob]:
         due = [job for status in TIMED_STATUSES for job in self.views.due(status, now, self.batch)]
-        # A queued job, or a join, that has not moved for a while may have lost its tick
-        # (or, for a join, a child's report): its own tick repairs that.
-        for status in (JobStatus.QUEUED, JobStatus.WAITING_CHILDREN):
+        for status in IDLE_STATUSES:  # its own tick repairs a lost one
             due += self.views.due(status, now - lost_after, self.batch)
         return due
+
+    def take(self, limit: int) -> list[Tick]:
+        """Ticks for at most ``limit`` due jobs, taken from the store for the caller's
+        workers: what a pass finds due, but each job goes to one taker however many
+        processes ask, and only as many as the caller has room for, so the rest stay in
+        the store for the next process with room. No lock: the take itself is the
+        claim, so every process takes at once."""
+        now = self.clock.now()
+        due = DueFilter(now, now - self.lost_tick_after, TIMED_STATUSES, IDLE_STATUSES)
+        taken = self.views.take_due(due, limit, now + self.take_hold)
+        for job in taken:
+            self.record_reconciled(job, taken=True)
+        return [Tick(job.tenant_id, job.job_id, f"reconcile_{job.status}") for job in taken]
 
     def enqueue(self, job: DueJob, now: datetime) -> bool:
         moment = (job.job_uuid, job.version)
@@ -123,6 +150,13 @@ class Reconciler:
             dedupe_key=f"reconcile:{job.version}",
         )
         self.sent[moment] = now
+        self.record_reconciled(job)
+        return True
+
+    def record_reconciled(self, job: DueJob, *, taken: bool = False) -> None:
+        metadata: dict[str, object] = {"version": job.version}
+        if taken:
+            metadata["taken"] = True  # by a local worker, from the store
         self.ops.record(
             OpsEvent(
                 jobId=job.job_id,
@@ -130,10 +164,9 @@ class Reconciler:
                 eventType="job.reconciled",
                 status=job.status,
                 source="job_reconciler",
-                metadata={"version": job.version},
+                metadata=metadata,
             )
         )
-        return True
 
     def forget_before(self, cutoff: datetime) -> None:
         self.sent = {k: v for k, v in self.sent.items() if v >= cutoff}

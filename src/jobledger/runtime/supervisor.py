@@ -8,8 +8,9 @@ restart rule: a service that dies of an unexpected error is started again after 
 when the supervisor does, after the message or tick in hand.
 
 Nothing is lost to a kill -9. On the local transport the in-process queue is only a
-cache of what to do next, so on start the views catch up with the log and the reconciler
-re-enqueues every job that is due or queued. Ticks on Kafka are durable; there the
+cache of what to do next: on start the views catch up with the log, and the workers take
+what is due from the store (every process on one store its share, each due job by one
+process: ``Reconciler.take``). Ticks on Kafka are durable; there the
 reconciler publishes what timers, wait deadlines, retry back-offs and lapsed leases make
 due (there are no delay topics). The outbox and the reconciler each act in one process at
 a time (a lock), so running several copies is safe.
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
@@ -26,7 +28,7 @@ from typing import TYPE_CHECKING, Literal
 
 from jobledger.adapters.local_queue import LocalQueue
 from jobledger.adapters.locks import lock_for
-from jobledger.domain.errors import ConfigError
+from jobledger.domain.errors import ConfigError, StoreUnavailableError
 from jobledger.engine.engine import Engine
 from jobledger.engine.schedule_commands import ScheduleFiring
 from jobledger.orchestration.lanes import Lanes
@@ -46,6 +48,8 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 RESTART_BACKOFF_SECONDS = 2.0
+TAKE_INTERVAL = 0.1
+"""Seconds an idle local worker waits between asking the store for due jobs."""
 LOCAL_LOST_TICK_AFTER = timedelta(seconds=2)
 """With an in-process queue nobody else enqueues for us: a queued job whose tick is not
 here after this long was submitted by another process (a CLI command)."""
@@ -83,8 +87,8 @@ class Services:
         """What each command of the CLI runs, on the local transport or on Kafka.
 
         - ``run``: everything: workers, the views, the reconciler (and on Kafka the outbox).
-        - ``worker``: workers; on the local transport fed by a reconciler (nobody else
-          enqueues for them), on Kafka nothing else.
+        - ``worker``: workers; on the local transport with a reconciler, whose rule of
+          what is due they take jobs by (``Reconciler.take``), on Kafka nothing else.
         - ``reconcile``: the reconciler (on the local transport with one worker, which
           runs what it enqueues).
         - ``projections``: the views, and the outbox if asked for.
@@ -133,15 +137,10 @@ class Supervisor:
         )
         if services.workers and self.views is not None:
             engine.note_blocked_in(self.views)  # workers note jobs they cannot run as deployed
-        queue = deps.local_queue
-        self.local_workers = (
-            [LocalWorker(engine, queue, self.stopping) for _ in range(services.workers)]
-            if queue is not None
-            else []
-        )
         self.kafka_workers = self._kafka_workers(on_tick, after_effect)
         self.publisher: KafkaEventPublisher | None = None
         self.reconciler = self._reconciler()
+        self.local_workers = self._local_workers()
         self.metrics = self._metrics()
         self.api = self._api()
         self.anchoring = self._anchoring()
@@ -169,6 +168,18 @@ class Supervisor:
             for _ in range(self.services.workers)
         ]
 
+    def _local_workers(self) -> list[LocalWorker]:
+        """Fed by their own process's queue and, with a reconciler, by the due jobs they
+        take from the store: several processes on one store share those."""
+        queue = self.engine.deps.local_queue
+        if queue is None:
+            return []
+        take = None if self.reconciler is None else self.reconciler.take
+        return [
+            LocalWorker(self.engine, queue, self.stopping, take=take)
+            for _ in range(self.services.workers)
+        ]
+
     def _reconciler(self) -> Reconciler | None:
         if not self.services.reconciler:
             return None
@@ -187,6 +198,10 @@ class Supervisor:
             lost_tick_after=lost_tick_after,
             schedules=ScheduleFiring(self.engine.schedules, self.views),
             admission=self.engine.admission_pass,
+            # On the local transport each process's workers take due jobs from the store
+            # (every process its share); on Kafka the pass publishes them for all.
+            workers_take=bool(self.services.workers) and deps.local_queue is not None,
+            take_hold=timedelta(milliseconds=deps.config.leases.ms),
         )
 
     def _metrics(self) -> MetricsServer | None:
@@ -231,7 +246,8 @@ class Supervisor:
         wired: list[_Service] = []
         if self.services.views:
             assert self.views is not None
-            follower = ProjectionRunner(self.views, poll_interval=0.2)
+            lock = lock_for(self.engine.deps.store.location, "views")
+            follower = ProjectionRunner(self.views, poll_interval=0.2, lock=lock)
             wired.append(_Service("projections", follower.run_forever, follower.stop))
         if self.services.outbox:
             wired.append(self._outbox())
@@ -281,7 +297,8 @@ class Supervisor:
         lost, then start the services."""
         self._prepare()
         reconciler = self.reconciler
-        if reconciler is not None and self.engine.deps.local_queue is not None:
+        local = self.engine.deps.local_queue is not None
+        if reconciler is not None and local and not reconciler.workers_take:
             result = reconciler.reconcile(lost_tick_after=timedelta(0))
             log.info("start-up: %d due jobs re-enqueued", result.enqueued)
         for service in self._services:
@@ -320,7 +337,8 @@ class Supervisor:
             raise ConfigError("reconcile_once needs the reconciler role")
         self._prepare()
         try:
-            result = reconciler.reconcile(lost_tick_after=timedelta(0))
+            # Its own workers do not run here: the pass enqueues what it finds.
+            result = reconciler.reconcile(lost_tick_after=timedelta(0), enqueue=True)
             local = self.engine.deps.local_queue is not None
             handled = self.engine.run_until_idle() if local else 0
         finally:
@@ -361,14 +379,26 @@ class Supervisor:
 class LocalWorker:
     """Takes ticks from the in-process queue and hands them to the engine, up to the
     engine's ``concurrency`` at once (one per job), so their step appends share a group
-    commit."""
+    commit. With ``take``, a free lane with nothing due here takes due jobs from the
+    store (:meth:`Reconciler.take`), only as many as it has free lanes: a backlog stays
+    in the store for whichever process has room, so every process sharing the store
+    keeps busy."""
 
-    def __init__(self, engine: Engine, queue: LocalQueue, stopping: threading.Event) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        queue: LocalQueue,
+        stopping: threading.Event,
+        *,
+        take: Callable[[int], list[Tick]] | None = None,
+    ) -> None:
         self.engine = engine
         self.queue = queue
         self.stopping = stopping
+        self.take = take
         self.handled = 0
         self._counting = threading.Lock()
+        self._store_empty_until = 0.0
 
     def run(self) -> None:
         width = self.engine.config.batching.concurrency
@@ -379,7 +409,11 @@ class LocalWorker:
             while not self.stopping.is_set():
                 if not lanes.wait_below(width, timeout=0.2):
                     continue
-                tick = self.queue.get(timeout=0.2)
+                tick = self.queue.pop_due()
+                if tick is None and self._take_into(lanes, width - lanes.busy()):
+                    continue
+                if tick is None:
+                    tick = self.queue.get(timeout=TAKE_INTERVAL if self.take else 0.2)
                 if tick is not None:
                     lanes.put(tick)
         finally:
@@ -387,6 +421,23 @@ class LocalWorker:
             # cache of what is due: the reconciler re-enqueues them after a restart).
             for tick in lanes.close():
                 self.queue.enqueue(tick)
+
+    def _take_into(self, lanes: Lanes[Tick], room: int) -> bool:
+        """Take up to ``room`` due jobs from the store onto the lanes; True if any came.
+        A take that found the store with less than asked waits ``TAKE_INTERVAL`` before
+        the next, so an idle process asks the store a few times a second, not per loop."""
+        if self.take is None or room < 1 or time.monotonic() < self._store_empty_until:
+            return False
+        try:
+            ticks = self.take(room)
+        except StoreUnavailableError:  # the store briefly away: our own queue goes on
+            log.warning("taking due jobs from the store failed; trying again shortly")
+            ticks = []
+        if len(ticks) < room:
+            self._store_empty_until = time.monotonic() + TAKE_INTERVAL
+        for tick in ticks:
+            lanes.put(tick)
+        return bool(ticks)
 
     def handle(self, tick: Tick) -> None:
         try:

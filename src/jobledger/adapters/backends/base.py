@@ -84,6 +84,9 @@ class StoreBackend(ABC):
     big_int: ClassVar[str]
     greatest: ClassVar[str]
     """The SQL function of the larger of two values."""
+    skip_locked: ClassVar[str]
+    """What a SELECT that claims rows ends with so that concurrent claimers pass each
+    other's rows by (empty where one writer at a time already serialises them)."""
 
     def __init__(self, location: StoreLocation) -> None:
         self.location = location

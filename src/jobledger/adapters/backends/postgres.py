@@ -41,6 +41,7 @@ class PostgresBackend(StoreBackend):
     timestamp_type = "TIMESTAMPTZ"
     big_int = "BIGINT"
     greatest = "GREATEST"
+    skip_locked = "FOR UPDATE SKIP LOCKED"
     old_tracking_table = "jobledger_view_tracking"
 
     datastore: PostgresDatastore

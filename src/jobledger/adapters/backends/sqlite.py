@@ -41,6 +41,7 @@ class SQLiteBackend(StoreBackend):
     timestamp_type = "TEXT"
     big_int = "INTEGER"
     greatest = "max"
+    skip_locked = ""
     old_tracking_table = "tracking"
 
     datastore: SQLiteDatastore

@@ -59,7 +59,8 @@ class OpsMetrics:
             "jobledger_reconciler_pass_duration_seconds", "How long reconciler passes took."
         )
         self.reconciled = counter(
-            "jobledger_reconciler_enqueued_jobs", "Due jobs the reconciler enqueued."
+            "jobledger_reconciler_enqueued_jobs",
+            "Due jobs the reconciler enqueued, or local workers took from the store.",
         )
         self.submitted = counter(
             "jobledger_jobs_submitted", "Jobs submitted.", ["workflow", *by_tenant]
@@ -75,6 +76,8 @@ class OpsMetrics:
             "job.tick.dead_lettered": self.dead_letter,
             "job.signal.dead_lettered": self.dead_letter,
             "reconciler.pass": self.reconciler_pass,
+            # One per due job enqueued by a pass, or taken by a local worker (Reconciler.take).
+            "job.reconciled": lambda _: self.reconciled.inc(),
             "job.submitted": self.job_submitted,
             **{name: self.job_finished for name in FINISHED},
         }
@@ -128,7 +131,6 @@ class OpsMetrics:
 
     def reconciler_pass(self, event: OpsEvent) -> None:
         self.reconcile_seconds.observe(_seconds(event.metadata))
-        self.reconciled.inc(int(event.metadata.get("enqueued", 0)))
 
     def job_submitted(self, event: OpsEvent) -> None:
         labels = [self.workflows(str(event.metadata.get("workflowType")))]
