@@ -16,6 +16,7 @@ from eventsourcing.persistence import InterfaceError, OperationalError, StoredEv
 from eventsourcing.postgres import PostgresApplicationRecorder, PostgresDatastore
 from eventsourcing.utils import retry
 from psycopg.sql import SQL, Composed, Identifier, Literal
+from psycopg.types.numeric import Int8
 
 from jobledger.adapters.backends.base import PARAM, Cursor, StoreBackend, Waiter
 
@@ -258,6 +259,10 @@ def append_function(schema: str, table: str, originator_id_type: str) -> Compose
     )
 
 
+SCALAR_ROWS = 64
+"""The most rows an append binds one parameter each (four per row)."""
+
+
 class OneTripRecorder(PostgresApplicationRecorder):
     """A partition's events, appended by one call of its append function (made by store
     migration 3): one round trip and one statement instead of the library's pipelined
@@ -271,16 +276,31 @@ class OneTripRecorder(PostgresApplicationRecorder):
     def __init__(self, datastore: PostgresDatastore, *, events_table_name: str) -> None:
         super().__init__(datastore, events_table_name=events_table_name)
         self.lock_timeout = f"{datastore.lock_timeout}s"
-        # Parameters in binary (%b): the states go as they are, not hex-escaped, which
-        # costs the client less than the text form.
-        self.append_statement = SQL(
-            "SELECT id FROM {schema}.{function}(%b, %b::{id_type}[], %b::bigint[], "
-            "%b::text[], %b::bytea[]) AS id"
-        ).format(
+        self._call = SQL("SELECT id FROM {schema}.{function}(%b, {{}}::{id_type}[], ").format(
             schema=Identifier(datastore.schema),
             function=Identifier(append_function_name(events_table_name)),
             id_type=Identifier(datastore.originator_id_type),
-        ).as_bytes(None)  # composed once: psycopg would compose it again on each append
+        )
+        self._statements: dict[int, bytes] = {}
+
+    def append_statement(self, rows: int) -> bytes:
+        """The call for ``rows`` events, made once per count, its parameters in binary
+        (%b: the states go as they are, not hex-escaped). Up to ``SCALAR_ROWS`` rows each
+        column is an ARRAY of scalar parameters: psycopg binds scalars for less than it
+        takes to dump lists as arrays (it looks into each list to choose the array's
+        type), and a step appends one or two rows. More (an import, a big group) go as
+        four array parameters, as PostgreSQL allows at most 65,535 parameters."""
+        if rows > SCALAR_ROWS:
+            rows = 0
+        statement = self._statements.get(rows)
+        if statement is None:
+            array = "ARRAY[" + ", ".join(["%b"] * rows) + "]" if rows else "%b"
+            call = self._call.as_string(None).replace("{}", array)
+            statement = (
+                f"{call}{array}::bigint[], {array}::text[], {array}::bytea[]) AS id"
+            ).encode()
+            self._statements[rows] = statement
+        return statement
 
     def create_table(self) -> None:
         """The table, and its append function beside it: a partition added after store
@@ -297,16 +317,20 @@ class OneTripRecorder(PostgresApplicationRecorder):
     def insert_events(
         self, stored_events: Sequence[StoredEvent], **kwargs: Any
     ) -> Sequence[int] | None:
-        params = (
-            self.lock_timeout,
-            [e.originator_id for e in stored_events],
-            [e.originator_version for e in stored_events],
-            [e.topic for e in stored_events],
-            [e.state for e in stored_events],
-        )
+        statement = self.append_statement(len(stored_events))
+        ids = [e.originator_id for e in stored_events]
+        # Int8: one parameter type whatever the version's size, so one prepared statement.
+        versions = [Int8(e.originator_version) for e in stored_events]
+        topics = [e.topic for e in stored_events]
+        states = [e.state for e in stored_events]
+        params: list[Any] = [self.lock_timeout]
+        if len(stored_events) > SCALAR_ROWS:
+            params += [ids, versions, topics, states]
+        else:
+            params += [*ids, *versions, *topics, *states]
         with self.datastore.get_connection() as conn, conn.cursor() as curs:
             # Prepared on each pooled connection at its first use: later calls only bind.
-            curs.execute(self.append_statement, params, prepare=True)
+            curs.execute(statement, params, prepare=True)
             return [row["id"] for row in curs.fetchall()]
 
 
