@@ -47,11 +47,13 @@ from the executor being called to the commit of that step's record returning (p5
 
 Bytes per step (issue 25, item 3): ``event B/step`` is what the appends handed the store
 (each row's state and topic), ``WAL B/step`` what the store's write-ahead log grew by
-over the same run, every table's writes included. SQLite: the frames appended to the
--wal file times their size (a page and a 24-byte header); a read transaction held for
-the run keeps checkpoints from restarting the log, and the checkpoint so held off is
-made after the run and timed as part of it. PostgreSQL: ``pg_current_wal_insert_lsn()``
-after minus before, the whole server's, so other clients' writes count too.
+per step, every table's writes included, over an untimed repeat of the scenario right
+after it (the same K, at most 256 steps, at least 8 a job). SQLite: the frames appended
+to the -wal file times their size (a page and a 24-byte header); a read transaction held
+for the repeat keeps checkpoints from restarting the log, which is also why the repeat
+is not the timed run: every checkpoint the engine then tries fails to finish, and costs.
+PostgreSQL: ``pg_current_wal_insert_lsn()`` after minus before, the whole server's, so
+other clients' writes count too.
 
 Usage::
 
@@ -128,6 +130,8 @@ from jobledger.workflows import DefinitionRegistry, parse_definition
 WORKFLOW = "bench"
 TENANT = "bench"
 MANY_MODE = "run_until_idle, group commit"
+WAL_SAMPLE_STEPS = 256
+"""Steps of each scenario's untimed repeat that measures the write-ahead log's growth."""
 MANY_MODE_TEXT = (
     "K runnable jobs run at once by Engine.run_until_idle (concurrency K), their step "
     "appends committed together (group commit, at most --batch or max_batch per commit)"
@@ -325,8 +329,8 @@ class WalMeter:
     def start(self) -> None:
         raise NotImplementedError
 
-    def stop(self) -> tuple[int, float]:
-        """(bytes the log grew by, seconds of work the measuring held off and then did)."""
+    def stop(self) -> int:
+        """The bytes the log grew by."""
         raise NotImplementedError
 
 
@@ -336,7 +340,7 @@ class SQLiteWal(WalMeter):
     A checkpoint lets the next writer start the log over, which would hide the frames
     before it; so a read transaction opened at the start keeps its snapshot for the whole
     run: no checkpoint may copy past it, and the log only grows. The checkpoint the run
-    held off is made at its end and its seconds are added to the run's."""
+    held off is made at its end."""
 
     def __init__(self, path: str) -> None:
         self.path = path
@@ -351,13 +355,12 @@ class SQLiteWal(WalMeter):
         self.page_size = int(self.reader.execute("PRAGMA page_size").fetchone()[0])
         self.frames = self._frames("PASSIVE")
 
-    def stop(self) -> tuple[int, float]:
+    def stop(self) -> int:
         grown = self._frames("PASSIVE") - self.frames
         assert self.reader is not None
         self.reader.close()
-        started = time.perf_counter()
         self._frames("TRUNCATE")
-        return grown * (self.page_size + 24), time.perf_counter() - started
+        return grown * (self.page_size + 24)
 
     def _frames(self, mode: str) -> int:
         """Frames in the log now (a checkpoint reports them; PASSIVE copies what it may)."""
@@ -380,12 +383,12 @@ class PostgresWal(WalMeter):
     def start(self) -> None:
         self.before = self._lsn()
 
-    def stop(self) -> tuple[int, float]:
+    def stop(self) -> int:
         [row] = self.backend.fetch(
             "SELECT pg_wal_lsn_diff(pg_current_wal_insert_lsn(), CAST(:before AS pg_lsn)) AS n",
             {"before": self.before},
         )
-        return int(row["n"]), 0.0
+        return int(row["n"])
 
     def _lsn(self) -> str:
         [row] = self.backend.fetch("SELECT CAST(pg_current_wal_insert_lsn() AS text) AS lsn")
@@ -536,15 +539,11 @@ class Bench:
         rows_before = count_rows(self.store)
         self.counter.reset()
         profiler = cProfile.Profile() if self.args.profile else None
-        wal = wal_meter(self.store)
-        wal.start()
         cpu_started = time.process_time()
         steps = concurrency * steps_per_job
         label = f"{self.label}: {name} K={concurrency}"
         seconds = self.tick_until_idle(label, steps, concurrency, profiler)
         cpu_seconds = time.process_time() - cpu_started
-        wal_bytes, held_off = wal.stop()
-        seconds += held_off
         counts = self.counter.reset()
         rows = count_rows(self.store) - rows_before
         incomplete = sum(
@@ -555,6 +554,7 @@ class Bench:
         )
         commits = counts.appends + counts.snapshot_writes
         latencies = counts.latencies or [0.0]
+        wal_bytes, wal_steps = self.wal_sample(f"{prefix}-wal", concurrency, steps_per_job)
         return Scenario(
             name=name,
             mode="one job" if name == "sequential" else MANY_MODE,
@@ -577,7 +577,7 @@ class Bench:
             rows_per_step=rows / steps,
             event_bytes_per_step=(counts.state_bytes + counts.topic_chars) / steps,
             wal_bytes=wal_bytes,
-            wal_bytes_per_step=wal_bytes / steps,
+            wal_bytes_per_step=wal_bytes / wal_steps,
             signed_rows=counts.signed_rows,
             reads_per_step=counts.reads / steps,
             p50_step_ms=1e3 * percentile(latencies, 0.50),
@@ -588,6 +588,20 @@ class Bench:
             metrics=self.metrics,
             traced=self.traced,
         )
+
+    def wal_sample(self, prefix: str, concurrency: int, steps_per_job: int) -> tuple[int, int]:
+        """The write-ahead log's growth over a short repeat of the scenario (the same K,
+        at most ``WAL_SAMPLE_STEPS`` steps, at least 8 a job), untimed: SQLite's meter holds
+        a reader open, which keeps every checkpoint the engine tries from finishing, and a
+        timed run under it would be slowed by them. Returns the bytes and the steps."""
+        per_job = min(steps_per_job, max(8, WAL_SAMPLE_STEPS // concurrency))
+        for n in range(concurrency):
+            self.engine.submit(TENANT, f"{prefix}-{n:05d}", WORKFLOW, input={"steps": per_job})
+        wal = wal_meter(self.store)
+        wal.start()
+        self.engine.run_until_idle(concurrency=concurrency)
+        wal_bytes = wal.stop()
+        return wal_bytes, concurrency * per_job
 
     def tick_until_idle(
         self, label: str, steps: int, concurrency: int, profiler: cProfile.Profile | None
