@@ -6,6 +6,7 @@ import threading
 import time
 from collections import defaultdict
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -173,5 +174,34 @@ def test_draining_the_local_queue_again_starts_no_thread(tmp_path: Path) -> None
                 engine.run_until_idle(concurrency=1)
         assert [engine.job("t", f"j{n}").status for n in range(5)] == ["completed"] * 5
         assert [name for name in started if name.startswith("jobledger-tick")] == []
+    finally:
+        engine.close()
+
+
+def test_a_tick_due_alone_runs_in_the_draining_thread_and_ticks_due_together_in_lanes(
+    tmp_path: Path,
+) -> None:
+    """Issue 25 item 5: a resume's tick (due alone) spares the hand-off to a lane's
+    thread and back; ticks due together still run side by side."""
+    threads: list[str] = []
+
+    class Noting(CountingExecutor):
+        def execute(self, request: Any) -> Any:
+            threads.append(threading.current_thread().name)
+            return super().execute(request)
+
+    engine = Engine.open(
+        f"sqlite:///{tmp_path}/jobs.db", registry=default_registry(), executor=Noting()
+    )
+    try:
+        engine.submit("t", "alone", "agent3")
+        engine.run_until_idle(concurrency=4)
+        assert threads == [threading.current_thread().name] * 3
+        threads.clear()
+        for n in range(3):
+            engine.submit("t", f"together-{n}", "agent3")
+        engine.run_until_idle(concurrency=4)
+        assert len(threads) == 9
+        assert all(name.startswith("jobledger-tick") for name in threads[:3])
     finally:
         engine.close()

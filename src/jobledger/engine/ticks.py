@@ -9,6 +9,7 @@ import time
 from collections.abc import Hashable
 from dataclasses import replace
 
+from jobledger.adapters.local_queue import LocalQueue
 from jobledger.domain.errors import (
     ConfigError,
     DeploymentError,
@@ -144,8 +145,13 @@ class TickRunner:
                     busy = lanes.busy()
                     tick = queue.pop_due() if busy < width and taken < max_ticks else None
                     if tick is not None:
-                        lanes.put(tick)
                         taken += 1
+                        if busy or self._another_due(queue):
+                            lanes.put(tick)
+                        else:
+                            # Due alone: run here, sparing the hand-off to a lane's thread
+                            # and back (a resume's tick, a lone job's next steps).
+                            self._handle_in_lane(tick)
                     elif busy:
                         lanes.wait_below(busy, timeout=0.05)
                     else:
@@ -163,6 +169,10 @@ class TickRunner:
             if self._failed:
                 raise self._failed[0]
         return taken
+
+    def _another_due(self, queue: LocalQueue) -> bool:
+        due = queue.next_due()
+        return due is not None and due <= self._deps.clock.now()
 
     def _lanes_of(self, width: int) -> Lanes[Tick]:
         """The drains' lanes, made once: their threads wait for the next drain instead of
