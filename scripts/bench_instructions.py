@@ -13,6 +13,7 @@ Usage::
 
     python scripts/bench_instructions.py                 # both scenarios, 400 and 800 steps
     python scripts/bench_instructions.py --steps 1000 --scenario one --json
+    python scripts/bench_instructions.py --variants plain,observed,signed  # the budgets
 
 Needs valgrind (``apt-get install valgrind``). Progress goes to stderr, the report to stdout.
 """
@@ -31,16 +32,35 @@ from pathlib import Path
 
 SCENARIOS = {"one": 1, "k16": 16}
 
+VARIANTS = ("plain", "observed", "signed")
+"""plain: the engine alone; observed: Prometheus metrics kept and OpenTelemetry spans made
+(an SDK provider, no exporter: issue 14's 10 % budget); signed: every event signed with a
+throwaway Ed25519 key (issue 16's 10 % budget)."""
+
 WORKLOAD = """
 import sys, tempfile
+from pathlib import Path
 sys.path.insert(0, {scripts!r})
-from bench_steps import TENANT, WORKFLOW, TimingExecutor, bench_registry
+from bench_steps import TENANT, WORKFLOW, TimingExecutor, bench_registry, sdk_tracer
+from bench_steps import throwaway_signing_keys
 from jobledger import Engine, EngineConfig
 
-jobs, steps = {jobs}, {steps}
-url = f"sqlite:///{{tempfile.mkdtemp()}}/jobs.db"
-config = EngineConfig(store_url=url, worker_id="bench", concurrency=jobs, max_steps_per_tick=10)
-engine = Engine.open(url, registry=bench_registry(), executor=TimingExecutor(), config=config)
+jobs, steps, variant = {jobs}, {steps}, {variant!r}
+home = tempfile.mkdtemp()
+url = f"sqlite:///{{home}}/jobs.db"
+keys = throwaway_signing_keys(Path(home)) if variant == "signed" else None
+config = EngineConfig(
+    store_url=url, worker_id="bench", concurrency=jobs, max_steps_per_tick=10, signing_keys=keys
+)
+observed = variant == "observed"
+engine = Engine.open(
+    url,
+    registry=bench_registry(),
+    executor=TimingExecutor(),
+    config=config,
+    metrics=observed,
+    tracer=sdk_tracer() if observed else None,
+)
 for n in range(jobs):
     engine.submit(TENANT, f"warm-{{n}}", WORKFLOW, input={{"steps": 20}})
 engine.run_until_idle()
@@ -52,12 +72,12 @@ engine.close()
 """
 
 
-def instructions(jobs: int, steps: int, workdir: Path) -> int:
+def instructions(jobs: int, steps: int, variant: str, workdir: Path) -> int:
     """Total instructions (Ir) of one run of the workload under callgrind."""
-    script = workdir / f"workload-{jobs}-{steps}.py"
+    script = workdir / f"workload-{jobs}-{steps}-{variant}.py"
     scripts = str(Path(__file__).resolve().parent)
-    script.write_text(WORKLOAD.format(scripts=scripts, jobs=jobs, steps=steps))
-    out = workdir / f"callgrind-{jobs}-{steps}.out"
+    script.write_text(WORKLOAD.format(scripts=scripts, jobs=jobs, steps=steps, variant=variant))
+    out = workdir / f"callgrind-{jobs}-{steps}-{variant}.out"
     run = subprocess.run(
         ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", sys.executable, script],
         capture_output=True,
@@ -77,25 +97,39 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=400, help="steps of the shorter run")
     parser.add_argument("--scenario", choices=[*SCENARIOS, "both"], default="both")
+    parser.add_argument(
+        "--variants",
+        default="plain",
+        help=f"comma-separated, of {', '.join(VARIANTS)} (default plain); each other than "
+        "plain is also given as its overhead over plain",
+    )
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     if shutil.which("valgrind") is None:
         raise SystemExit("valgrind is not installed (apt-get install valgrind)")
+    variants = [v for v in args.variants.split(",") if v]
+    if unknown := [v for v in variants if v not in VARIANTS]:
+        parser.error(f"unknown variant(s) {', '.join(unknown)}: choose from {', '.join(VARIANTS)}")
     names = list(SCENARIOS) if args.scenario == "both" else [args.scenario]
     report: dict[str, float] = {}
     with tempfile.TemporaryDirectory() as tmp:
         for name in names:
-            jobs = SCENARIOS[name]
-            counts = []
-            for steps in (args.steps, 2 * args.steps):
-                print(f"{name}: {steps} steps under callgrind...", file=sys.stderr, flush=True)
-                counts.append(instructions(jobs, steps, Path(tmp)))
-            report[name] = (counts[1] - counts[0]) / args.steps
+            for variant in variants:
+                counts = []
+                for steps in (args.steps, 2 * args.steps):
+                    print(f"{name} {variant}: {steps} steps under callgrind...", file=sys.stderr)
+                    counts.append(instructions(SCENARIOS[name], steps, variant, Path(tmp)))
+                key = name if variant == "plain" else f"{name}/{variant}"
+                report[key] = (counts[1] - counts[0]) / args.steps
     if args.json:
-        print(json.dumps({name: round(per) for name, per in report.items()}))
-    else:
-        for name, per in report.items():
-            print(f"{name}: {per / 1e6:.3f} M instructions per no-op step")
+        print(json.dumps({key: round(per) for key, per in report.items()}))
+        return 0
+    for key, per in report.items():
+        name, _, variant = key.partition("/")
+        line = f"{key}: {per / 1e6:.3f} M instructions per no-op step"
+        if variant and name in report:
+            line += f" ({100 * (per / report[name] - 1):+.1f} % over plain; budget 10 %)"
+        print(line)
     return 0
 
 
