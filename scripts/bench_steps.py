@@ -884,7 +884,8 @@ def pooled(rounds: list[Scenario]) -> Scenario:
         rows_per_step=rows / steps,
         event_bytes_per_step=sum(s.event_bytes_per_step * s.steps for s in rounds) / steps,
         wal_bytes=sum(s.wal_bytes for s in rounds),
-        wal_bytes_per_step=sum(s.wal_bytes for s in rounds) / steps,
+        # Each round's WAL figure is from its own sample repeat, not its timed steps.
+        wal_bytes_per_step=sum(s.wal_bytes_per_step for s in rounds) / len(rounds),
         signed_rows=sum(s.signed_rows for s in rounds),
         reads_per_step=sum(s.reads_per_step * s.steps for s in rounds) / steps,
         p50_step_ms=statistics.median(s.p50_step_ms for s in rounds),
