@@ -720,6 +720,20 @@ class RawRun:
     after_per_second: float
     """... and the half just after the last: far apart means the machine was noisy."""
 
+    @classmethod
+    def of(cls, rows: int, state: bytes, before: float, after: float) -> RawRun:
+        """``rows`` commits, half of them (rounded down) taking ``before`` seconds, the
+        rest ``after``."""
+        half = rows // 2
+        return cls(
+            rows=rows,
+            row_state_bytes=len(state),
+            seconds=before + after,
+            commits_per_second=rows / (before + after),
+            before_per_second=half / before if half else 0.0,
+            after_per_second=(rows - half) / after,
+        )
+
 
 @dataclass
 class StoreResult:
@@ -833,14 +847,7 @@ def measure(
     for untraced, traced_run in zip(scenarios, traced, strict=False):
         traced_run.traced_vs_untraced = traced_run.steps_per_second / untraced.steps_per_second
         traced_run.traced_cpu_vs_untraced = traced_run.cpu_us_per_step / untraced.cpu_us_per_step
-    raw_run = RawRun(
-        rows=args.raw_rows,
-        row_state_bytes=len(state),
-        seconds=before + after,
-        commits_per_second=args.raw_rows / (before + after),
-        before_per_second=half / before if half else 0.0,
-        after_per_second=(args.raw_rows - half) / after,
-    )
+    raw_run = RawRun.of(args.raw_rows, state, before, after)
     for scenario in [*scenarios, *signed, *metered, *traced]:
         scenario.ratio = scenario.steps_per_second / raw_run.commits_per_second
     sequential, many = TARGETS[label]
@@ -1135,14 +1142,7 @@ def measure_processes(
         with urls() as url:
             runs.append(run_processes(url, label, count, args))
     after = raw(args.raw_rows - half, state, topic)
-    raw_run = RawRun(
-        rows=args.raw_rows,
-        row_state_bytes=len(state),
-        seconds=before + after,
-        commits_per_second=args.raw_rows / (before + after),
-        before_per_second=half / before if half else 0.0,
-        after_per_second=(args.raw_rows - half) / after,
-    )
+    raw_run = RawRun.of(args.raw_rows, state, before, after)
     for each in runs:
         each.ratio = each.steps_per_second / raw_run.commits_per_second
     by_count = {each.processes: each.steps_per_second for each in runs}
