@@ -28,6 +28,7 @@ from jobledger.domain.errors import (
     JobLedgerError,
     JobNotWaitingError,
     NoPersonalDataError,
+    NonDeterminismError,
     ScheduleExistsError,
     ScheduleStateError,
     StaleApprovalError,
@@ -74,6 +75,14 @@ from jobledger.orchestration.ports import (
 from jobledger.orchestration.registry import FunctionRegistry, linear_workflow
 from jobledger.orchestration.tracing import Tracer
 from jobledger.projections.outbox import decode_event
+from jobledger.workflows.code import (
+    Approval,
+    ChildResult,
+    CodeWorkflow,
+    WorkflowContext,
+    workflow,
+)
+from jobledger.workflows.tasks import StepContext, Task, TaskExecutor, step
 from jobledger.workflows import (
     DefinitionError,
     DefinitionRegistry,
@@ -83,12 +92,15 @@ from jobledger.workflows import (
 )
 
 __all__ = [
+    "Approval",
     "ApprovalAlreadyDecidedError",
     "ApprovalError",
     "ApprovalRequest",
     "ApprovalSpec",
     "BrokenHistoryError",
+    "ChildResult",
     "Clock",
+    "CodeWorkflow",
     "ConcurrencyError",
     "ConcurrencyLimit",
     "ConfigError",
@@ -118,6 +130,7 @@ __all__ = [
     "JsonLinesNotifier",
     "MemoryNotifier",
     "NoPersonalDataError",
+    "NonDeterminismError",
     "Notifier",
     "Outcome",
     "ReplayReport",
@@ -127,6 +140,7 @@ __all__ = [
     "ScheduleExistsError",
     "ScheduleStateError",
     "StaleApprovalError",
+    "StepContext",
     "StepError",
     "StepExecutor",
     "StepRequest",
@@ -138,6 +152,8 @@ __all__ = [
     "StoreUnreachableError",
     "SubjectErasedError",
     "SubjectKeyError",
+    "Task",
+    "TaskExecutor",
     "Tick",
     "TickReport",
     "TokenError",
@@ -151,6 +167,7 @@ __all__ = [
     "UnknownWorkflowError",
     "VersionConflict",
     "WebhookNotifier",
+    "WorkflowContext",
     "WorkflowDefinition",
     "WorkflowNotDeployedError",
     "WorkflowRegistry",
@@ -159,4 +176,6 @@ __all__ = [
     "load_definitions",
     "parse_definition",
     "replay_job",
+    "step",
+    "workflow",
 ]

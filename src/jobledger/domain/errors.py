@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from jobledger.domain.redaction import redact
 
 
@@ -67,6 +69,33 @@ class DeploymentError(ConfigError):
 class WorkflowNotDeployedError(DeploymentError):
     """The worker's registry has no definition for the job's (type, version): in a
     rolling deploy, a worker not yet (or no longer) carrying that version."""
+
+
+class NonDeterminismError(DeploymentError):
+    """A code workflow's body, replayed against the job's recorded history, asked for
+    something other than what the history holds at ``step_number`` (a step renamed,
+    reordered, inserted or removed, a wait changed). The job is left untouched, blocked
+    as a job whose pinned version is missing is: deploy the code that recorded it (or a
+    new version for new jobs) and it goes on."""
+
+    def __init__(self, message: str, *, step_number: int, recorded: str, requested: str) -> None:
+        super().__init__(message)
+        self.step_number = step_number
+        self.recorded = recorded
+        self.requested = requested
+
+
+class WorkflowBodyError(Exception):
+    """A code workflow's body raised while it was replayed: the job fails with this message
+    (the traceback included), or retries under ``retry_policy`` when the body raised
+    ``StepError(retryable=True)``. Raised by a registry, handled by the tick."""
+
+    def __init__(self, message: str, *, retryable: bool, kind: str, retry_policy: Any) -> None:
+        super().__init__(message)
+        self.retryable = retryable
+        self.kind = kind
+        self.retry_policy = retry_policy
+        """The workflow's ``RetryPolicy``, or None (the default policy)."""
 
 
 class StoreMissingError(ConfigError):

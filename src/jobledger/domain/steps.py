@@ -5,11 +5,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from decimal import Decimal
 from typing import Any
+from uuid import UUID
 
 from jobledger.domain.fan_out import MapRequest
 from jobledger.domain.status import JobStatus
@@ -37,6 +38,10 @@ class RetryPolicy:
         return attempt <= self.max_attempts and (not self.retry_on or kind in self.retry_on)
 
 
+HistoryReader = Callable[[int], Sequence[Any]]
+"""The job's events after the version given, in order, up to the request's version."""
+
+
 @dataclass(frozen=True)
 class ResolveRequest:
     workflow_type: str
@@ -52,6 +57,14 @@ class ResolveRequest:
     """The name of the definition step to run next; None before the first step."""
     visits: Mapping[str, int] = field(default_factory=dict)
     """How many times each named step has been recorded (bounds cycles)."""
+    job_uuid: UUID | None = None
+    """The job, for a registry that keeps a job's replay between its steps (a code
+    workflow's suspended body); None when the request is rebuilt (an audit replay)."""
+    version: int = 0
+    """The job's version the request was made at."""
+    history: HistoryReader | None = None
+    """The job's recorded events after a version, up to ``version``: what a code workflow
+    replays its body against. None: the registry does not need them (declarative)."""
 
 
 @dataclass(frozen=True)
@@ -115,6 +128,12 @@ class StepRequest:
     idempotency_key: str
     """Stable for this step across every re-delivery: pass it to external systems."""
     resolution: Resolution
+    heartbeat: Callable[[], bool] | None = field(default=None, compare=False)
+    """Renew this step's lease now; False once another worker took the job over (this
+    step's result will not be recorded): a long step should stop. None: no lease port."""
+    span: Any = field(default=None, compare=False)
+    """The step's span (``orchestration.tracing.Span``): attributes and events set on it
+    land in the step's trace. None outside a tick."""
 
 
 @dataclass(frozen=True)

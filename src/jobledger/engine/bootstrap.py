@@ -9,8 +9,9 @@ what was built, instead of downcasting the facade's ports.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Required, TypedDict, Unpack
+from typing import TYPE_CHECKING, TypedDict, Unpack
 
 from jobledger.adapters.admission_table import AdmissionTable
 from jobledger.adapters.clock import FakeClock, StoreTimeClock, SystemClock
@@ -45,6 +46,13 @@ from jobledger.orchestration.ports import (
     WorkflowRegistry,
 )
 from jobledger.orchestration.tracing import NOOP, Tracer
+from jobledger.workflows.code import CodeWorkflow
+from jobledger.workflows.definition import WorkflowDefinition
+from jobledger.workflows.registries import Registries
+from jobledger.workflows.replayer import CodeRegistry
+from jobledger.workflows.resolver import DefinitionRegistry
+from jobledger.workflows.serving import require_served, task_names
+from jobledger.workflows.tasks import Task, TaskExecutor
 
 if TYPE_CHECKING:
     from jobledger.adapters.kafka import KafkaQueue
@@ -53,9 +61,13 @@ if TYPE_CHECKING:
 
 class Parts(TypedDict, total=False):
     """What the caller hands in (``Engine.open``, :func:`build`); the rest is wired from
-    the config. Only ``registry`` is required."""
+    the config. ``registry`` or ``workflows`` is required."""
 
-    registry: Required[WorkflowRegistry]
+    registry: WorkflowRegistry
+    workflows: Sequence[CodeWorkflow | WorkflowDefinition]
+    """Code workflows and definitions, served beside ``registry`` (if any)."""
+    tasks: Sequence[Task]
+    """Step functions beyond those the code workflows name (a definition's tasks)."""
     executor: StepExecutor | None
     clock: Clock | None
     queue: Queue | None
@@ -162,8 +174,8 @@ def build(config: EngineConfig, **parts: Unpack[Parts]) -> Deps:
     kept = _metrics(config, clock) if metrics else None
     return Deps(
         config=config,
-        deployment=Deployment(parts["registry"]),
-        executor=parts.get("executor"),
+        deployment=Deployment(workflow_registry(parts)),
+        executor=step_executor(parts),
         store=store,
         queue=chosen,
         clock=clock,
@@ -179,6 +191,57 @@ def build(config: EngineConfig, **parts: Unpack[Parts]) -> Deps:
         admission=_admission(config, store),
         step_rates=StepRateTable(store.backend),
     )
+
+
+def workflow_registry(parts: Parts) -> WorkflowRegistry:
+    """The registry the engine resolves with: the one handed in, and the code workflows
+    and definitions of ``workflows`` beside it."""
+    given = parts.get("registry")
+    workflows = list(parts.get("workflows", ()))
+    if given is None and not workflows:
+        raise ConfigError("an engine needs workflows: pass registry= or workflows=")
+    if not workflows:
+        assert given is not None
+        return given
+    code = CodeRegistry(w for w in workflows if isinstance(w, CodeWorkflow))
+    declared = [w for w in workflows if isinstance(w, WorkflowDefinition)]
+    unknown = [w for w in workflows if not isinstance(w, CodeWorkflow | WorkflowDefinition)]
+    if unknown:
+        raise ConfigError(f"workflows= takes @workflow functions and definitions, not {unknown[0]!r}")
+    registries: list[WorkflowRegistry] = [code, DefinitionRegistry(declared)]
+    try:
+        return Registries([*registries, *([given] if given is not None else [])])
+    except ValueError as error:
+        raise ConfigError(str(error)) from None
+
+
+def step_executor(parts: Parts) -> StepExecutor | None:
+    """The executor of the engine's steps: the step functions (those ``tasks`` lists and
+    those the code workflows name) by task name, the ``executor`` handed in for the rest.
+    Without an executor, every task a definition names must be served by a function."""
+    given = parts.get("executor")
+    tasks = list(parts.get("tasks", ()))
+    workflows = list(parts.get("workflows", ()))
+    names = task_names(workflows + _definitions_of(parts.get("registry")), tasks)
+    if not names.served:
+        return given
+    try:
+        executor = TaskExecutor(tasks, fallback=given)
+        for workflow in workflows:
+            if isinstance(workflow, CodeWorkflow):
+                for task in workflow.tasks():
+                    executor.add(task)
+    except ValueError as error:
+        raise ConfigError(str(error)) from None
+    if given is None:
+        require_served(names)
+    return executor
+
+
+def _definitions_of(registry: WorkflowRegistry | None) -> list[WorkflowDefinition]:
+    if isinstance(registry, DefinitionRegistry):
+        return [registry.get(t, v) for t, v in registry.known()]
+    return []
 
 
 def _store_time(clock: Clock, store: EventSourcedJobStore) -> Clock:

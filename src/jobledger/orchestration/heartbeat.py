@@ -95,6 +95,12 @@ class Heartbeats:
             with self._wake:
                 self._kept.pop(key, None)
 
+    def beat_now(self, job: Job, claim_id: str) -> bool:
+        """A step's own heartbeat (``StepContext.heartbeat``): renew its lease at once;
+        False if a newer claim holds the job (a take-over won)."""
+        lease = Lease(job.id, claim_id, self.worker_id, job.version, self.clock.now() + self.lease)
+        return self.leases.renew(lease)
+
     def _beat_due(self) -> None:
         """Renew every lease whose beat is due."""
         with self._wake:

@@ -15,7 +15,7 @@ import inspect
 import logging
 from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager, nullcontext, suppress
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal, InvalidOperation
 from enum import StrEnum
@@ -30,10 +30,12 @@ from jobledger.domain.errors import (
     DeploymentError,
     DuplicateKeyError,
     InvalidPayloadError,
+    NonDeterminismError,
     StepError,
     StoreUnavailableError,
     UnknownJobError,
     VersionConflict,
+    WorkflowBodyError,
     WorkflowNotDeployedError,
 )
 from jobledger.domain.identity import job_uuid
@@ -56,6 +58,7 @@ from jobledger.orchestration.child_jobs import Family, Spawner
 from jobledger.orchestration.deployment import Deployment
 from jobledger.orchestration.group_commit import SharedLoop
 from jobledger.orchestration.heartbeat import Heartbeats
+from jobledger.orchestration.history import History
 from jobledger.orchestration.ports import (
     AdmissionGate,
     ApprovalRequest,
@@ -138,6 +141,9 @@ class _Run:
     """The tick's span, or its step's while a step runs: the claim, resolution and append
     events go to it without looking up the current span each time."""
     steps: int = 0
+    appended: list[Job.Event] = field(default_factory=list)
+    """The events this tick appended, in order: a code workflow's replay reads the newest
+    of them here instead of from the store."""
 
 
 class TickAppends(Protocol):
@@ -333,8 +339,8 @@ class Orchestrator:
         ran = self.unrecorded.take(job, run.claim_id)
         if ran is None:
             resolution = self._resolve(job, run, now)
-            if resolution is None:
-                return Outcome.FAILED
+            if isinstance(resolution, Outcome):
+                return resolution
             run.span.event("jobledger.resolution", NO_ATTRIBUTES)
             if resolution.is_costly and self._defer_for_ceiling(job, now):
                 return Outcome.DEFERRED
@@ -524,10 +530,12 @@ class Orchestrator:
 
     # ---- resolution and the cost ceiling ---------------------------------------------
 
-    def _resolve(self, job: Job, run: _Run, now: datetime) -> Resolution | None:
+    def _resolve(self, job: Job, run: _Run, now: datetime) -> Resolution | Outcome:
         """Pure resolution from the definition; a throw is a definition bug: fail the job.
-        Unless this worker has no definition for the job's pinned (type, version) at all:
-        that is a deployment error (a rolling deploy), and the job is left untouched."""
+        Unless this worker has no definition for the job's pinned (type, version) at all,
+        or its code no longer replays the job's history: that is a deployment error (a
+        rolling deploy), and the job is left untouched. A code workflow's body that
+        raised fails the job, or retries under the workflow's policy, as a step would."""
         request = ResolveRequest(
             workflow_type=job.workflow_type,
             workflow_version=job.workflow_version,
@@ -539,17 +547,25 @@ class Orchestrator:
             now=now,
             cursor=job.cursor,
             visits=job.visits,
+            job_uuid=job.id,
+            version=job.version,
+            history=History(self.store, job.id, job.version, run.appended),
         )
         registry = self.deployment.registry  # one throughout, should a reload swap it
         try:
             return registry.resolve(request)
         except StoreUnavailableError:
             raise  # a registry that reads a store: its outage is no definition bug
+        except NonDeterminismError as error:
+            raise self._blocked(job, error) from None
+        except WorkflowBodyError as error:
+            body = Resolution("workflow", JobStatus.FAILED, retry_policy=error.retry_policy)
+            return self._step_failed(job, body, StepError(str(error), retryable=error.retryable, kind=error.kind))
         except Exception as error:
             if not registry.has(job.workflow_type, job.workflow_version):
                 raise self._blocked(job, WorkflowNotDeployedError(str(error))) from None
             self._fail(job, f"workflow resolution failed: {error}", "definition")
-            return None
+            return Outcome.FAILED
 
     def _defer_for_ceiling(self, job: Job, now: datetime) -> bool:
         ceiling = self.config.cost_ceiling_for(job.tenant_id)
@@ -710,6 +726,8 @@ class Orchestrator:
                 triggered_by=resolution.triggered_by,
                 idempotency_key=key,
                 resolution=resolution,
+                heartbeat=self._beat_now(job, run),
+                span=run.span,
             )
             assert self.executor is not None  # checked before the claim
             try:
@@ -728,6 +746,14 @@ class Orchestrator:
             return self._merge(resolution, result, started_at)
         except InvalidPayloadError as error:
             return error
+
+    def _beat_now(self, job: Job, run: _Run) -> Callable[[], bool] | None:
+        """What a step calls to renew its lease at once (None without a Leases port)."""
+        heartbeats = self.heartbeats
+        if heartbeats is None:
+            return None
+        claim_id = run.claim_id
+        return lambda: heartbeats.beat_now(job, claim_id)
 
     def _heartbeat(self, job: Job, run: _Run) -> AbstractContextManager[None]:
         """Keep the claim alive while the side effect runs, however long it takes."""
@@ -881,7 +907,8 @@ class Orchestrator:
         for _ in range(REBASE_ATTEMPTS):
             claimed = job.step_in_flight(run.claim_id)
             build(job)
-            first = job.pending_events[0]
+            pending = list(job.pending_events)
+            first = pending[0]
             assert isinstance(first, Job.Event)
             try:
                 # The step key is derived, not a row of its own: step n is only appended on
@@ -913,6 +940,7 @@ class Orchestrator:
             raise StoreUnavailableError(
                 f"job {job.job_id!r} kept changing while step {step.step_number} was recorded"
             )
+        run.appended.extend(pending)  # type: ignore[arg-type]
         run.job = job
         run.span.event("jobledger.append", NO_ATTRIBUTES)
 
@@ -1077,10 +1105,13 @@ class Orchestrator:
 
     def _append(self, job: Job, run: _Run | None = None) -> None:
         """Append a transition that guards no key; a lost race ends the tick quietly."""
+        pending = list(job.pending_events) if run is not None else []
         try:
             self.tick_appends.append(job)
         except VersionConflict:
             raise _LostRace(Outcome.CLAIM_LOST) from None
+        if run is not None:
+            run.appended.extend(pending)  # type: ignore[arg-type]
         span = run.span if run is not None else self.tracer.current()
         span.event("jobledger.append", NO_ATTRIBUTES)
 

@@ -1,0 +1,59 @@
+"""Several workflow registries served as one: code workflows beside declarative
+definitions (and any registry of your own), each (type, version) from the one that has it."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from jobledger.domain.errors import UnknownWorkflowError
+from jobledger.domain.steps import Resolution, ResolveRequest
+from jobledger.orchestration.ports import WorkflowRegistry
+
+
+class Registries:
+    """The WorkflowRegistry port over ``registries``; a (type, version) two of them have is
+    refused when they are put together, not resolved by whichever comes first."""
+
+    def __init__(self, registries: Sequence[WorkflowRegistry]) -> None:
+        self.registries = tuple(registries)
+        seen: dict[tuple[str, int], WorkflowRegistry] = {}
+        for registry in self.registries:
+            for key in registry.known():
+                if key in seen:
+                    raise ValueError(f"workflow {key[0]!r} v{key[1]} is defined twice")
+                seen[key] = registry
+        self._owners = seen
+
+    def _owner(self, workflow_type: str, workflow_version: int) -> WorkflowRegistry:
+        owner = self._owners.get((workflow_type, workflow_version))
+        if owner is None:
+            known = ", ".join(f"v{v}" for t, v in self.known() if t == workflow_type) or "none"
+            raise UnknownWorkflowError(
+                f"unknown workflow {workflow_type!r} v{workflow_version} (known: {known})"
+            )
+        return owner
+
+    def latest_version(self, workflow_type: str) -> int:
+        versions = [v for t, v in self._owners if t == workflow_type]
+        if not versions:
+            raise UnknownWorkflowError(f"unknown workflow type {workflow_type!r}")
+        return max(versions)
+
+    def has(self, workflow_type: str, workflow_version: int) -> bool:
+        return (workflow_type, workflow_version) in self._owners
+
+    def known(self) -> list[tuple[str, int]]:
+        return sorted(self._owners)
+
+    def budget_defaults(self, workflow_type: str, workflow_version: int) -> dict[str, Any]:
+        owner = self._owner(workflow_type, workflow_version)
+        return owner.budget_defaults(workflow_type, workflow_version)
+
+    def personal_data(self, workflow_type: str, workflow_version: int) -> tuple[str, ...]:
+        return self._owner(workflow_type, workflow_version).personal_data(
+            workflow_type, workflow_version
+        )
+
+    def resolve(self, request: ResolveRequest) -> Resolution:
+        return self._owner(request.workflow_type, request.workflow_version).resolve(request)
