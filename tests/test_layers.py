@@ -28,6 +28,7 @@ FOLDERS = {
     "runtime": "runtime",
     "cli": "interfaces",
     "demo": "interfaces",
+    "testing": "interfaces",
 }
 ORDER = ("core", "adapters", "audit", "projections", "engine", "presentation", "api", "runtime")
 LAYERS = {name: rank for rank, name in enumerate((*ORDER, "interfaces"))}
