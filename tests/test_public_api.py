@@ -11,15 +11,25 @@ import sys
 from pathlib import Path
 
 import jobledger
+import jobledger.testing
 
 ROOT = Path(__file__).resolve().parents[1]
 API_DOC = ROOT / "docs" / "api.md"
-PUBLIC_MODULES = {"jobledger", "jobledger.adapters.otel"}
-"""Where users import from: the package, and the module that needs the otel extra."""
+PUBLIC_MODULES = {"jobledger", "jobledger.adapters.otel", "jobledger.testing"}
+"""Where users import from: the package, the module that needs the otel extra, and the kit
+to test workflows."""
+TESTING = "## Testing (jobledger.testing)"
+"""The section of docs/api.md that lists ``jobledger.testing.__all__`` instead."""
 
 
-def documented_names() -> list[str]:
-    return re.findall(r"^- `(\w+)`: ", API_DOC.read_text(), re.MULTILINE)
+def documented_names(testing: bool = False) -> list[str]:
+    """The names docs/api.md lists for ``jobledger`` (or, with ``testing``, for
+    ``jobledger.testing``: its own section, up to the next one)."""
+    text = API_DOC.read_text()
+    before, _, kit = text.partition(TESTING)
+    kit, heading, after = kit.partition("\n## ")
+    section = kit if testing else before + heading + after
+    return re.findall(r"^- `(\w+)`: ", section, re.MULTILINE)
 
 
 def test_all_is_exactly_the_documented_list() -> None:
@@ -27,6 +37,16 @@ def test_all_is_exactly_the_documented_list() -> None:
     assert len(names) == len(set(names)), "a name is documented twice"
     assert sorted(jobledger.__all__) == sorted(names)
     assert len(jobledger.__all__) == len(set(jobledger.__all__))
+
+
+def test_the_testing_kits_all_is_exactly_its_documented_list() -> None:
+    names = documented_names(testing=True)
+    assert len(names) == len(set(names)), "a name is documented twice"
+    assert sorted(jobledger.testing.__all__) == sorted(names)
+    namespace: dict[str, object] = {}
+    exec("from jobledger.testing import *", namespace)
+    for name in names:
+        assert getattr(jobledger.testing, name) is namespace[name], name
 
 
 def test_every_public_name_resolves() -> None:
