@@ -28,6 +28,7 @@ from jobledger.testing import (
     WorkflowTestEnv,
     WorkflowTestError,
     assert_steps,
+    workflow_envs,
 )
 
 pytest_plugins = ["pytester"]
@@ -324,6 +325,14 @@ def test_the_store_is_deleted_when_the_environment_closes() -> None:
         store = Path(url.removeprefix("sqlite:///"))
         assert store.exists()
     assert not store.parent.exists()
+
+
+def test_workflow_envs_closes_every_environment_it_built() -> None:
+    with workflow_envs() as build:
+        made = [build([nap]), build([nap], tenant="other")]
+        stores = [Path(e.engine.config.store_url.removeprefix("sqlite:///")) for e in made]
+        assert all(store.exists() for store in stores)
+    assert not any(store.parent.exists() for store in stores)
 
 
 def test_run_until_needs_a_condition(env: WorkflowTestEnv) -> None:

@@ -5,10 +5,11 @@ An engine on a temporary SQLite store whose clock moves only when the test says 
 (:class:`JobHandle`), recording fakes for step functions (:class:`StepFake`), and the
 tokens and approval requests the jobs handed out (:class:`RecordingNotifier`). Usable
 without pytest; with pytest, the ``jobledger_env`` fixture (``jobledger.testing.plugin``,
-registered by entry point) builds environments and closes them after the test.
+registered by entry point) builds environments and closes them after the test;
+:func:`workflow_envs` does the same without pytest.
 """
 
-from jobledger.testing.env import DEFAULT_START, DEFAULT_TENANT, WorkflowTestEnv
+from jobledger.testing.env import DEFAULT_START, DEFAULT_TENANT, WorkflowTestEnv, workflow_envs
 from jobledger.testing.fakes import StepCall, StepFake
 from jobledger.testing.handle import JobHandle, StepRecord, WorkflowTestError, assert_steps
 from jobledger.testing.notices import ApprovalNotice, RecordingNotifier, TokenNotice
@@ -26,4 +27,5 @@ __all__ = [
     "WorkflowTestEnv",
     "WorkflowTestError",
     "assert_steps",
+    "workflow_envs",
 ]

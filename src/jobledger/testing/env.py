@@ -13,7 +13,8 @@ from __future__ import annotations
 import itertools
 import tempfile
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -358,3 +359,25 @@ class WorkflowTestEnv:
         fake = StepFake(task, returns=returns, side_effect=side_effect, raises=raises)
         steps.fakes[task.name] = fake
         return fake
+
+
+EnvFactory = Callable[..., WorkflowTestEnv]
+"""Builds a :class:`WorkflowTestEnv` from its arguments."""
+
+
+@contextmanager
+def workflow_envs() -> Iterator[EnvFactory]:
+    """A factory of test environments, each closed (its store deleted) when the block
+    ends, however it ends: the ``jobledger_env`` fixture, without pytest."""
+    made: list[WorkflowTestEnv] = []
+
+    def build(*args: Any, **kwargs: Any) -> WorkflowTestEnv:
+        env = WorkflowTestEnv(*args, **kwargs)
+        made.append(env)
+        return env
+
+    try:
+        yield build
+    finally:
+        for env in reversed(made):
+            env.close()

@@ -3,28 +3,17 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from typing import Any
+from collections.abc import Iterator
 
 import pytest
 
-from jobledger.testing.env import WorkflowTestEnv
-
-EnvFactory = Callable[..., WorkflowTestEnv]
-"""``jobledger_env(workflows=[...], tasks=[...], ...)``: the arguments of WorkflowTestEnv."""
+from jobledger.testing.env import EnvFactory, workflow_envs
 
 
 @pytest.fixture
 def jobledger_env() -> Iterator[EnvFactory]:
-    """Build :class:`~jobledger.testing.WorkflowTestEnv` environments for this test; each
-    is closed (its store deleted) when the test ends, however it ends."""
-    made: list[WorkflowTestEnv] = []
-
-    def build(*args: Any, **kwargs: Any) -> WorkflowTestEnv:
-        env = WorkflowTestEnv(*args, **kwargs)
-        made.append(env)
-        return env
-
-    yield build
-    for env in reversed(made):
-        env.close()
+    """``jobledger_env(workflows=[...], tasks=[...], ...)`` builds a
+    :class:`~jobledger.testing.WorkflowTestEnv` (same arguments); each is closed (its
+    store deleted) when the test ends, however it ends."""
+    with workflow_envs() as build:
+        yield build
