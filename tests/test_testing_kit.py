@@ -306,6 +306,15 @@ def test_fakes_refuse_steps_no_workflow_runs(env: WorkflowTestEnv) -> None:
         env.fake(survey, returns=1, raises=StepError("x"))
 
 
+def test_due_jobs_are_ticked_when_no_tick_was_queued_for_them() -> None:
+    # scan_only: the engine queues no timer tick and leaves due jobs to the reconciler;
+    # the environment ticks what is due itself, as the reconciler would.
+    with WorkflowTestEnv([nap], config={"resume_mode": "scan_only"}) as env:
+        job = env.start(nap)
+        env.run_until(job, status="completed")
+        assert env.now() == DEFAULT_START + 3 * DAY
+
+
 def test_inputs_may_be_models_and_the_clock_may_start_elsewhere() -> None:
     class Notes(BaseModel):
         notes: str

@@ -222,8 +222,11 @@ class WorkflowTestEnv:
                 self._skip_to(until)
             elif due is None:
                 raise WorkflowTestError(f"nothing is due any more: {self._why(handle)}")
-            else:
-                self._skip_to(due)
+            elif not self._skip_to(due) and due <= self.now():
+                # Overdue already, ticked, and still nothing moved: skipping on would loop.
+                raise WorkflowTestError(
+                    f"a job due at {due.isoformat()} does not move: {self._why(handle)}"
+                )
         raise WorkflowTestError(f"not met after {max_jumps} due moments: {self._why(handle)}")
 
     def next_due(self) -> datetime | None:
@@ -245,10 +248,11 @@ class WorkflowTestEnv:
                 found.append((row, due))
         return found
 
-    def _skip_to(self, moment: datetime) -> None:
-        """Move the clock to ``moment`` and run what is due then. A job due by then is
-        ticked as the reconciler would tick it, should its own tick be later (a timer set
-        from a tick is at least a millisecond out) or not queued at all (``scan_only``)."""
+    def _skip_to(self, moment: datetime) -> bool:
+        """Move the clock to ``moment`` and run what is due then; whether any job moved.
+        A job due by then is ticked as the reconciler would tick it, should its own tick
+        be later (a timer set from a tick is at least a millisecond out) or not queued at
+        all (``scan_only``)."""
         self.clock.set(moment)
         now = self.clock.now()
         for row, due in self._timed_jobs():
@@ -258,6 +262,7 @@ class WorkflowTestEnv:
                     dedupe_key=f"testing:{row.version}",
                 )
         self.run()
+        return self._views.catch_up() > 0
 
     def _reached(self, until: datetime | None) -> bool:
         return until is not None and self.clock.now() >= until
