@@ -14,11 +14,16 @@ from pydantic import BaseModel
 
 from jobledger import (
     ChildResult,
+    FunctionRegistry,
     JobStatus,
+    Resolution,
     RetryPolicy,
     StepContext,
     StepError,
+    StepRequest,
+    StepResult,
     WorkflowContext,
+    linear_workflow,
     step,
     workflow,
 )
@@ -313,6 +318,40 @@ def test_due_jobs_are_ticked_when_no_tick_was_queued_for_them() -> None:
         job = env.start(nap)
         env.run_until(job, status="completed")
         assert env.now() == DEFAULT_START + 3 * DAY
+
+
+def test_the_shells_jobledger_variables_do_not_reach_the_engine(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("JOBLEDGER_TRANSPORT", "kafka")
+    monkeypatch.setenv("JOBLEDGER_TOKEN_SECRET", "short")
+    with WorkflowTestEnv([nap]) as env:
+        job = env.start(nap)
+        env.run_until(job, status="completed")
+        assert env.engine.config.transport == "local"
+
+
+class Echo:
+    """The one-executor way: an executor that serves every run step."""
+
+    def execute(self, request: StepRequest) -> StepResult:
+        return StepResult(output={"step": request.step_number}, state_patch={"echoed": True})
+
+
+def test_a_registry_and_an_executor_serve_as_in_engine_open() -> None:
+    registry = FunctionRegistry()
+    steps = [
+        Resolution("run_interaction_task", JobStatus.QUEUED),
+        Resolution("wait_time", JobStatus.WAITING_TIME, resume_delay_ms=60_000),
+        Resolution("complete", JobStatus.COMPLETED),
+    ]
+    registry.register("linear", 1, linear_workflow(steps))
+    with WorkflowTestEnv(registry=registry, executor=Echo()) as env:
+        job = env.start("linear", {"goal": "g"})
+        env.run_until(job, status="completed")
+        assert env.now() == DEFAULT_START + timedelta(minutes=1)
+        assert [s.type for s in job.steps()] == ["run_interaction_task", "wait_time", "complete"]
+        assert job.result() == {"goal": "g", "echoed": True}  # a non-code job's final state
 
 
 def test_inputs_may_be_models_and_the_clock_may_start_elsewhere() -> None:

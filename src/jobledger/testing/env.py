@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from pydantic import BaseModel
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource
 
 from jobledger.adapters.clock import FakeClock
 from jobledger.config import EngineConfig
@@ -28,7 +29,7 @@ from jobledger.domain.status import JobStatus
 from jobledger.engine import bootstrap
 from jobledger.engine.bootstrap import Parts
 from jobledger.engine.engine import Engine
-from jobledger.orchestration.ports import StepExecutor, Tick
+from jobledger.orchestration.ports import StepExecutor, Tick, WorkflowRegistry
 from jobledger.projections import JobViews, StatusRow
 from jobledger.testing.fakes import UNSET, FakingExecutor, StepCall, StepFake
 from jobledger.testing.handle import JobHandle, WorkflowTestError
@@ -58,14 +59,32 @@ job is due now (the ticks just run took it), a running one only if its worker di
 Workflow = CodeWorkflow | WorkflowDefinition
 
 
+class _TestConfig(EngineConfig):
+    """The settings a test gives, and nothing from the ``JOBLEDGER_*`` variables of the
+    shell it runs in: a developer's ``JOBLEDGER_TRANSPORT=kafka`` or notifier webhook
+    must not reach a test's engine."""
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        return (init_settings,)
+
+
 class WorkflowTestEnv:
     """An :class:`~jobledger.Engine` on a temporary SQLite store with a time-skipping
     clock. A context manager: the store is deleted on exit.
 
-    ``workflows`` and ``tasks`` as for ``Engine.open``; ``executor``: the one-executor
-    way, for the steps no function serves; ``config``: settings by their flat keyword
-    (``{"lease_ms": 5000}``) over the test defaults (a token secret is set); ``start``:
-    the clock's first moment (timezone-aware); ``tenant``: the jobs' tenant by default."""
+    ``workflows``, ``tasks``, ``executor`` (the one-executor way, for the steps no
+    function serves) and ``registry`` as for ``Engine.open``; ``config``: settings by
+    their flat keyword (``{"lease_ms": 5000}``) over the test defaults (a token secret is
+    set), the ``JOBLEDGER_*`` variables left unread; ``start``: the clock's first moment
+    (timezone-aware); ``tenant``: the jobs' tenant by default."""
 
     def __init__(
         self,
@@ -73,6 +92,7 @@ class WorkflowTestEnv:
         *,
         tasks: Sequence[Task] = (),
         executor: StepExecutor | None = None,
+        registry: WorkflowRegistry | None = None,
         config: Mapping[str, Any] | None = None,
         start: datetime = DEFAULT_START,
         tenant: str = DEFAULT_TENANT,
@@ -86,7 +106,7 @@ class WorkflowTestEnv:
         self._ids = itertools.count(1)
         self._directory = tempfile.TemporaryDirectory(prefix="jobledger-test-")
         try:
-            self.engine = self._open(workflows, tasks, executor, config or {})
+            self.engine = self._open(workflows, tasks, executor, registry, config or {})
         except BaseException:
             self._directory.cleanup()
             raise
@@ -97,10 +117,11 @@ class WorkflowTestEnv:
         workflows: Sequence[Workflow],
         tasks: Sequence[Task],
         executor: StepExecutor | None,
+        registry: WorkflowRegistry | None,
         config: Mapping[str, Any],
     ) -> Engine:
         store = Path(self._directory.name) / "jobs.db"
-        settings = EngineConfig(
+        settings = _TestConfig(
             **{"token_secret": TOKEN_SECRET, **config, "store_url": f"sqlite:///{store}"}
         )
         parts: Parts = {
@@ -111,6 +132,8 @@ class WorkflowTestEnv:
         }
         if executor is not None:
             parts["executor"] = executor
+        if registry is not None:
+            parts["registry"] = registry
         deps = bootstrap.build(settings, **parts)
         # The fakes sit in front of the executor the engine was wired with: a faked task
         # name is served by its fake, every other step as the engine would serve it.
