@@ -309,6 +309,8 @@ def test_fakes_refuse_steps_no_workflow_runs(env: WorkflowTestEnv) -> None:
         env.fake(stray)
     with pytest.raises(ValueError, match="exactly one of"):
         env.fake(survey, returns=1, raises=StepError("x"))
+    with pytest.raises(WorkflowTestError, match="'survey' was never called"):
+        env.fake(survey).last_call  # noqa: B018 (the property raises)
 
 
 def test_due_jobs_are_ticked_when_no_tick_was_queued_for_them() -> None:

@@ -14,6 +14,7 @@ from typing import Any
 
 from jobledger.domain.steps import StepRequest, StepResult
 from jobledger.orchestration.ports import StepExecutor
+from jobledger.testing.handle import WorkflowTestError
 from jobledger.workflows.tasks import TASK_PARAM, StepContext, Task, TaskExecutor
 
 
@@ -58,13 +59,9 @@ class StepFake:
         self._executor = TaskExecutor([_stand_in(self.task, self._run)])
 
     @property
-    def call_count(self) -> int:
-        return len(self.calls)
-
-    @property
     def last_call(self) -> StepCall:
         if not self.calls:
-            raise AssertionError(f"step {self.task.name!r} was never called")
+            raise WorkflowTestError(f"step {self.task.name!r} was never called")
         return self.calls[-1]
 
     def execute(self, request: StepRequest) -> StepResult:
