@@ -193,6 +193,7 @@ class JobCommands:
                     )
                 job_id = marker.job_id
         version = self.workflow_version(workflow_type, workflow_version)
+        self._check_input(workflow_type, version, asked.state)
         personal, key_id = self._personal_data(
             tenant_id, job_id, workflow_type, version, data_subject
         )
@@ -212,6 +213,17 @@ class JobCommands:
             )
             span.set({"jobledger.created": submission.created})
         return submission
+
+    def _check_input(self, workflow_type: str, version: int, state: Mapping[str, Any]) -> None:
+        """A registry that knows its workflows' input types (code workflows) refuses an
+        input that does not fit before the job exists; the others take any JSON object."""
+        check = getattr(self._registry, "check_input", None)
+        if check is None:
+            return
+        try:
+            check(workflow_type, version, state)
+        except ValueError as error:
+            raise InvalidPayloadError(str(error)) from None
 
     def _submit_new(
         self,

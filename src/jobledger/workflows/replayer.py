@@ -20,7 +20,7 @@ from __future__ import annotations
 import threading
 import traceback
 from collections import OrderedDict
-from collections.abc import Coroutine, Iterable, Sequence
+from collections.abc import Coroutine, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Final
@@ -37,7 +37,9 @@ from jobledger.domain.status import JobStatus
 from jobledger.domain.steps import Resolution, ResolveRequest
 from jobledger.domain.transition import input_sha256
 from jobledger.workflows.code import (
+    APPROVED,
     EXPIRED,
+    REJECTED,
     Approval,
     ChildResult,
     CodeWorkflow,
@@ -99,7 +101,8 @@ class Journal:
         elif isinstance(event, Job.WaitTimedOut):
             self._end(event.timestamp, None)
         elif isinstance(event, Job.ApprovalDecided):
-            self._end(event.timestamp, Approval(event.decision, event.decided_by, event.comment))  # type: ignore[arg-type]
+            decision = APPROVED if event.decision == APPROVED else REJECTED
+            self._end(event.timestamp, Approval(decision, event.decided_by, event.comment))
         elif isinstance(event, Job.ApprovalExpired):
             self._end(event.timestamp, Approval(EXPIRED))
         elif isinstance(event, Job.JoinEnded):
@@ -190,6 +193,9 @@ class Suspended:
         while self.position < len(entries):
             entry = entries[self.position]
             self._check(entry)
+            if self.finished:  # the history's record of the body's own end: nothing follows
+                self.position += 1
+                continue
             if not entry.ended:
                 raise RuntimeError(f"step {entry.step_number} has not ended: nothing to resolve")
             self.position += 1
@@ -201,8 +207,14 @@ class Suspended:
     def _check(self, entry: Entry) -> None:
         """The body's command must be the step the history recorded at this place."""
         if self.finished or self.pending is None:
-            assert self.resolution is not None
-            self._diverged(entry, _final_label(self.resolution))
+            ended = self.resolution
+            assert ended is not None
+            if self.position == len(self.journal.entries) - 1 and (
+                ended.step_type,
+                ended.step_name,
+            ) == (entry.step_type, entry.step_name):
+                return
+            self._diverged(entry, _final_label(ended))
         assert self.pending is not None
         asked = self.pending.resolution
         same = (asked.step_type, asked.step_name) == (entry.step_type, entry.step_name)
@@ -355,6 +367,12 @@ class CodeRegistry:
 
     def personal_data(self, workflow_type: str, workflow_version: int) -> tuple[str, ...]:
         return self.get(workflow_type, workflow_version).personal_data
+
+    def check_input(
+        self, workflow_type: str, workflow_version: int, state: Mapping[str, Any]
+    ) -> None:
+        """Raise a ValueError naming each field of ``state`` the body's parameters refuse."""
+        self.get(workflow_type, workflow_version).arguments(state)
 
     def resolve(self, request: ResolveRequest) -> Resolution:
         workflow = self.get(request.workflow_type, request.workflow_version)
