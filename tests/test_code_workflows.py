@@ -406,6 +406,22 @@ def test_a_definition_runs_step_functions_and_saves_their_results(
     assert job.state["survey"] == {"words": 2}
 
 
+def test_a_workflow_is_submitted_by_itself_at_its_own_version(make_engine: EngineFactory) -> None:
+    @workflow("count_words", version=2)
+    async def count_words_v2(wf: WorkflowContext, text: str) -> int:
+        return len(text.split()) * 10
+
+    engine = code_engine(make_engine, count_words, count_words_v2)
+    engine.submit(T, "old", count_words, input={"text": "a b"})
+    engine.submit(T, "new", "count_words", input={"text": "a b"})  # the newest version
+    engine.run_until_idle()
+    assert engine.job(T, "old").workflow_version == 1
+    assert engine.job(T, "old").state["result"] == 2
+    assert engine.job(T, "new").state["result"] == 20
+    with pytest.raises(InvalidPayloadError, match="as v2"):
+        engine.submit(T, "bad", count_words, workflow_version=2)
+
+
 def test_ops_events_name_the_code_workflows_steps(
     make_engine: EngineFactory, ops: MemoryOps
 ) -> None:
