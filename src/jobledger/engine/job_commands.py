@@ -162,7 +162,8 @@ class JobCommands:
         if isinstance(workflow_type, CodeWorkflow):
             code = workflow_type
             if workflow_version not in (None, code.version):
-                raise InvalidPayloadError(f"{code.label} cannot be submitted as v{workflow_version}")
+                asked_for = f"v{workflow_version}"
+                raise InvalidPayloadError(f"{code.label} cannot be submitted as {asked_for}")
             workflow_type, workflow_version = code.type, code.version
         check_id("tenant_id", tenant_id)
         if job_id is not None:
