@@ -431,3 +431,52 @@ def test_ops_events_name_the_code_workflows_steps(
     assert engine.job(T, "j1").state["result"] == 3
     completed = [e for e in ops.events if e.eventType == "job.step.completed"]
     assert completed and completed[-1].metadata["stepType"] == "complete"
+
+
+def test_a_step_that_returns_what_it_cannot_record_fails_naming_the_step(
+    make_engine: EngineFactory,
+) -> None:
+    @step
+    def opaque() -> Any:
+        return object()
+
+    @workflow("opaque_flow", version=1)
+    async def opaque_flow(wf: WorkflowContext) -> None:
+        await wf.step(opaque)
+
+    engine = code_engine(make_engine, opaque_flow)
+    engine.submit(T, "j1", "opaque_flow")
+    engine.run_until_idle()
+    job = engine.job(T, "j1")
+    assert job.status == JobStatus.FAILED
+    assert "step 'opaque' returned a value that is not its declared" in (job.last_error or "")
+
+
+def test_a_step_retries_under_its_policy_and_sees_its_attempt_and_heartbeat(
+    make_engine: EngineFactory,
+) -> None:
+    seen: list[tuple[int, bool, str]] = []
+
+    @step("fetch", retry=RetryPolicy(max_attempts=3, initial_backoff_ms=10))
+    def fetch(ctx: StepContext) -> int:
+        seen.append((ctx.attempt, ctx.heartbeat(), ctx.idempotency_key))
+        if ctx.attempt < 2:
+            raise StepError("rate limited", retryable=True, kind="rate_limit")
+        return ctx.attempt
+
+    @workflow("fetching", version=1)
+    async def fetching(wf: WorkflowContext) -> int:
+        return int(await wf.step(fetch))
+
+    engine = code_engine(make_engine, fetching)
+    engine.submit(T, "j1", "fetching")
+    engine.run_until_idle(wait_for_timers=True)
+    job = engine.job(T, "j1")
+    assert job.status == JobStatus.COMPLETED, job.last_error
+    assert job.state["result"] == 2
+    # One idempotency key across the retries: the step is the same step each time.
+    assert seen == [
+        (0, True, f"{T}/j1:step:1"),
+        (1, True, f"{T}/j1:step:1"),
+        (2, True, f"{T}/j1:step:1"),
+    ]
