@@ -52,6 +52,7 @@ from jobledger.orchestration import retry, tracing
 from jobledger.orchestration.child_jobs import child_budget
 from jobledger.orchestration.orchestrator import Orchestrator
 from jobledger.orchestration.ports import Tick, TokenClaims, WorkflowRegistry
+from jobledger.workflows.code import CodeWorkflow
 
 if TYPE_CHECKING:
     from jobledger.audit.replay import ReplayReport
@@ -126,7 +127,7 @@ class JobCommands:
         self,
         tenant_id: str,
         job_id: str | None,
-        workflow_type: str,
+        workflow_type: str | CodeWorkflow,
         **options: Unpack[SubmitOptions],
     ) -> JobView:
         """Create a job and enqueue its first tick. Submitting the same job again, or
@@ -134,14 +135,15 @@ class JobCommands:
         ``data_subject``: whose personal data the job holds (the workflow's
         ``personal_data``), sealed with that subject's key; without one, a key of its own.
         ``priority``: 0-9, the higher admitted first among the tenant's queued jobs
-        (default 5); a waiting job gains a level per ``priority_aging_seconds``."""
+        (default 5); a waiting job gains a level per ``priority_aging_seconds``.
+        ``workflow_type`` may be a ``@workflow`` itself: its type, at its version."""
         return self.submission(tenant_id, job_id, workflow_type, **options).job
 
     def submission(
         self,
         tenant_id: str,
         job_id: str | None,
-        workflow_type: str,
+        workflow_type: str | CodeWorkflow,
         *,
         workflow_version: int | None = None,
         input: Mapping[str, Any] | None = None,
@@ -157,6 +159,12 @@ class JobCommands:
         """:meth:`submit`, saying whether this call created the job or found it (the
         HTTP API answers 201 or 200): decided by the append itself, so two racing
         submits of one job can never both be told they created it."""
+        if isinstance(workflow_type, CodeWorkflow):
+            code = workflow_type
+            if workflow_version not in (None, code.version):
+                asked_for = f"v{workflow_version}"
+                raise InvalidPayloadError(f"{code.label} cannot be submitted as {asked_for}")
+            workflow_type, workflow_version = code.type, code.version
         check_id("tenant_id", tenant_id)
         if job_id is not None:
             check_id("job_id", job_id)
@@ -193,6 +201,7 @@ class JobCommands:
                     )
                 job_id = marker.job_id
         version = self.workflow_version(workflow_type, workflow_version)
+        self._check_input(workflow_type, version, asked.state)
         personal, key_id = self._personal_data(
             tenant_id, job_id, workflow_type, version, data_subject
         )
@@ -212,6 +221,17 @@ class JobCommands:
             )
             span.set({"jobledger.created": submission.created})
         return submission
+
+    def _check_input(self, workflow_type: str, version: int, state: Mapping[str, Any]) -> None:
+        """A registry that knows its workflows' input types (code workflows) refuses an
+        input that does not fit before the job exists; the others take any JSON object."""
+        check = getattr(self._registry, "check_input", None)
+        if check is None:
+            return
+        try:
+            check(workflow_type, version, state)
+        except ValueError as error:
+            raise InvalidPayloadError(str(error)) from None
 
     def _submit_new(
         self,

@@ -3,7 +3,7 @@ definitions (and any registry of your own), each (type, version) from the one th
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from jobledger.domain.errors import UnknownWorkflowError
@@ -54,6 +54,15 @@ class Registries:
         return self._owner(workflow_type, workflow_version).personal_data(
             workflow_type, workflow_version
         )
+
+    def check_input(
+        self, workflow_type: str, workflow_version: int, state: Mapping[str, Any]
+    ) -> None:
+        """The owner's input check, if it has one (code workflows do)."""
+        owner = self._owner(workflow_type, workflow_version)
+        check = getattr(owner, "check_input", None)
+        if check is not None:
+            check(workflow_type, workflow_version, state)
 
     def resolve(self, request: ResolveRequest) -> Resolution:
         return self._owner(request.workflow_type, request.workflow_version).resolve(request)

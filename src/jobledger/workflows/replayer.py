@@ -19,8 +19,8 @@ from __future__ import annotations
 
 import threading
 import traceback
-from collections import OrderedDict
-from collections.abc import Coroutine, Iterable, Sequence
+from collections import Counter, OrderedDict, deque
+from collections.abc import Coroutine, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Final
@@ -37,7 +37,9 @@ from jobledger.domain.status import JobStatus
 from jobledger.domain.steps import Resolution, ResolveRequest
 from jobledger.domain.transition import input_sha256
 from jobledger.workflows.code import (
+    APPROVED,
     EXPIRED,
+    REJECTED,
     Approval,
     ChildResult,
     CodeWorkflow,
@@ -79,7 +81,9 @@ class Journal:
     """The entries of a job's history, built one event at a time (cold: all of them; hot:
     those recorded since the body was suspended)."""
 
-    entries: list[Entry] = field(default_factory=list)
+    entries: deque[Entry] = field(default_factory=deque)
+    """Recorded steps the body has not been fed yet (fed ones are dropped: a hot body
+    holds only what it has still to read)."""
     version: int = 0
     """The last event's version taken in."""
     submitted: Job.Submitted | None = None
@@ -99,7 +103,8 @@ class Journal:
         elif isinstance(event, Job.WaitTimedOut):
             self._end(event.timestamp, None)
         elif isinstance(event, Job.ApprovalDecided):
-            self._end(event.timestamp, Approval(event.decision, event.decided_by, event.comment))  # type: ignore[arg-type]
+            decision = APPROVED if event.decision == APPROVED else REJECTED
+            self._end(event.timestamp, Approval(decision, event.decided_by, event.comment))
         elif isinstance(event, Job.ApprovalExpired):
             self._end(event.timestamp, Approval(EXPIRED))
         elif isinstance(event, Job.JoinEnded):
@@ -174,6 +179,8 @@ class Suspended:
         )
         self.position = 0
         """How many journal entries the body has been fed."""
+        self.visits: Counter[str] = Counter()
+        """How often the body's fed steps were recorded, by step name (``max_visits``)."""
         self.pending: Command | None = None
         """The command the body waits on (not in the journal yet), once it has one."""
         self.resolution: Resolution | None = None
@@ -187,12 +194,17 @@ class Suspended:
         entries = self.journal.entries
         if self.pending is None and not self.finished:
             self._send(None, first=True)
-        while self.position < len(entries):
-            entry = entries[self.position]
+        while entries:
+            entry = entries[0]
             self._check(entry)
+            if self.finished:  # the history's record of the body's own end: nothing follows
+                entries.popleft()
+                continue
             if not entry.ended:
                 raise RuntimeError(f"step {entry.step_number} has not ended: nothing to resolve")
+            entries.popleft()
             self.position += 1
+            self.visits[entry.step_name or entry.step_type] += 1
             self.context._woken(self.position, entry.ended_at or self.context.now())
             self._send(entry.value)
         assert self.resolution is not None
@@ -201,8 +213,14 @@ class Suspended:
     def _check(self, entry: Entry) -> None:
         """The body's command must be the step the history recorded at this place."""
         if self.finished or self.pending is None:
-            assert self.resolution is not None
-            self._diverged(entry, _final_label(self.resolution))
+            ended = self.resolution
+            assert ended is not None
+            if len(self.journal.entries) == 1 and (
+                ended.step_type,
+                ended.step_name,
+            ) == (entry.step_type, entry.step_name):
+                return
+            self._diverged(entry, _final_label(ended))
         assert self.pending is not None
         asked = self.pending.resolution
         same = (asked.step_type, asked.step_name) == (entry.step_type, entry.step_name)
@@ -251,8 +269,7 @@ class Suspended:
     def _bounded(self, resolution: Resolution) -> Resolution:
         """A step name past ``max_visits`` fails the job, saying so (a runaway loop)."""
         name = resolution.step_name or resolution.step_type
-        visits = sum(1 for e in self.journal.entries[: self.position] if e.step_name == name)
-        if visits < self.workflow.max_visits:
+        if self.visits[name] < self.workflow.max_visits:
             return resolution
         return _failure(
             f"step {name!r} reached its bound of max_visits={self.workflow.max_visits} "
@@ -355,6 +372,12 @@ class CodeRegistry:
 
     def personal_data(self, workflow_type: str, workflow_version: int) -> tuple[str, ...]:
         return self.get(workflow_type, workflow_version).personal_data
+
+    def check_input(
+        self, workflow_type: str, workflow_version: int, state: Mapping[str, Any]
+    ) -> None:
+        """Raise a ValueError naming each field of ``state`` the body's parameters refuse."""
+        self.get(workflow_type, workflow_version).arguments(state)
 
     def resolve(self, request: ResolveRequest) -> Resolution:
         workflow = self.get(request.workflow_type, request.workflow_version)
