@@ -356,17 +356,24 @@ def test_a_registry_and_an_executor_serve_as_in_engine_open() -> None:
         assert job.result() == {"goal": "g", "echoed": True}  # a non-code job's final state
 
 
+class Notes(BaseModel):
+    notes: str
+
+
 def test_inputs_may_be_models_and_the_clock_may_start_elsewhere() -> None:
-    class Notes(BaseModel):
-        notes: str
+    @workflow("noted", version=1)
+    async def noted(wf: WorkflowContext, notes: Notes, at: datetime) -> str:
+        return f"{notes.notes} at {at.isoformat()}"
 
     start = datetime(2030, 6, 1, 9, 0, tzinfo=UTC)
-    with WorkflowTestEnv([mission], start=start, tenant="acme") as env:
-        job = env.start(mission, Notes(notes="x y"), job_id="m1")
+    with WorkflowTestEnv([mission, noted], start=start, tenant="acme") as env:
+        job = env.start(mission, Notes(notes="x y"), job_id="m1")  # its fields by name
         assert (job.tenant_id, job.job_id) == ("acme", "m1")
         env.run_until(job, status="waiting_event")
         assert env.now() == start + DAY
         assert env.handle("m1").status is JobStatus.WAITING_EVENT
+        typed = env.start(noted, {"notes": Notes(notes="z"), "at": start})  # dumped as JSON
+        assert typed.result() == f"z at {start.isoformat()}"
 
 
 def test_the_store_is_deleted_when_the_environment_closes() -> None:

@@ -33,7 +33,7 @@ def env(jobledger_env: Callable[..., WorkflowTestEnv]) -> WorkflowTestEnv:
 
 def at_review(env: WorkflowTestEnv) -> JobHandle:
     """A mission whose brief was fact-checked, drafted and sent for review."""
-    job = env.start(mission, NOTES, job_id="m1")
+    job = env.start(mission, {"request": NOTES}, job_id="m1")
     env.run_until(job, status="waiting_event")
     env.resume(job, {"confirmed": True, "checker": "desk"})
     assert job.status is JobStatus.AWAITING_APPROVAL
@@ -55,7 +55,7 @@ def test_an_approved_mission_publishes_its_brief(env: WorkflowTestEnv) -> None:
 
 
 def test_the_survey_counts_the_notes(env: WorkflowTestEnv) -> None:
-    job = env.start(mission, NOTES)
+    job = env.start(mission, {"request": NOTES})
     first = job.steps()[0]
     assert Survey.model_validate(first.result) == Survey(
         words=13, distinct=8, sentences=3, frequent=["the", "river", "was"]
@@ -63,7 +63,7 @@ def test_the_survey_counts_the_notes(env: WorkflowTestEnv) -> None:
 
 
 def test_without_a_fact_check_the_brief_goes_out_unchecked(env: WorkflowTestEnv) -> None:
-    job = env.start(mission, NOTES)
+    job = env.start(mission, {"request": NOTES})
     env.run_until(job, status="awaiting_approval")
     assert env.now() == DEFAULT_START + timedelta(days=1 + 7)  # cool-off, then the timeout
     env.approve(job, by=REVIEWER)
@@ -99,7 +99,7 @@ def test_the_review_goes_to_the_reviewer_for_two_days(env: WorkflowTestEnv) -> N
 
 def test_a_draft_that_fails_for_good_fails_the_mission(env: WorkflowTestEnv) -> None:
     drafting = env.fake(draft_brief, raises=StepError("model unavailable"))
-    job = env.start(mission, NOTES)
+    job = env.start(mission, {"request": NOTES})
     env.run_until(job, status="failed")
     assert [call.attempt for call in drafting.calls] == [0]  # not retryable: fails at once
     assert job.last_error is not None and "model unavailable" in job.last_error

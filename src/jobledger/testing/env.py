@@ -20,7 +20,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, Final
 
-from pydantic import BaseModel
+from pydantic import BaseModel, TypeAdapter
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource
 
 from jobledger.adapters.clock import FakeClock
@@ -57,6 +57,8 @@ retry, a wait's timeout, an approval's expiry, a join's timeout) or its deadline
 job is due now (the ticks just run took it), a running one only if its worker died."""
 
 Workflow = CodeWorkflow | WorkflowDefinition
+_JSON: TypeAdapter[Any] = TypeAdapter(Any)
+"""Dumps a job's input as JSON, the pydantic models in it included."""
 
 
 class _TestConfig(EngineConfig):
@@ -168,14 +170,15 @@ class WorkflowTestEnv:
     ) -> JobHandle:
         """Submit a job of ``workflow`` (a ``@workflow``, a definition, or a type name) and
         run it until it waits: nothing that is due later runs, the clock does not move.
-        ``input``: a dict, or a pydantic model (dumped as JSON); ``version``: the newest
-        by default (a ``@workflow``'s own)."""
+        ``input``: the body's arguments by parameter name, as a dict (its values may be
+        pydantic models: ``{"request": MissionInput(...)}``) or a model whose fields are
+        those names; ``version``: the newest by default (a ``@workflow``'s own)."""
         if isinstance(workflow, str):
             kind = workflow
         else:
             kind = workflow.type
             version = workflow.version if version is None else version
-        data = input.model_dump(mode="json") if isinstance(input, BaseModel) else input
+        data = _JSON.dump_python(input, mode="json")
         job_id = job_id if job_id is not None else f"{kind}-{next(self._ids)}"
         tenant = tenant if tenant is not None else self.tenant
         self.engine.submit(
