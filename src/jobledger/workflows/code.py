@@ -26,7 +26,7 @@ from jobledger.domain.erasure import path_problem
 from jobledger.domain.fan_out import MapRequest
 from jobledger.domain.status import JobStatus
 from jobledger.domain.steps import ApprovalSpec, Resolution, RetryPolicy
-from jobledger.workflows.tasks import ARGS_PARAM, RESULT_KEY, TASK_PARAM, Task
+from jobledger.workflows.tasks import ARGS_PARAM, TASK_PARAM, Task
 
 SLEEP: Final = "sleep"
 WAIT_EVENT: Final = "wait_event"
@@ -35,7 +35,9 @@ MAP: Final = "map"
 # The routes a code workflow's waits take: the body, not a step graph, decides what follows,
 # so every way out of a wait leads back to the body (none fails the job by itself).
 RESUMED, TIMED_OUT = "resumed", "timed_out"
-APPROVED, REJECTED, EXPIRED = "approved", "rejected", "expired"
+APPROVED: Final = "approved"
+REJECTED: Final = "rejected"
+EXPIRED: Final = "expired"
 MAP_RESULTS_KEY: Final = "map_results"
 """The state key a code workflow's join leaves its children's results under."""
 DEFAULT_MAX_VISITS: Final = 10_000
@@ -144,7 +146,9 @@ class WorkflowContext:
     def uuid(self) -> _uuid.UUID:
         """An id derived from the job and the body's place in its history."""
         self._ids += 1
-        return _uuid.uuid5(_uuid.NAMESPACE_URL, f"jobledger:{self._job_uuid}:{self._position}:{self._ids}")
+        return _uuid.uuid5(
+            _uuid.NAMESPACE_URL, f"jobledger:{self._job_uuid}:{self._position}:{self._ids}"
+        )
 
     def _woken(self, position: int, at: datetime) -> None:
         self._position, self._now, self._ids = position, at, 0
@@ -207,7 +211,9 @@ class WorkflowContext:
         if not isinstance(name, str) or not name:
             raise ValueError(f"wf.wait_event() needs an event name, got {name!r}")
         ms = None if timeout is None else _millis(timeout, "wf.wait_event(timeout=)")
-        reason = f"wait for event {name!r}" + ("" if ms is None else f" (timeout {timedelta(milliseconds=ms)})")
+        reason = f"wait for event {name!r}" + (
+            "" if ms is None else f" (timeout {timedelta(milliseconds=ms)})"
+        )
         return Command(
             Resolution(
                 step_type="wait_event",
@@ -277,6 +283,7 @@ class WorkflowContext:
         if need is not None and (not isinstance(need, int) or not 0 < need <= len(listed)):
             raise ValueError(f"wf.map(join={join!r}): 'all' or a number from 1 to {len(listed)}")
         ms = None if timeout is None else _millis(timeout, "wf.map(timeout=)")
+        reason = f"spawn {len(listed)} x {workflow_type!r} v{version}, join {join}"
         request = MapRequest(
             workflow_type=workflow_type,
             workflow_version=version,
@@ -292,7 +299,7 @@ class WorkflowContext:
                 next_status=JobStatus.WAITING_CHILDREN,
                 step_name=name,
                 next_step=RESUMED,
-                transition_reason=f"spawn {len(listed)} x {workflow_type!r} v{version}, join {join}",
+                transition_reason=reason,
                 params=request.to_params(),
                 wait_timeout_ms=ms,
                 on_timeout=request.on_timeout,
@@ -317,7 +324,9 @@ class _Typed:
         return self.task.decode_result(value)
 
 
-def _child(child: CodeWorkflow | tuple[str, int]) -> tuple[str, int, Callable[[Any], dict[str, Any]]]:
+def _child(
+    child: CodeWorkflow | tuple[str, int],
+) -> tuple[str, int, Callable[[Any], dict[str, Any]]]:
     if isinstance(child, CodeWorkflow):
         return child.type, child.version, child.input_of_item
     if isinstance(child, tuple) and len(child) == 2:
@@ -374,7 +383,7 @@ class CodeWorkflow:
             p.name: (hints.get(p.name, Any), ... if p.default is p.empty else p.default)
             for p in parameters
         }
-        self._inputs: type[BaseModel] = create_model(  # type: ignore[call-overload]
+        self._inputs: type[BaseModel] = create_model(
             f"{workflow_type}_v{version}_input", __config__=ConfigDict(extra="ignore"), **fields
         )
         self._returns: TypeAdapter[Any] = TypeAdapter(hints.get("return", Any))
@@ -395,7 +404,11 @@ class CodeWorkflow:
         closure): what a worker running it must serve."""
         code = self.body.__code__
         names = set(code.co_names)
-        found = {v.name: v for k, v in self.body.__globals__.items() if k in names and isinstance(v, Task)}
+        found = {
+            v.name: v
+            for k, v in self.body.__globals__.items()
+            if k in names and isinstance(v, Task)
+        }
         for cell in self.body.__closure__ or ():
             value = cell.cell_contents
             if isinstance(value, Task):
