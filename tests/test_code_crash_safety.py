@@ -32,7 +32,6 @@ from jobledger.domain.identity import step_key
 from jobledger.workflows.registries import Registries
 from jobledger.workflows.replayer import CodeRegistry
 from tests.support import pythonpath
-from tests.support.crash_worker import read_counts
 from tests.support.code_crash_worker import (
     COUNTER_ENV,
     ITEMS,
@@ -41,6 +40,7 @@ from tests.support.code_crash_worker import (
     TENANT,
     WORKFLOWS,
 )
+from tests.support.crash_worker import read_counts
 from tests.support.engines import TOKEN_SECRET
 from tests.support.kafka_broker import KafkaTopics, wait_for
 

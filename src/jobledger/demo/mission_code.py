@@ -58,7 +58,11 @@ def mission_workflows(agent: DemoAgent) -> list[CodeWorkflow]:
         ctx.spend("0.01")
         return agent.perform(ctx.idempotency_key, "count_paragraph", {"paragraph": paragraph})[0]
 
-    @workflow(MISSION, version=1, budget={"max_steps": 20, "max_cost_usd": 5, "deadline_seconds": 30 * 86_400})
+    @workflow(
+        MISSION,
+        version=1,
+        budget={"max_steps": 20, "max_cost_usd": 5, "deadline_seconds": 30 * 86_400},
+    )
     async def mission(wf: WorkflowContext, source: str) -> JSON:
         """Survey field notes, cool off, get them fact-checked and approved, publish a brief."""
         survey = await wf.step(count_words)

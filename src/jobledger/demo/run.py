@@ -36,6 +36,7 @@ from jobledger.domain.errors import TokenReplayedError
 from jobledger.domain.redaction import redact
 from jobledger.domain.status import JobStatus
 from jobledger.domain.views import HistoryEntry, JobView
+from jobledger.engine.bootstrap import Parts
 from jobledger.engine.engine import Engine
 from jobledger.presentation.figures import money, when
 from jobledger.presentation.history import history_table
@@ -160,10 +161,12 @@ class Demo:
                 "transport": "local",
             }
         )
-        parts = {"clock": self.clock, "config": config, "notifier": self.outside, "ops": self.ops}
+        parts: Parts = {"clock": self.clock, "notifier": self.outside, "ops": self.ops}
         if self.mission.code:
-            return Engine.open(workflows=mission_code.mission_workflows(agent), **parts)
-        return Engine.open(registry=self.registry, executor=agent, **parts)
+            parts["workflows"] = mission_code.mission_workflows(agent)
+        else:
+            parts["registry"], parts["executor"] = self.registry, agent
+        return Engine.open(config=config, **parts)
 
     def phase(self, title: str) -> None:
         self.out.print()
@@ -496,9 +499,7 @@ class Demo:
             effects.add_row(key, task, str(runs), str(outbox.count(key)))
         self.out.print(effects)
         view = engine.job(self.tenant, self.job)
-        self.say(
-            f"total cost {money(view.total_cost_usd)}; the brief: {self.mission.brief(view)}"
-        )
+        self.say(f"total cost {money(view.total_cost_usd)}; the brief: {self.mission.brief(view)}")
         self.out.print()
         for check in checks:
             mark = ("PASS", "green") if check.ok else ("FAIL", "red")
