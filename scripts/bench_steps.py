@@ -1522,10 +1522,12 @@ def print_code(r: StoreResult) -> None:
         code, declared = c.code, c.declarative
         print(
             f"  {c.noop_steps:>3} steps/job K={c.concurrency:<3} code {code.steps_per_second:>7,.0f} "
-            f"steps/s ({code.ratio:.2f}x raw, {code.reads_per_step:.2f} reads/step), declarative "
+            f"steps/s ({code.ratio:.2f}x raw, {code.cpu_us_per_step:,.0f} cpu us/step, "
+            f"{code.reads_per_step:.2f} reads/step), declarative "
             f"{declared.steps_per_second:>7,.0f} ({declared.ratio:.2f}x raw, "
-            f"{declared.reads_per_step:.2f} reads/step): {c.code_vs_declarative:.2f}x of "
-            f"declarative, {verdict(c.code_vs_declarative, c.target)}"
+            f"{declared.cpu_us_per_step:,.0f} cpu us/step, {declared.reads_per_step:.2f} "
+            f"reads/step): {c.code_vs_declarative:.2f}x of declarative, "
+            f"{verdict(c.code_vs_declarative, c.target)}"
         )
         for s in (code, declared):
             if s.incomplete_jobs:

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import threading
 import traceback
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from collections.abc import Coroutine, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -174,6 +174,8 @@ class Suspended:
         )
         self.position = 0
         """How many journal entries the body has been fed."""
+        self.visits: Counter[str] = Counter()
+        """How often each step name is among those entries (the ``max_visits`` bound)."""
         self.pending: Command | None = None
         """The command the body waits on (not in the journal yet), once it has one."""
         self.resolution: Resolution | None = None
@@ -193,6 +195,8 @@ class Suspended:
             if not entry.ended:
                 raise RuntimeError(f"step {entry.step_number} has not ended: nothing to resolve")
             self.position += 1
+            if entry.step_name is not None:
+                self.visits[entry.step_name] += 1
             self.context._woken(self.position, entry.ended_at or self.context.now())
             self._send(entry.value)
         assert self.resolution is not None
@@ -251,8 +255,9 @@ class Suspended:
     def _bounded(self, resolution: Resolution) -> Resolution:
         """A step name past ``max_visits`` fails the job, saying so (a runaway loop)."""
         name = resolution.step_name or resolution.step_type
-        visits = sum(1 for e in self.journal.entries[: self.position] if e.step_name == name)
-        if visits < self.workflow.max_visits:
+        # Counted as the body is fed, not by a pass over the journal: that pass made each
+        # step cost the length of the history (a 1,000-step replay, half a million looks).
+        if self.visits[name] < self.workflow.max_visits:
             return resolution
         return _failure(
             f"step {name!r} reached its bound of max_visits={self.workflow.max_visits} "
