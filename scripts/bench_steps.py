@@ -705,9 +705,7 @@ class Bench:
             written=None if mission is None else mission.how,
         )
 
-    def code_vs_declarative(
-        self, noop_steps: int, concurrency: int, rounds: int
-    ) -> CodeComparison:
+    def code_vs_declarative(self, noop_steps: int, concurrency: int, rounds: int) -> CodeComparison:
         """The mission as code and as a definition, ``rounds`` times each, the one going
         first alternating, pooled; as many jobs as make ``--total-steps``."""
         steps_per_job = noop_steps + 1
@@ -1521,8 +1519,9 @@ def print_code(r: StoreResult) -> None:
     for c in r.code:
         code, declared = c.code, c.declarative
         print(
-            f"  {c.noop_steps:>3} steps/job K={c.concurrency:<3} code {code.steps_per_second:>7,.0f} "
-            f"steps/s ({code.ratio:.2f}x raw, {code.cpu_us_per_step:,.0f} cpu us/step, "
+            f"  {c.noop_steps:>3} steps/job K={c.concurrency:<3} "
+            f"code {code.steps_per_second:>7,.0f} steps/s ({code.ratio:.2f}x raw, "
+            f"{code.cpu_us_per_step:,.0f} cpu us/step, "
             f"{code.reads_per_step:.2f} reads/step), declarative "
             f"{declared.steps_per_second:>7,.0f} ({declared.ratio:.2f}x raw, "
             f"{declared.cpu_us_per_step:,.0f} cpu us/step, {declared.reads_per_step:.2f} "
