@@ -256,7 +256,8 @@ class Orchestrator:
                 # Reached only when every append of the tick committed (a refused one
                 # reloads run.job): the job's next tick continues from this object.
                 self.store.keep(run.job)
-                self.last_appends.keep(run.job.id, run.appended)
+                if not run.job.status.is_terminal:
+                    self.last_appends.keep(run.job.id, run.appended)
             span.set(
                 {
                     "jobledger.outcome": str(report.outcome),
