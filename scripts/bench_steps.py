@@ -117,15 +117,22 @@ from jobledger import (
     JobStatus,
     Resolution,
     ResolveRequest,
+    StepContext,
     StepRequest,
     StepResult,
+    WorkflowContext,
+    step,
+    workflow,
 )
 from jobledger.adapters.event_store import EventSourcedJobStore
 from jobledger.adapters.signing import private_pem
 from jobledger.domain.identity import job_uuid
+from jobledger.domain.job import Job
 from jobledger.orchestration.tracing import Tracer
 from jobledger.projections import JobViews
-from jobledger.workflows import DefinitionRegistry, parse_definition
+from jobledger.workflows import DefinitionRegistry, WorkflowDefinition, parse_definition
+from jobledger.workflows.code import CodeWorkflow
+from jobledger.workflows.replayer import replay_code
 
 WORKFLOW = "bench"
 TENANT = "bench"
@@ -173,6 +180,61 @@ def bench_registry() -> FunctionRegistry:
     registry = FunctionRegistry()
     registry.register(WORKFLOW, 1, resolve)
     return registry
+
+
+CODE_WORKFLOW = "bench_code"
+CODE_STEPS = (10, 100)
+"""No-op steps a job runs in the code-vs-declarative scenario (then it completes)."""
+CODE_KS = (1, 16)
+"""The K each code-vs-declarative pair runs at."""
+CODE_TARGET = 0.9
+"""Issue 26: a code workflow's steps/s over the same mission's as a definition, same run."""
+NOOP_TASK = "noop"
+
+
+@dataclass(frozen=True)
+class Written:
+    """A mission of no-op steps as a workflow the engine is handed: written as code, or
+    as a definition (what a job of it is submitted with)."""
+
+    how: str
+    """``code`` or ``declarative``."""
+    workflow: str
+    input: dict[str, Any]
+
+
+def code_and_declared(
+    executor: TimingExecutor,
+) -> tuple[CodeWorkflow, list[CodeWorkflow | WorkflowDefinition]]:
+    """The code workflow (``steps`` no-op steps, from its input) and, for each of
+    ``CODE_STEPS``, the same mission as a definition. Both run the one ``noop`` step
+    function, so what differs is only how the next step is found: replaying the body,
+    or reading the definition."""
+
+    @step(NOOP_TASK)
+    def noop(ctx: StepContext) -> None:
+        executor.started[ctx.tenant_id, ctx.job_id] = time.perf_counter()
+
+    @workflow(CODE_WORKFLOW, version=1)
+    async def chain(wf: WorkflowContext, steps: int) -> None:
+        for _ in range(steps):
+            await wf.step(noop)
+
+    declared = [
+        parse_definition(chain_definition(n, declared_type(n), task=NOOP_TASK), f"chain{n}.yaml")
+        for n in CODE_STEPS
+    ]
+    return chain, [chain, *declared]
+
+
+def declared_type(steps: int) -> str:
+    return f"bench_chain{steps}"
+
+
+def written(how: str, steps: int) -> Written:
+    if how == "code":
+        return Written(how, CODE_WORKFLOW, {"steps": steps})
+    return Written(how, declared_type(steps), {})
 
 
 # ---- counting what the engine asks of the database -------------------------------------
@@ -461,6 +523,40 @@ class Scenario:
     round_ratios: list[float] = field(default_factory=list)
     """On a ``--tracing`` run: traced over untraced steps/s of each round, in order."""
     profile: str | None = None
+    written: str | None = None
+    """The code-vs-declarative scenario's side: ``code`` or ``declarative``."""
+
+
+@dataclass
+class CodeComparison:
+    """One mission of ``steps_per_job`` no-op steps run as code and as a definition, one
+    right after the other on the same engine and store (which goes first alternates)."""
+
+    noop_steps: int
+    """No-op steps a job runs (its completion is one more recorded step)."""
+    concurrency: int
+    code: Scenario
+    declarative: Scenario
+    code_vs_declarative: float
+    target: float = CODE_TARGET
+
+
+@dataclass
+class ColdReplay:
+    """One cold replay of a finished code job's history (its body fed every recorded
+    step, from the start, as after a restart), against one step's cost."""
+
+    steps: int
+    """No-op steps the job ran."""
+    events: int
+    read_ms: float
+    """Reading its events from the store."""
+    replay_ms: float
+    """Replaying the body against them (``replay_code``; median of 5)."""
+    step_ms: float
+    """One step's cost: the job's own run, wall time per recorded step."""
+    replay_vs_step: float
+    """``replay_ms`` over ``step_ms``."""
 
 
 class Bench:
@@ -496,9 +592,11 @@ class Bench:
             signing_keys=signing_keys,
             **batch,
         )
+        self.code, workflows = code_and_declared(self.executor)
         self.engine = Engine.open(
             url,
             registry=bench_registry(),
+            workflows=workflows if args.code else [],
             executor=self.executor,
             config=config,
             metrics=metrics,
@@ -525,22 +623,34 @@ class Bench:
         )
         return state, topic
 
-    def submit(self, job_id: str, steps: int) -> None:
-        self.engine.submit(TENANT, job_id, WORKFLOW, input={"steps": steps})
+    def submit(self, job_id: str, steps: int, mission: Written | None = None) -> None:
+        if mission is None:
+            self.engine.submit(TENANT, job_id, WORKFLOW, input={"steps": steps})
+        else:
+            self.engine.submit(TENANT, job_id, mission.workflow, input=mission.input)
         self.counter.track(TENANT, job_id)
 
-    def run(self, name: str, concurrency: int, steps_per_job: int) -> Scenario:
-        """Submit ``concurrency`` jobs (untimed), then tick them all until idle (timed)."""
+    def run(
+        self,
+        name: str,
+        concurrency: int,
+        steps_per_job: int,
+        mission: Written | None = None,
+        jobs: int | None = None,
+    ) -> Scenario:
+        """Submit ``jobs`` jobs (``concurrency`` by default; untimed), then tick them all
+        until idle (timed), ``concurrency`` ticks at once. ``mission``: a job's workflow
+        and input (the bench's own ``steps_per_job`` steps by default)."""
         prefix = f"{name}-{concurrency}-{self.submitted}"
-        job_ids = [f"{prefix}-{n:05d}" for n in range(concurrency)]
+        job_ids = [f"{prefix}-{n:05d}" for n in range(jobs or concurrency)]
         for job_id in job_ids:
-            self.submit(job_id, steps_per_job)
+            self.submit(job_id, steps_per_job, mission)
         self.submitted += 1
         rows_before = count_rows(self.store)
         self.counter.reset()
         profiler = cProfile.Profile() if self.args.profile else None
         cpu_started = time.process_time()
-        steps = concurrency * steps_per_job
+        steps = len(job_ids) * steps_per_job
         label = f"{self.label}: {name} K={concurrency}"
         seconds = self.tick_until_idle(label, steps, concurrency, profiler)
         cpu_seconds = time.process_time() - cpu_started
@@ -554,14 +664,19 @@ class Bench:
         )
         commits = counts.appends + counts.snapshot_writes
         latencies = counts.latencies or [0.0]
-        wal_bytes, wal_steps = self.wal_sample(f"{prefix}-wal", concurrency, steps_per_job)
+        # The WAL is sampled for the bench's own workload only (a mission's is not asked).
+        wal_bytes, wal_steps = (
+            self.wal_sample(f"{prefix}-wal", concurrency, steps_per_job)
+            if mission is None
+            else (0, steps)
+        )
         return Scenario(
             name=name,
             mode="one job" if name == "sequential" else MANY_MODE,
             concurrency=concurrency,
             batch=self.args.batch,
             batch_applied=name != "sequential",
-            jobs=concurrency,
+            jobs=len(job_ids),
             steps_per_job=steps_per_job,
             steps=steps,
             seconds=seconds,
@@ -587,6 +702,67 @@ class Bench:
             signed=self.signed,
             metrics=self.metrics,
             traced=self.traced,
+            written=None if mission is None else mission.how,
+        )
+
+    def code_vs_declarative(self, noop_steps: int, concurrency: int, rounds: int) -> CodeComparison:
+        """The mission as code and as a definition, ``rounds`` times each, the one going
+        first alternating, pooled; as many jobs as make ``--total-steps``."""
+        steps_per_job = noop_steps + 1
+        jobs = max(concurrency, self.args.total_steps // steps_per_job)
+        runs: dict[str, list[Scenario]] = {"code": [], "declarative": []}
+        for round_number in range(rounds):
+            order = ["code", "declarative"][:: 1 if round_number % 2 == 0 else -1]
+            for how in order:
+                mission = written(how, noop_steps)
+                runs[how].append(
+                    self.run(f"{how}{noop_steps}", concurrency, steps_per_job, mission, jobs)
+                )
+        code, declarative = pooled(runs["code"]), pooled(runs["declarative"])
+        return CodeComparison(
+            noop_steps=noop_steps,
+            concurrency=concurrency,
+            code=code,
+            declarative=declarative,
+            code_vs_declarative=code.steps_per_second / declarative.steps_per_second,
+        )
+
+    def cold_replay(self, steps: int) -> ColdReplay:
+        """Run one code job of ``steps`` no-op steps (timed: one step's cost), then read
+        its history up to the step before its completion and replay the body against it
+        cold, as a worker that never ran it would."""
+        job_id = f"replay-{steps}-{self.submitted}"
+        self.submitted += 1
+        self.submit(job_id, steps + 1, written("code", steps))
+        started = time.perf_counter()
+        self.engine.run_until_idle()
+        step_seconds = (time.perf_counter() - started) / (steps + 1)
+        uuid_ = job_uuid(TENANT, job_id)
+        completed = [
+            e.originator_version
+            for e in self.store.events(uuid_)
+            if isinstance(e, Job.StepRecorded) and e.step_type == "complete"
+        ]
+        if len(completed) != 1:
+            raise SystemExit(f"the {steps}-step code job did not complete: {completed}")
+        read_started = time.perf_counter()
+        events = self.store.events(uuid_, to_version=completed[0] - 1)
+        read_seconds = time.perf_counter() - read_started
+        timings = []
+        for _ in range(5):
+            replay_started = time.perf_counter()
+            resolution = replay_code(self.code, events)
+            timings.append(time.perf_counter() - replay_started)
+        if resolution.next_status is not JobStatus.COMPLETED:
+            raise SystemExit(f"the cold replay did not end where the job did: {resolution}")
+        replay_seconds = statistics.median(timings)
+        return ColdReplay(
+            steps=steps,
+            events=len(events),
+            read_ms=1e3 * read_seconds,
+            replay_ms=1e3 * replay_seconds,
+            step_ms=1e3 * step_seconds,
+            replay_vs_step=replay_seconds / step_seconds,
         )
 
     def wal_sample(self, prefix: str, concurrency: int, steps_per_job: int) -> tuple[int, int]:
@@ -748,6 +924,10 @@ class StoreResult:
     """With ``--metrics``: each scenario again on the engine that keeps metrics."""
     traced: list[Scenario]
     """With ``--tracing``: each scenario again with spans made (else empty)."""
+    code: list[CodeComparison]
+    """With ``--code``: each mission as code and as a definition (else empty)."""
+    replay: ColdReplay | None
+    """With ``--code``: the cold replay of a ``--replay-steps`` code job."""
     load_average: tuple[float, float, float]
     """1/5/15-minute load when this store's run began: high means noisy numbers."""
     cpus: int
@@ -823,6 +1003,13 @@ def measure(
                 done_rounds[n].append(both(benches, each, first_signed=flip))
                 if traced_bench is not None and not flip:
                     traced_rounds[n].append(traced_bench.run(*each))
+        code = [
+            benches[0].code_vs_declarative(steps, k, args.rounds)
+            for steps in CODE_STEPS
+            for k in CODE_KS
+            if args.code
+        ]
+        replay = benches[0].cold_replay(args.replay_steps) if args.code else None
         after = raw(args.raw_rows - half, state, topic)
     finally:
         for bench in every_engine():
@@ -848,7 +1035,8 @@ def measure(
         traced_run.traced_vs_untraced = traced_run.steps_per_second / untraced.steps_per_second
         traced_run.traced_cpu_vs_untraced = traced_run.cpu_us_per_step / untraced.cpu_us_per_step
     raw_run = RawRun.of(args.raw_rows, state, before, after)
-    for scenario in [*scenarios, *signed, *metered, *traced]:
+    written_runs = [s for c in code for s in (c.code, c.declarative)]
+    for scenario in [*scenarios, *signed, *metered, *traced, *written_runs]:
         scenario.ratio = scenario.steps_per_second / raw_run.commits_per_second
     sequential, many = TARGETS[label]
     return StoreResult(
@@ -858,6 +1046,8 @@ def measure(
         signed=signed,
         metrics=metered,
         traced=traced,
+        code=code,
+        replay=replay,
         targets={"sequential": sequential, "many": many},
         load_average=load,
         cpus=os.cpu_count() or 1,
@@ -1006,12 +1196,14 @@ class ProcessesResult:
     cpus: int
 
 
-def chain_definition(steps: int) -> str:
-    """``chain``: ``steps`` no-op agent steps, then complete."""
-    lines = ["type: chain", "version: 1", "start: s1", "steps:"]
+def chain_definition(steps: int, workflow_type: str = "chain", task: str | None = None) -> str:
+    """``workflow_type``: ``steps`` no-op agent steps (naming ``task``, if given), then
+    complete."""
+    lines = [f"type: {workflow_type}", "version: 1", "start: s1", "steps:"]
+    params = "" if task is None else f", params: {{task: {task}}}"
     for n in range(1, steps + 1):
         following = f"s{n + 1}" if n < steps else "done"
-        lines.append(f"  s{n}: {{kind: run_interaction_task, next: {following}}}")
+        lines.append(f"  s{n}: {{kind: run_interaction_task, next: {following}{params}}}")
     lines.append("  done: {kind: complete}")
     return "\n".join(lines) + "\n"
 
@@ -1304,6 +1496,7 @@ def print_text(results: list[StoreResult], batch: int | None) -> None:
                 spread = ", ".join(f"{ratio:.2f}" for ratio in s.round_ratios)
                 median = statistics.median(s.round_ratios)
                 print(f"  {'':<12} {s.rounds} rounds, ratio median {median:.3f} ({spread})")
+        print_code(r)
         sequential = r.scenarios[0]
         print(
             f"target sequential: {sequential.ratio:.2f}x raw, "
@@ -1315,6 +1508,36 @@ def print_text(results: list[StoreResult], batch: int | None) -> None:
                     f"target many K={s.concurrency}: {s.ratio:.2f}x raw, "
                     f"{verdict(s.ratio, r.targets['many'])}"
                 )
+
+
+def print_code(r: StoreResult) -> None:
+    if r.code:
+        print(
+            "code workflow vs the same mission as a definition, same run and store "
+            f"(issue 26: >= {CODE_TARGET}x of declarative):"
+        )
+    for c in r.code:
+        code, declared = c.code, c.declarative
+        print(
+            f"  {c.noop_steps:>3} steps/job K={c.concurrency:<3} "
+            f"code {code.steps_per_second:>7,.0f} steps/s ({code.ratio:.2f}x raw, "
+            f"{code.cpu_us_per_step:,.0f} cpu us/step, "
+            f"{code.reads_per_step:.2f} reads/step), declarative "
+            f"{declared.steps_per_second:>7,.0f} ({declared.ratio:.2f}x raw, "
+            f"{declared.cpu_us_per_step:,.0f} cpu us/step, {declared.reads_per_step:.2f} "
+            f"reads/step): {c.code_vs_declarative:.2f}x of declarative, "
+            f"{verdict(c.code_vs_declarative, c.target)}"
+        )
+        for s in (code, declared):
+            if s.incomplete_jobs:
+                print(f"  !! {s.incomplete_jobs} {s.written} jobs did not complete")
+    if r.replay is not None:
+        replay = r.replay
+        print(
+            f"cold replay of a {replay.steps}-step code workflow: {replay.replay_ms:.1f} ms "
+            f"({replay.events} events, read in {replay.read_ms:.1f} ms), "
+            f"{replay.replay_vs_step:.1f}x one step's cost ({replay.step_ms:.3f} ms)"
+        )
 
 
 # ---- main ------------------------------------------------------------------------------
@@ -1341,6 +1564,7 @@ QUICK = {
     "warmup_jobs": 2,
     "process_jobs": 32,
     "process_steps": 10,
+    "replay_steps": 200,
 }
 
 
@@ -1405,6 +1629,20 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         action="store_true",
         help="also run each scenario with OpenTelemetry spans made and no exporter "
         "attached, and report traced steps/s over untraced (needs the otel extra)",
+    )
+    parser.add_argument(
+        "--code",
+        action="store_true",
+        help="also run a mission of 10 and of 100 no-op steps a job written as a code "
+        f"workflow and as a definition, at K = {', '.join(map(str, CODE_KS))}, and report code "
+        "steps/s over declarative (issue 26: >= 0.9); and time the cold replay of a "
+        "--replay-steps code job",
+    )
+    parser.add_argument(
+        "--replay-steps",
+        type=positive,
+        default=1000,
+        help="no-op steps of the --code cold-replay job (default 1000)",
     )
     parser.add_argument(
         "--rounds",
@@ -1491,6 +1729,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "signed": args.sign,
             "metrics": args.metrics,
             "traced": args.tracing,
+            "code": args.code,
             "results": [asdict(r) for r in results],
             "processes": [asdict(r) for r in processes],
             "skipped": skipped,
@@ -1499,7 +1738,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     else:
         print_text(results, args.batch)
         print_processes(processes)
-    return 1 if any(s.incomplete_jobs for r in results for s in r.scenarios + r.traced) else 0
+    written_runs = [s for r in results for c in r.code for s in (c.code, c.declarative)]
+    every = [s for r in results for s in r.scenarios + r.traced] + written_runs
+    return 1 if any(s.incomplete_jobs for s in every) else 0
 
 
 if __name__ == "__main__":

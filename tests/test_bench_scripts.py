@@ -109,6 +109,39 @@ def test_bench_steps_metrics_runs_each_scenario_with_metrics_beside_without(
         assert off["metrics_vs_off"] is None
 
 
+def test_bench_steps_code_runs_each_mission_as_code_and_as_a_definition(tmp_path: Path) -> None:
+    report = run_script("bench_steps.py", tmp_path, "--code", "--concurrency", "1")
+    [sqlite] = report["results"]
+    assert report["code"] is True
+    raw = sqlite["raw"]["commits_per_second"]
+    assert [(c["noop_steps"], c["concurrency"]) for c in sqlite["code"]] == [
+        (10, 1),
+        (10, 16),
+        (100, 1),
+        (100, 16),
+    ]
+    for pair in sqlite["code"]:
+        code, declared = pair["code"], pair["declarative"]
+        assert (code["written"], declared["written"]) == ("code", "declarative")
+        assert pair["target"] == 0.9
+        assert (
+            pair["code_vs_declarative"] == code["steps_per_second"] / declared["steps_per_second"]
+        )
+        for side in (code, declared):
+            # Both missions record their no-op steps and the completion, every job.
+            assert side["incomplete_jobs"] == 0 and side["steps_per_job"] == pair["noop_steps"] + 1
+            assert side["steps"] == side["jobs"] * side["steps_per_job"]
+            assert side["ratio"] == side["steps_per_second"] / raw
+        # The hot path: a body kept between its steps reads the store once a job (its
+        # first, cold, replay), never once a step.
+        assert code["reads_per_step"] <= 1 / pair["noop_steps"] + 1e-9
+    replay = sqlite["replay"]
+    assert replay["steps"] == 200  # --quick
+    assert replay["events"] > replay["steps"] and replay["replay_ms"] > 0
+    assert replay["replay_vs_step"] == replay["replay_ms"] / replay["step_ms"]
+    assert all(s.get("written") is None for s in sqlite["scenarios"])
+
+
 def test_bench_steps_tracing_runs_each_scenario_traced_beside_untraced(tmp_path: Path) -> None:
     report = run_script("bench_steps.py", tmp_path, "--tracing", "--concurrency", "1,16")
     [sqlite] = report["results"]

@@ -133,9 +133,17 @@ class DemoAgent:
     def execute(self, request: StepRequest) -> StepResult:
         params = request.resolution.params
         task = str(params["task"])
-        output, patch = TASKS[task](request.job.state, self.text)
-        self.ledger.apply(request.idempotency_key, task, output)
+        output, patch = self.perform(request.idempotency_key, task, request.job.state)
+        return StepResult(output=output, state_patch=patch, cost_usd=str(params["price_usd"]))
+
+    def perform(
+        self, key: str, task: str, state: Mapping[str, Any]
+    ) -> tuple[dict[str, Any], dict[str, Any]]:
+        """Do ``task``'s work and its side effect under ``key`` (the declarative mission's
+        executor and the code mission's step functions alike): (output, state patch)."""
+        output, patch = TASKS[task](state, self.text)
+        self.ledger.apply(key, task, output)
         if task == self.crash_after:
             self.crash_after = None
-            raise SimulatedCrash(f"worker died inside {request.idempotency_key} after its work")
-        return StepResult(output=output, state_patch=patch, cost_usd=str(params["price_usd"]))
+            raise SimulatedCrash(f"worker died inside {key} after its work")
+        return output, patch

@@ -6,16 +6,15 @@ from __future__ import annotations
 from typing import Any
 
 from jobledger.demo.agent import words
-from jobledger.domain.views import JobView
 
 FACT_CHECKER = "demo fact-checker"
 REVIEWER = "demo-reviewer"
 
 
-def fact_check(job: JobView, text: str) -> dict[str, Any]:
-    """Recount the source independently and compare with what the agent recorded."""
+def fact_check(recorded: object, text: str) -> dict[str, Any]:
+    """Recount the source independently and compare with the word count the agent
+    recorded (``recorded``)."""
     counted = len(words(text))
-    recorded = job.state.get("survey", {}).get("words")
     return {
         "fact_check": {
             "checked_by": FACT_CHECKER,

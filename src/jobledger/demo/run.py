@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from pathlib import Path
+from typing import Any
 from uuid import uuid4
 
 from pydantic import SecretStr
@@ -28,24 +29,84 @@ from jobledger.adapters.clock import FakeClock
 from jobledger.adapters.notifier import MemoryNotifier
 from jobledger.adapters.ops import MemoryOps
 from jobledger.config import EngineConfig
-from jobledger.demo import fan_out_documents, field_notes, mission_document
+from jobledger.demo import fan_out_documents, field_notes, mission_code, mission_document
 from jobledger.demo.agent import DemoAgent, EffectsLedger, SimulatedCrash, paragraphs, words
 from jobledger.demo.outside import REVIEWER, fact_check
 from jobledger.domain.errors import TokenReplayedError
 from jobledger.domain.redaction import redact
 from jobledger.domain.status import JobStatus
-from jobledger.domain.views import HistoryEntry
+from jobledger.domain.views import HistoryEntry, JobView
+from jobledger.engine.bootstrap import Parts
 from jobledger.engine.engine import Engine
 from jobledger.presentation.figures import money, when
 from jobledger.presentation.history import history_table
 from jobledger.workflows import DefinitionRegistry, parse_definition
+from jobledger.workflows.tasks import RESULT_KEY
 
-WORKFLOW = "demo_mission"
-FAN_OUT = "demo_fan_out"
 START = datetime(2026, 5, 4, 9, 0, tzinfo=UTC)
 CEILING = Decimal("0.50")
 LEASE = timedelta(seconds=30)
-CRASHING_TASK = "summarise"
+
+
+@dataclass(frozen=True)
+class Mission:
+    """One way of writing the demo mission: where it is written, what its workflows and
+    steps are called, and where its records keep what the checks look at."""
+
+    workflow: str
+    fan_out: str
+    written: str
+    survey: str
+    crash: str
+    """The step (and the agent's task) worker-1 crashes in."""
+    timer: str
+    event: str
+    draft: str
+    publish: str
+    code: bool
+
+    def output(self, step: HistoryEntry) -> dict[str, Any]:
+        """A run step's output as the agent made it (code steps record their return)."""
+        output: dict[str, Any] = step.data["output"]
+        return output[RESULT_KEY] if self.code else output
+
+    def brief(self, view: JobView) -> str:
+        return str((view.state[RESULT_KEY] if self.code else view.state)["brief"])
+
+    def paragraph_words(self, view: JobView) -> dict[str, int]:
+        """Each child job's word count, from the parent's joined results."""
+        if self.code:
+            return {r["job_id"]: r["words"] for r in view.state.get(RESULT_KEY) or []}
+        results = view.state.get("paragraphs", [])
+        return {r["job_id"]: r.get("result", {}).get("words", 0) for r in results}
+
+
+DECLARATIVE = Mission(
+    workflow="demo_mission",
+    fan_out="demo_fan_out",
+    written="definition: jobledger/demo/mission.yaml in the package "
+    "(copy it from examples/definitions/demo_mission.v1.yaml)",
+    survey="survey",
+    crash="summarise",
+    timer="cool_off",
+    event="fact_check",
+    draft="draft",
+    publish="publish",
+    code=False,
+)
+CODE = Mission(
+    workflow=mission_code.MISSION,
+    fan_out=mission_code.FAN_OUT,
+    written="written as code: @workflow bodies and @step functions in "
+    "jobledger/demo/mission_code.py in the package",
+    survey="count_words",
+    crash="summarise",
+    timer="sleep",
+    event="wait_event",
+    draft="draft_brief",
+    publish="publish",
+    code=True,
+)
 
 
 @dataclass(frozen=True)
@@ -64,6 +125,7 @@ class Demo:
     tenant: str
     job: str
     fresh: bool
+    mission: Mission = DECLARATIVE
     clock: FakeClock = field(default_factory=lambda: FakeClock(START))
     text: str = field(default_factory=field_notes)
     outside: MemoryNotifier = field(default_factory=MemoryNotifier)
@@ -99,14 +161,12 @@ class Demo:
                 "transport": "local",
             }
         )
-        return Engine.open(
-            registry=self.registry,
-            executor=agent,
-            clock=self.clock,
-            config=config,
-            notifier=self.outside,
-            ops=self.ops,
-        )
+        parts: Parts = {"clock": self.clock, "notifier": self.outside, "ops": self.ops}
+        if self.mission.code:
+            parts["workflows"] = mission_code.mission_workflows(agent)
+        else:
+            parts["registry"], parts["executor"] = self.registry, agent
+        return Engine.open(config=config, **parts)
 
     def phase(self, title: str) -> None:
         self.out.print()
@@ -139,12 +199,10 @@ class Demo:
 
     def intro(self) -> None:
         self.out.print(
-            f"jobledger demo: the example mission {WORKFLOW!r} v1, job {self.tenant}/{self.job}"
+            f"jobledger demo: the example mission {self.mission.workflow!r} v1, "
+            f"job {self.tenant}/{self.job}"
         )
-        self.say(
-            "definition: jobledger/demo/mission.yaml in the package "
-            "(copy it from examples/definitions/demo_mission.v1.yaml)"
-        )
+        self.say(self.mission.written)
         fresh = " (a fresh temporary file)" if self.fresh else ""
         self.say(f"store: {redact(self.store_url)}{fresh}")
         self.say(
@@ -158,11 +216,12 @@ class Demo:
 
     def worker_one_crashes(self) -> None:
         self.phase("1. worker-1 runs the agent steps and crashes inside step 2")
-        engine = self.engine("worker-1", DemoAgent(self.text, self.ledger, crash_after="summarise"))
+        agent = DemoAgent(self.text, self.ledger, crash_after=self.mission.crash)
+        engine = self.engine("worker-1", agent)
         engine.submit(
             self.tenant,
             self.job,
-            WORKFLOW,
+            self.mission.workflow,
             input={"source": "field_notes.txt"},
             idempotency_key=f"{self.job}-request",
         )
@@ -213,7 +272,7 @@ class Demo:
             f"(nonce {token.nonce}); the store keeps only its nonce and hash"
         )
         self.clock.advance(timedelta(hours=2))
-        answer = fact_check(engine.job(self.tenant, self.job), self.text)
+        answer = fact_check(self.survey(engine)["words"], self.text)
         engine.resume(token.token, answer)
         self.say(f"two hours later the fact-checker resumes the job: {answer['fact_check']}")
         try:
@@ -258,31 +317,38 @@ class Demo:
     def fan_out(self, engine: Engine) -> None:
         self.phase("7. a fan-out mission: one child job per paragraph, then a join")
         self.say(
-            f"job {self.fan_out_job} runs {FAN_OUT!r}: its map step spawns one "
-            "'demo_paragraph' child per paragraph and waits for all of them"
+            f"job {self.fan_out_job} runs {self.mission.fan_out!r}: its map step spawns one "
+            "child job per paragraph and waits for all of them"
         )
-        engine.submit(self.tenant, self.fan_out_job, FAN_OUT)
+        engine.submit(self.tenant, self.fan_out_job, self.mission.fan_out)
         engine.run_until_idle()
         entries = engine.history(self.tenant, self.fan_out_job)
         self.out.print(history_table(entries, seconds=True))
         children = Table(title="children")
         for column in ("child job", "workflow", "status", "words"):
             children.add_column(column, overflow="fold")
-        results = engine.job(self.tenant, self.fan_out_job).state.get("paragraphs", [])
-        counts = {r["job_id"]: r.get("result", {}).get("words") for r in results}
+        counts = self.mission.paragraph_words(engine.job(self.tenant, self.fan_out_job))
         for child in engine.family(self.tenant, self.fan_out_job).children:
             children.add_row(child.job_id, child.workflow, child.status, str(counts[child.job_id]))
         self.out.print(children)
         self.say(
             "each child's end was reported to the parent by the engine as it happened; the "
-            "join landed every child's result under 'paragraphs', in paragraph order"
+            "join handed every child's result back, in paragraph order"
         )
 
     # ---- what it shows ----------------------------------------------------------------
 
+    def steps(self, engine: Engine) -> dict[str, HistoryEntry]:
+        """The mission's recorded steps by name."""
+        history = engine.history(self.tenant, self.job)
+        return {e.data["step_name"]: e for e in history if e.event_type == "StepRecorded"}
+
+    def survey(self, engine: Engine) -> dict[str, Any]:
+        return self.mission.output(self.steps(engine)[self.mission.survey])
+
     def checks(self, engine: Engine) -> list[Check]:
         history = engine.history(self.tenant, self.job)
-        steps = {e.data["step_name"]: e for e in history if e.event_type == "StepRecorded"}
+        steps = self.steps(engine)
         view = engine.job(self.tenant, self.job)
         return [
             self.check_agent(steps),
@@ -309,8 +375,8 @@ class Demo:
     def check_fan_out(self, engine: Engine) -> Check:
         view = engine.job(self.tenant, self.fan_out_job)
         family = engine.family(self.tenant, self.fan_out_job).children
-        results = view.state.get("paragraphs", [])
-        counted = sum(r.get("result", {}).get("words", 0) for r in results)
+        results = self.mission.paragraph_words(view)
+        counted = sum(results.values())
         keys = [(k, task) for (k, task) in self.ledger.executions() if task == "count_paragraph"]
         runs = [self.ledger.executions()[key] for key in keys]
         ok = (
@@ -327,18 +393,20 @@ class Demo:
         return Check("fan-out join", ok, detail)
 
     def check_agent(self, steps: dict[str, HistoryEntry]) -> Check:
-        survey = steps["survey"].data
-        counted = len(words(self.text))
-        ok = survey["output"]["words"] == counted and survey["cost_usd"] == Decimal("0.20")
+        survey = steps[self.mission.survey]
+        found = self.mission.output(survey)["words"]
+        cost = survey.data["cost_usd"]
+        ok = found == len(words(self.text)) and cost == Decimal("0.20")
         detail = (
-            f"'survey' counted {survey['output']['words']} words in the bundled field notes "
-            f"for {money(survey['cost_usd'])}"
+            f"{self.mission.survey!r} counted {found} words in the bundled field notes "
+            f"for {money(cost)}"
         )
         return Check("agent step", ok, detail)
 
     def check_crash(self, history: list[HistoryEntry], steps: dict[str, HistoryEntry]) -> Check:
-        key = steps[CRASHING_TASK].data["idempotency_key"]
-        runs = self.ledger.executions()[(key, CRASHING_TASK)]
+        crashed = self.mission.crash
+        key = steps[crashed].data["idempotency_key"]
+        runs = self.ledger.executions()[(key, crashed)]
         takeovers = [
             e
             for e in history
@@ -347,7 +415,7 @@ class Demo:
         ok = (
             self.crash is not None
             and runs == 2
-            and steps[CRASHING_TASK].data["worker_id"] == "worker-2"
+            and steps[crashed].data["worker_id"] == "worker-2"
             and len(takeovers) == 1
             and "job.step.recovered" in self.ops.types(self.job)
         )
@@ -357,7 +425,7 @@ class Demo:
     def check_no_rerun(self, history: list[HistoryEntry]) -> Check:
         numbers = [e.data["step_number"] for e in history if e.event_type == "StepRecorded"]
         runs = self.ledger.executions()
-        others = {key: n for (key, task), n in runs.items() if task != CRASHING_TASK}
+        others = {key: n for (key, task), n in runs.items() if task != self.mission.crash}
         ok = (
             numbers == list(range(1, len(numbers) + 1))
             and all(n == 1 for n in others.values())
@@ -370,9 +438,9 @@ class Demo:
         return Check("no step re-run", ok, detail)
 
     def check_timer(self, steps: dict[str, HistoryEntry]) -> Check:
-        timer = steps["cool_off"].data
+        timer = steps[self.mission.timer].data
         waited = timer["resume_at"] - timer["ended_at"]
-        woke = steps["fact_check"].data["started_at"]
+        woke = steps[self.mission.event].data["started_at"]
         ok = waited == timedelta(days=3) and woke >= timer["resume_at"]
         return Check("durable timer", ok, f"slept {waited.days} days, woke at {when(woke)}")
 
@@ -396,14 +464,14 @@ class Demo:
 
     def check_ceiling(self, history: list[HistoryEntry], steps: dict[str, HistoryEntry]) -> Check:
         deferred = [e for e in history if e.event_type == "CostCeilingDeferred"]
-        draft_day = steps["draft"].data["ended_at"].date()
+        draft_day = steps[self.mission.draft].data["ended_at"].date()
         midnight = datetime.combine(draft_day + timedelta(days=1), datetime.min.time(), UTC)
         ok = (
             len(deferred) == 1
             and deferred[0].data["resume_at"] == midnight
-            and steps["publish"].data["started_at"] >= midnight
+            and steps[self.mission.publish].data["started_at"] >= midnight
         )
-        detail = f"'publish' deferred to {when(midnight)}, then ran"
+        detail = f"{self.mission.publish!r} deferred to {when(midnight)}, then ran"
         return Check("cost ceiling", ok, detail)
 
     def summary(self, engine: Engine, checks: list[Check]) -> bool:
@@ -431,9 +499,7 @@ class Demo:
             effects.add_row(key, task, str(runs), str(outbox.count(key)))
         self.out.print(effects)
         view = engine.job(self.tenant, self.job)
-        self.say(
-            f"total cost {money(view.total_cost_usd)}; final state brief: {view.state['brief']}"
-        )
+        self.say(f"total cost {money(view.total_cost_usd)}; the brief: {self.mission.brief(view)}")
         self.out.print()
         for check in checks:
             mark = ("PASS", "green") if check.ok else ("FAIL", "red")
@@ -447,9 +513,12 @@ class Demo:
         return not failed
 
 
-def run_demo(*, base: EngineConfig, store_url: str | None, keep: bool, out: Console) -> bool:
+def run_demo(
+    *, base: EngineConfig, store_url: str | None, keep: bool, out: Console, code: bool = False
+) -> bool:
     """Run the demo; True if every check passed. A given ``store_url`` gets a job id of
-    its own, so the demo can run there again; otherwise a fresh temporary file is used."""
+    its own, so the demo can run there again; otherwise a fresh temporary file is used.
+    ``code``: run the mission written as code (mission_code.py) instead of its YAML."""
     directory = Path(tempfile.mkdtemp(prefix="jobledger-demo-"))
     suffix = "" if store_url is None else f"-{uuid4().hex[:8]}"
     demo = Demo(
@@ -460,6 +529,7 @@ def run_demo(*, base: EngineConfig, store_url: str | None, keep: bool, out: Cons
         tenant=f"demo-tenant{suffix}",
         job=f"mission-1{suffix}",
         fresh=store_url is None,
+        mission=CODE if code else DECLARATIVE,
     )
     try:
         engine = demo.run()

@@ -58,7 +58,7 @@ from jobledger.orchestration.child_jobs import Family, Spawner
 from jobledger.orchestration.deployment import Deployment
 from jobledger.orchestration.group_commit import SharedLoop
 from jobledger.orchestration.heartbeat import Heartbeats
-from jobledger.orchestration.history import History
+from jobledger.orchestration.history import History, LastAppends
 from jobledger.orchestration.ports import (
     AdmissionGate,
     ApprovalRequest,
@@ -142,8 +142,9 @@ class _Run:
     events go to it without looking up the current span each time."""
     steps: int = 0
     appended: list[Job.Event] = field(default_factory=list)
-    """The events this tick appended, in order: a code workflow's replay reads the newest
-    of them here instead of from the store."""
+    """The events this tick appended, in order, after the last ones the job's previous
+    tick here appended: a code workflow's replay reads the newest of them here instead of
+    from the store."""
 
 
 class TickAppends(Protocol):
@@ -215,6 +216,8 @@ class Orchestrator:
         self.tick_appends = tick_appends
         self.unrecorded = UnrecordedSteps()
         """Steps run here whose record the store refused, until their retry records them."""
+        self.last_appends = LastAppends(config.store.cache_size)
+        """Each job's last tick's appends, for the next tick's replay (as jobs are kept)."""
         self.async_steps = SharedLoop()
         """The loop ``async def`` steps run on, shared by the tick threads."""
         # Without a Leases port a claim is only its Claimed event's lease (no heartbeat).
@@ -246,12 +249,15 @@ class Orchestrator:
         with self.tracer.span("jobledger.tick", parent=parent, attributes=attributes) as span:
             with tracing.logged(span, tenant=job.tenant_id, job=job.job_id):
                 run = _Run(tick, job, claim_id=tick.claim_id or uuid4().hex, span=span)
+                run.appended = self.last_appends.take(job.id)
                 report = self._drive(run)
                 # A finished child tells its parent now, in the tick that finished it.
                 self.family.settle(run.job)
                 # Reached only when every append of the tick committed (a refused one
                 # reloads run.job): the job's next tick continues from this object.
                 self.store.keep(run.job)
+                if not run.job.status.is_terminal:
+                    self.last_appends.keep(run.job.id, run.appended)
             span.set(
                 {
                     "jobledger.outcome": str(report.outcome),

@@ -284,6 +284,7 @@ class WorkflowContext:
         if need is not None and (not isinstance(need, int) or not 0 < need <= len(listed)):
             raise ValueError(f"wf.map(join={join!r}): 'all' or a number from 1 to {len(listed)}")
         ms = None if timeout is None else _millis(timeout, "wf.map(timeout=)")
+        reason = f"spawn {len(listed)} x {workflow_type!r} v{version}, join {join}"
         request = MapRequest(
             workflow_type=workflow_type,
             workflow_version=version,
@@ -299,9 +300,7 @@ class WorkflowContext:
                 next_status=JobStatus.WAITING_CHILDREN,
                 step_name=name,
                 next_step=RESUMED,
-                transition_reason=(
-                    f"spawn {len(listed)} x {workflow_type!r} v{version}, join {join}"
-                ),
+                transition_reason=reason,
                 params=request.to_params(),
                 wait_timeout_ms=ms,
                 on_timeout=request.on_timeout,
