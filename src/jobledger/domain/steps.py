@@ -57,12 +57,15 @@ class ResolveRequest:
     """The name of the definition step to run next; None before the first step."""
     visits: Mapping[str, int] = field(default_factory=dict)
     """How many times each named step has been recorded (bounds cycles)."""
-    job_uuid: UUID | None = None
+    # How a registry may read the job, not what it decides on: two requests that ask for
+    # the same decision are equal whatever they carry here (an audit replay's rebuilt
+    # request equals the tick's).
+    job_uuid: UUID | None = field(default=None, compare=False)
     """The job, for a registry that keeps a job's replay between its steps (a code
     workflow's suspended body); None when the request is rebuilt (an audit replay)."""
-    version: int = 0
+    version: int = field(default=0, compare=False)
     """The job's version the request was made at."""
-    history: HistoryReader | None = None
+    history: HistoryReader | None = field(default=None, compare=False)
     """The job's recorded events after a version, up to ``version``: what a code workflow
     replays its body against. None: the registry does not need them (declarative)."""
 
