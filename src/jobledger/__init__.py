@@ -27,8 +27,8 @@ from jobledger.domain.errors import (
     JobFinishedError,
     JobLedgerError,
     JobNotWaitingError,
-    NoPersonalDataError,
     NonDeterminismError,
+    NoPersonalDataError,
     ScheduleExistsError,
     ScheduleStateError,
     StaleApprovalError,
@@ -75,6 +75,13 @@ from jobledger.orchestration.ports import (
 from jobledger.orchestration.registry import FunctionRegistry, linear_workflow
 from jobledger.orchestration.tracing import Tracer
 from jobledger.projections.outbox import decode_event
+from jobledger.workflows import (
+    DefinitionError,
+    DefinitionRegistry,
+    WorkflowDefinition,
+    load_definitions,
+    parse_definition,
+)
 from jobledger.workflows.code import (
     Approval,
     ChildResult,
@@ -83,13 +90,6 @@ from jobledger.workflows.code import (
     workflow,
 )
 from jobledger.workflows.tasks import StepContext, Task, TaskExecutor, step
-from jobledger.workflows import (
-    DefinitionError,
-    DefinitionRegistry,
-    WorkflowDefinition,
-    load_definitions,
-    parse_definition,
-)
 
 __all__ = [
     "Approval",

@@ -207,7 +207,9 @@ def workflow_registry(parts: Parts) -> WorkflowRegistry:
     declared = [w for w in workflows if isinstance(w, WorkflowDefinition)]
     unknown = [w for w in workflows if not isinstance(w, CodeWorkflow | WorkflowDefinition)]
     if unknown:
-        raise ConfigError(f"workflows= takes @workflow functions and definitions, not {unknown[0]!r}")
+        raise ConfigError(
+            f"workflows= takes @workflow functions and definitions, not {unknown[0]!r}"
+        )
     registries: list[WorkflowRegistry] = [code, DefinitionRegistry(declared)]
     try:
         return Registries([*registries, *([given] if given is not None else [])])
@@ -222,7 +224,7 @@ def step_executor(parts: Parts) -> StepExecutor | None:
     given = parts.get("executor")
     tasks = list(parts.get("tasks", ()))
     workflows = list(parts.get("workflows", ()))
-    names = task_names(workflows + _definitions_of(parts.get("registry")), tasks)
+    names = task_names([*workflows, *_definitions_of(parts.get("registry"))], tasks)
     if not names.served:
         return given
     try:

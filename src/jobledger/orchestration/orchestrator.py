@@ -560,7 +560,9 @@ class Orchestrator:
             raise self._blocked(job, error) from None
         except WorkflowBodyError as error:
             body = Resolution("workflow", JobStatus.FAILED, retry_policy=error.retry_policy)
-            return self._step_failed(job, body, StepError(str(error), retryable=error.retryable, kind=error.kind))
+            return self._step_failed(
+                job, body, StepError(str(error), retryable=error.retryable, kind=error.kind)
+            )
         except Exception as error:
             if not registry.has(job.workflow_type, job.workflow_version):
                 raise self._blocked(job, WorkflowNotDeployedError(str(error))) from None

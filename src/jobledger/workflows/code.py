@@ -26,7 +26,7 @@ from jobledger.domain.erasure import path_problem
 from jobledger.domain.fan_out import MapRequest
 from jobledger.domain.status import JobStatus
 from jobledger.domain.steps import ApprovalSpec, Resolution, RetryPolicy
-from jobledger.workflows.tasks import ARGS_PARAM, RESULT_KEY, TASK_PARAM, Task
+from jobledger.workflows.tasks import ARGS_PARAM, TASK_PARAM, Task
 
 SLEEP: Final = "sleep"
 WAIT_EVENT: Final = "wait_event"
@@ -144,7 +144,9 @@ class WorkflowContext:
     def uuid(self) -> _uuid.UUID:
         """An id derived from the job and the body's place in its history."""
         self._ids += 1
-        return _uuid.uuid5(_uuid.NAMESPACE_URL, f"jobledger:{self._job_uuid}:{self._position}:{self._ids}")
+        return _uuid.uuid5(
+            _uuid.NAMESPACE_URL, f"jobledger:{self._job_uuid}:{self._position}:{self._ids}"
+        )
 
     def _woken(self, position: int, at: datetime) -> None:
         self._position, self._now, self._ids = position, at, 0
@@ -207,7 +209,9 @@ class WorkflowContext:
         if not isinstance(name, str) or not name:
             raise ValueError(f"wf.wait_event() needs an event name, got {name!r}")
         ms = None if timeout is None else _millis(timeout, "wf.wait_event(timeout=)")
-        reason = f"wait for event {name!r}" + ("" if ms is None else f" (timeout {timedelta(milliseconds=ms)})")
+        reason = f"wait for event {name!r}" + (
+            "" if ms is None else f" (timeout {timedelta(milliseconds=ms)})"
+        )
         return Command(
             Resolution(
                 step_type="wait_event",
@@ -292,7 +296,9 @@ class WorkflowContext:
                 next_status=JobStatus.WAITING_CHILDREN,
                 step_name=name,
                 next_step=RESUMED,
-                transition_reason=f"spawn {len(listed)} x {workflow_type!r} v{version}, join {join}",
+                transition_reason=(
+                    f"spawn {len(listed)} x {workflow_type!r} v{version}, join {join}"
+                ),
                 params=request.to_params(),
                 wait_timeout_ms=ms,
                 on_timeout=request.on_timeout,
@@ -317,7 +323,9 @@ class _Typed:
         return self.task.decode_result(value)
 
 
-def _child(child: CodeWorkflow | tuple[str, int]) -> tuple[str, int, Callable[[Any], dict[str, Any]]]:
+def _child(
+    child: CodeWorkflow | tuple[str, int],
+) -> tuple[str, int, Callable[[Any], dict[str, Any]]]:
     if isinstance(child, CodeWorkflow):
         return child.type, child.version, child.input_of_item
     if isinstance(child, tuple) and len(child) == 2:
@@ -374,7 +382,7 @@ class CodeWorkflow:
             p.name: (hints.get(p.name, Any), ... if p.default is p.empty else p.default)
             for p in parameters
         }
-        self._inputs: type[BaseModel] = create_model(  # type: ignore[call-overload]
+        self._inputs: type[BaseModel] = create_model(
             f"{workflow_type}_v{version}_input", __config__=ConfigDict(extra="ignore"), **fields
         )
         self._returns: TypeAdapter[Any] = TypeAdapter(hints.get("return", Any))
@@ -395,7 +403,11 @@ class CodeWorkflow:
         closure): what a worker running it must serve."""
         code = self.body.__code__
         names = set(code.co_names)
-        found = {v.name: v for k, v in self.body.__globals__.items() if k in names and isinstance(v, Task)}
+        found = {
+            v.name: v
+            for k, v in self.body.__globals__.items()
+            if k in names and isinstance(v, Task)
+        }
         for cell in self.body.__closure__ or ():
             value = cell.cell_contents
             if isinstance(value, Task):

@@ -37,7 +37,6 @@ from jobledger.domain.status import JobStatus
 from jobledger.domain.steps import Resolution, ResolveRequest
 from jobledger.domain.transition import input_sha256
 from jobledger.workflows.code import (
-    EXPIRED,
     Approval,
     ChildResult,
     CodeWorkflow,
@@ -101,7 +100,7 @@ class Journal:
         elif isinstance(event, Job.ApprovalDecided):
             self._end(event.timestamp, Approval(event.decision, event.decided_by, event.comment))  # type: ignore[arg-type]
         elif isinstance(event, Job.ApprovalExpired):
-            self._end(event.timestamp, Approval(EXPIRED))
+            self._end(event.timestamp, Approval("expired"))
         elif isinstance(event, Job.JoinEnded):
             self._end(event.timestamp, [_child_result(r) for r in event.results])
 

@@ -58,7 +58,9 @@ class StepContext:
         try:
             amount = Decimal(str(usd))
         except InvalidOperation:
-            raise StepError(f"spend({usd!r}): not an amount of money", kind="invalid_cost") from None
+            raise StepError(
+                f"spend({usd!r}): not an amount of money", kind="invalid_cost"
+            ) from None
         if not amount.is_finite() or amount < 0:
             raise StepError(f"spend({usd!r}): must be a finite amount >= 0", kind="invalid_cost")
         self.spent_usd += amount
@@ -92,7 +94,7 @@ class Task:
             p.name: (hints.get(p.name, Any), ... if p.default is p.empty else p.default)
             for p in parameters
         }
-        self._inputs: type[BaseModel] = create_model(  # type: ignore[call-overload]
+        self._inputs: type[BaseModel] = create_model(
             f"{name}_input", __config__=ConfigDict(extra="forbid"), **fields
         )
         returns = hints.get("return", Any)
@@ -166,7 +168,9 @@ class Task:
 @overload
 def step(name: _F, /) -> Task: ...
 @overload
-def step(name: str | None = None, /, *, retry: RetryPolicy | None = None) -> Callable[[_F], Task]: ...
+def step(
+    name: str | None = None, /, *, retry: RetryPolicy | None = None
+) -> Callable[[_F], Task]: ...
 
 
 def step(
@@ -229,9 +233,7 @@ async def _finish_async(
     return _result(task, await running, context, params)
 
 
-def _result(
-    task: Task, value: Any, context: StepContext, params: Mapping[str, Any]
-) -> StepResult:
+def _result(task: Task, value: Any, context: StepContext, params: Mapping[str, Any]) -> StepResult:
     if task.returns_result or isinstance(value, StepResult):
         result: StepResult = value
         cost = Decimal(str(result.cost_usd)) + context.spent_usd
@@ -264,4 +266,3 @@ def _fields(error: ValidationError) -> str:
         where = ".".join(str(part) for part in problem["loc"])
         parts.append(f"field {where!r}: {problem['msg']}" if where else problem["msg"])
     return "; ".join(parts)
-
