@@ -105,6 +105,17 @@ ConfigOption = Annotated[
     ),
 ]
 JsonFlag = Annotated[bool, typer.Option("--json", help="Print JSON on stdout instead of tables.")]
+WorkflowsOption = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--workflows",
+        metavar="MODULE",
+        help="A module of @workflow and @step functions (importable from the config "
+        "file's directory or the current one); repeat for several. Overrides workflows "
+        "in the config file and JOBLEDGER_WORKFLOWS.",
+        show_default=False,
+    ),
+]
 
 TailOption = Literal["store", "config", "json", "logs"]
 """The options a one-shot command's signature ends with: ``logs`` is ``--log-level`` and
@@ -144,6 +155,7 @@ class OneShot:
         mode: StoreMode = "existing",
         definitions: bool = False,
         executor: bool = False,
+        workflows: Sequence[str] | None = None,
         notifier: Notifier | None = None,
     ) -> AbstractContextManager[Engine]:
         """:func:`open_engine` on the store and config file these options name."""
@@ -154,6 +166,7 @@ class OneShot:
             mode=mode,
             definitions=definitions,
             executor=executor,
+            workflows=workflows or (),
             notifier=notifier,
         )
 
