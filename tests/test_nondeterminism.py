@@ -14,7 +14,6 @@ from __future__ import annotations
 import importlib.util
 import json
 import textwrap
-from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
