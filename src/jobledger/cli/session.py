@@ -100,7 +100,8 @@ ConfigOption = Annotated[
     typer.Option(
         "--config",
         metavar="FILE",
-        help="TOML file: EngineConfig fields, plus definitions = DIR and executor = 'module:attr'.",
+        help="TOML file: EngineConfig fields, plus definitions = DIR, executor = "
+        "'module:attr' and workflows = ['module', ...].",
         show_default=False,
     ),
 ]
