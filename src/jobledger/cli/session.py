@@ -275,12 +275,12 @@ def _require(settings: Settings, purpose: str, *, definitions: bool, executor: b
     code = bool(settings.workflows)
     if definitions and settings.definitions is None and not code:
         missing.append(
-            "workflows (definitions = DIR or JOBLEDGER_DEFINITIONS, and/or workflows = "
-            "[modules] or JOBLEDGER_WORKFLOWS)"
+            "workflow definitions (definitions = DIR, or JOBLEDGER_DEFINITIONS) or code "
+            "workflows (workflows = [modules], or JOBLEDGER_WORKFLOWS)"
         )
     if executor and settings.executor is None and not code:
         missing.append(
-            "a step executor (executor = 'module:attr', or JOBLEDGER_EXECUTOR), or step "
+            "a step executor (executor = 'module:attr', or JOBLEDGER_EXECUTOR) or step "
             "functions (workflows = [modules])"
         )
     if missing:
