@@ -212,7 +212,7 @@ def _replay_code_all(
         workflows = [{"type": w.type, "version": w.version} for w in code.workflows]
         print_json({"workflows": workflows, **_counts(reports, documents), "warnings": warnings})
     else:
-        console().print(_replay_summary(reports, f"the code of {labels}"))
+        console().print(_replay_summary(reports, f"the code of {labels}", code=True))
     for warning in warnings:
         sys.stderr.write(f"warning: {warning}\n")
     if diverged:
@@ -374,11 +374,18 @@ def _print_replay(report: ReplayReport) -> None:
     out.print(f"verdict: {report.verdict}")
 
 
-def _replay_summary(reports: Sequence[ReplayReport], target: str) -> Table:
+def _replay_summary(reports: Sequence[ReplayReport], target: str, *, code: bool = False) -> Table:
+    """``code``: a deploy check of new code, whose jobs stay on their version (nothing
+    to migrate): how many replay the same."""
     migratable = sum(1 for report in reports if report.migratable)
     finished = sum(1 for report in reports if report.finished)
-    title = f"replay against {target}: {migratable} of {len(reports)} jobs safe to migrate"
-    table = Table(title=title + (f" ({finished} finished: nothing to migrate)" if finished else ""))
+    if code:
+        same = sum(1 for report in reports if report.safe)
+        title = f"replay of {target}: {same} of {len(reports)} jobs replay the same"
+    else:
+        title = f"replay against {target}: {migratable} of {len(reports)} jobs safe to migrate"
+    suffix = f" ({finished} finished: nothing to migrate)" if finished and not code else ""
+    table = Table(title=title + suffix)
     for column in ("tenant", "job", "status", "version", "steps", "verdict"):
         table.add_column(column, overflow="fold")
     for report in reports:
