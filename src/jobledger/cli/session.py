@@ -293,19 +293,17 @@ def _served(settings: Settings, purpose: str, *, definitions: bool, executor: bo
     registry and no executor (the executor is not imported); those that run steps get the
     code workflows, the definitions and the step functions, and every task a workflow
     names must be served (by a function, or by the executor)."""
+    loaded = executor and settings.executor is not None
     if not definitions:
-        return {
-            "registry": FunctionRegistry(),
-            "executor": _executor(settings) if executor else None,
-        }
+        return {"registry": FunctionRegistry(), "executor": _executor(settings) if loaded else None}
     declared = _definitions(settings)
     if not settings.workflows:
         registry = DefinitionRegistry(declared)
-        return {"registry": registry, "executor": _executor(settings) if executor else None}
+        return {"registry": registry, "executor": _executor(settings) if loaded else None}
     code = load_code(settings.workflows, settings.config_file)
     if not executor:
         return {"registry": _registry(code, declared)}
-    given = _executor(settings) if settings.executor is not None else None
+    given = _executor(settings) if loaded else None
     if given is None:
         _require_served(purpose, code, declared)
     return {"workflows": [*code.workflows, *declared], "tasks": code.tasks, "executor": given}
@@ -336,5 +334,5 @@ def _require_served(
 
 
 def _executor(settings: Settings) -> StepExecutor:
-    assert settings.executor is not None  # _require said so otherwise
+    assert settings.executor is not None  # asked only when it is set
     return load_executor(settings.executor, settings.config_file)
