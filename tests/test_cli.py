@@ -187,8 +187,10 @@ ERRORS = [
         ("tick", "a", "b", "--config", "empty.toml"),
         [
             "error: tick needs workflow definitions (definitions = DIR, or "
-            "JOBLEDGER_DEFINITIONS) and a step executor (executor = 'module:attr', or "
-            "JOBLEDGER_EXECUTOR): set them in the config file"
+            "JOBLEDGER_DEFINITIONS) or code workflows (workflows = [modules], or "
+            "JOBLEDGER_WORKFLOWS) and a step executor (executor = 'module:attr', or "
+            "JOBLEDGER_EXECUTOR) or step functions (workflows = [modules]): set them in the "
+            "config file"
         ],
     ),
 ]

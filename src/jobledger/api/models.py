@@ -321,5 +321,7 @@ class JobWithFamily(Job):
     """The children it spawned, by step and item."""
 
     @classmethod
-    def of_family(cls, view: JobView, family: FamilyView) -> JobWithFamily:
-        return cls.model_validate({**job_json(view), **jsonable(family)})
+    def of_family(
+        cls, view: JobView, family: FamilyView, blocked: BlockedNote | None = None
+    ) -> JobWithFamily:
+        return cls.model_validate({**job_json(view, blocked), **jsonable(family)})

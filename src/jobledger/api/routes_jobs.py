@@ -20,6 +20,7 @@ from jobledger.api.models import (
 )
 from jobledger.api.paths import JOB, JOBS, id_path
 from jobledger.api.problems import EVERY_REQUEST, Problem, documented
+from jobledger.domain.identity import job_uuid
 from jobledger.domain.status import UnknownStatusError, parse_statuses
 from jobledger.projections import JobViews
 from jobledger.projections.job_views import JobQuery, cursor
@@ -153,10 +154,16 @@ def _statuses(raw: str | None) -> list[str]:
 
 
 @router.get(JOB, response_model=JobWithFamily, responses=NOT_FOUND)
-def get_job(tenant: str, job: str, caller: Caller, engine: EngineDep) -> JobWithFamily:
-    """The job now, with its open approval request and wait, its parent and children."""
+def get_job(
+    tenant: str, job: str, caller: Caller, engine: EngineDep, request: Request
+) -> JobWithFamily:
+    """The job now, with its open approval request and wait, its parent and children,
+    and why a worker left it untouched (``blocked``), if that still applies."""
     tenant_scope(caller, tenant, None, job_id=job)
-    return JobWithFamily.of_family(engine.job(tenant, job), engine.family(tenant, job))
+    view = engine.job(tenant, job)
+    views: JobViews = request.app.state.views
+    blocked = views.blocked_note(str(job_uuid(tenant, job)), view.version)
+    return JobWithFamily.of_family(view, engine.family(tenant, job), blocked)
 
 
 @router.get(f"{JOB}/history", response_model=HistoryPage, responses=NOT_FOUND)

@@ -46,10 +46,18 @@ def plan(
     now: datetime,
     default_wait_ms: int,
     kept_until: datetime | None = None,
+    step_inputs: bool = True,
 ) -> ReplayReport:
-    """Replay the job against ``to_version``; refuse on divergence unless forced."""
+    """Replay the job against ``to_version``; refuse on divergence unless forced.
+    ``step_inputs``: see :func:`~jobledger.audit.replay.replay_job` (False for code)."""
     check_movable(job, to_version, now, kept_until)
-    report = replay_job(events, resolver, version=to_version, default_wait_ms=default_wait_ms)
+    report = replay_job(
+        events,
+        resolver,
+        version=to_version,
+        default_wait_ms=default_wait_ms,
+        step_inputs=step_inputs,
+    )
     if not report.safe and not force:
         raise MigrationRefusedError(
             f"job {job.job_id!r} cannot move to v{to_version}: replay {report.verdict} "

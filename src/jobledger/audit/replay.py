@@ -50,7 +50,7 @@ from jobledger.config import TickOptions
 from jobledger.domain import erasure, transition
 from jobledger.domain.job import Claim, Job
 from jobledger.domain.status import JobStatus
-from jobledger.domain.steps import Resolution, ResolveRequest
+from jobledger.domain.steps import HistoryReader, Resolution, ResolveRequest
 from jobledger.domain.substate import EventWait
 from jobledger.workflows.definition import WorkflowDefinition
 from jobledger.workflows.resolver import resolve
@@ -197,9 +197,14 @@ def replay_job(
     *,
     version: int | None = None,
     default_wait_ms: int = DEFAULT_WAIT_MS,
+    step_inputs: bool = True,
 ) -> ReplayReport:
     """Replay a job's history (its events, in order) against a definition, or against
-    any pure resolver with the ``version`` it stands for. One pass over the events."""
+    any pure resolver with the ``version`` it stands for. One pass over the events; each
+    request carries the history before its step (a code workflow's body replays against
+    it). ``step_inputs`` False compares a step's input only where it opened a wait, as
+    the engine checks a code workflow: a step's arguments are computed by code that may
+    change (the body gets the recorded result back), what a wait waits for may not."""
     resolver, target = _resolver(definition, version)
     replays: list[StepReplay] = []
     job: Job | None = None
@@ -212,7 +217,8 @@ def replay_job(
         if isinstance(definition, WorkflowDefinition) and isinstance(event, Job.Submitted):
             _check_type(event.workflow_type, definition)
         if job is not None and isinstance(event, Job.StepRecorded):
-            request = _request(job, claim, tick_reasons, target, event.started_at)
+            before = _history(events, index)
+            request = _request(job, claim, tick_reasons, target, event.started_at, before)
             recorded = _recorded(
                 event,
                 _after_step(Job.ApprovalRequested, events, index, event.step_number),
@@ -225,16 +231,21 @@ def replay_job(
                     event.originator_version,
                     recorded,
                     replayed,
-                    _differences(recorded, replayed),
+                    _differences(recorded, replayed, step_inputs=step_inputs),
                 )
             )
         elif job is not None and isinstance(event, Job.Failed) and event.cause == "definition":
-            request = _request(job, claim, tick_reasons, target, event.timestamp)
+            before = _history(events, index)
+            request = _request(job, claim, tick_reasons, target, event.timestamp, before)
             recorded = Decision(
                 "(resolution)", job.cursor, JobStatus.FAILED, None, error=event.error
             )
             replayed = _replayed(resolver, request, job, event.timestamp, default_wait_ms)
-            differences = () if replayed.error is not None else _differences(recorded, replayed)
+            differences = (
+                ()
+                if replayed.error is not None
+                else _differences(recorded, replayed, step_inputs=step_inputs)
+            )
             replays.append(
                 StepReplay(
                     event.step_number, event.originator_version, recorded, replayed, differences
@@ -331,12 +342,20 @@ def _claim_taken(event: Job.Event, job: Job | None) -> _Claim | None:
     return _Claim(folded.claim_id, reason, None, budget)
 
 
+def _history(events: Sequence[Job.Event], index: int) -> HistoryReader:
+    """The events before ``events[index]``, read as a code workflow's resolution reads
+    the job's history (those after a version)."""
+    before = events[:index]
+    return lambda after: [event for event in before if event.originator_version > after]
+
+
 def _request(
     job: Job,
     claim: _Claim | None,
     tick_reasons: Mapping[str, str],
     version: int,
     now: datetime,
+    history: HistoryReader,
 ) -> ResolveRequest:
     status = job.status
     reason = UNKNOWN_REASON
@@ -359,6 +378,9 @@ def _request(
         now=now,
         cursor=job.cursor,
         visits=job.visits,
+        # No job_uuid: a registry keeps no suspended body for a rebuilt request.
+        version=job.version,
+        history=history,
     )
 
 
@@ -467,7 +489,9 @@ def _decision(
     )
 
 
-def _differences(recorded: Decision, replayed: Decision) -> tuple[str, ...]:
+def _differences(
+    recorded: Decision, replayed: Decision, *, step_inputs: bool = True
+) -> tuple[str, ...]:
     """In the order of OUTCOMES: a step of another kind shows as a different status; a
     different step is one with the same effect under another name or kind."""
     found = []
@@ -480,7 +504,8 @@ def _differences(recorded: Decision, replayed: Decision) -> tuple[str, ...]:
     identity = (recorded.step_type, recorded.step_name) != (replayed.step_type, replayed.step_name)
     if identity or replayed.error is not None:
         found.append("step")
-    if recorded.input_sha256 is not None and recorded.input_sha256 != replayed.input_sha256:
+    compared = step_inputs or recorded.wait is not None
+    if compared and recorded.input_sha256 not in (None, replayed.input_sha256):
         found.append("input")
     return tuple(found)
 

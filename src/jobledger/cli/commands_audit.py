@@ -34,7 +34,15 @@ from jobledger.audit.tamper import (
 from jobledger.audit.timestamping import TimeStampAuthority, TsaTrust
 from jobledger.cli.config_file import load_settings
 from jobledger.cli.params import LARGEST, JobId, Tenant
-from jobledger.cli.session import Exit, OneShot, one_shot, one_shot_with
+from jobledger.cli.session import (
+    Exit,
+    OneShot,
+    WorkflowsOption,
+    one_shot,
+    one_shot_with,
+    with_workflows,
+)
+from jobledger.domain.errors import ConfigError
 from jobledger.domain.identity import job_uuid
 from jobledger.domain.status import JobStatus
 from jobledger.engine.engine import Engine
@@ -45,6 +53,7 @@ from jobledger.presentation.terminal import console
 if TYPE_CHECKING:
     # Loaded when a command needs them: definitions cost start-up time.
     from jobledger.audit.replay import ReplayReport, StepReplay
+    from jobledger.cli.code_modules import CodeModules
     from jobledger.workflows import WorkflowDefinition
 
 OptionalTenant = Annotated[
@@ -66,7 +75,7 @@ OneTenant = Annotated[
 def replay(
     cmd: OneShot,
     definition: Annotated[
-        Path,
+        Path | None,
         typer.Option(
             "--definition",
             metavar="FILE",
@@ -75,32 +84,51 @@ def replay(
             dir_okay=False,
             show_default=False,
         ),
-    ],
+    ] = None,
+    workflows: WorkflowsOption = None,
     tenant: OptionalTenant = None,
     job: OptionalJob = None,
     all_jobs: AllFlag = False,
     status: Annotated[
         str | None,
         typer.Option(
-            "--status", help="With --all: only jobs in these statuses, e.g. waiting_event."
+            "--status",
+            help="With --all: only jobs in these statuses, e.g. waiting_event (code "
+            "workflows: default every status but the finished ones).",
         ),
     ] = None,
     only_tenant: Annotated[
         str | None, typer.Option("--tenant", help="With --all: only this tenant.")
     ] = None,
 ) -> None:
-    """Replay recorded decisions against a definition, without any side effect.
+    """Replay recorded decisions against a definition or code, without any side effect.
 
     For each recorded step the pure resolution of the given definition runs on the job
     as it was then; each step is `same`, `different step`, `different status`,
     `different next step` or `different wait`, and each job is `safe to migrate` or
     `diverges at step k: recorded X, would now do Y`. Exits 1 if any job diverges.
+
+    With --workflows MODULE (or the configured workflows, when no --definition is
+    given): the code workflows' bodies replay against the stored histories before a
+    deploy, each job against the code of the version it is pinned to (a step's arguments
+    may change, what it is and what a wait waits for may not); with --all, every job of
+    their types not finished yet is checked, and each that would diverge is listed.
     """
-    target = _definition(definition)
     statuses = _statuses(status)
     _one_or_all(tenant, job, all_jobs)
     if (statuses or only_tenant) and not all_jobs:
         raise typer.BadParameter("--status and --tenant go with --all")
+    if definition is not None and workflows:
+        raise typer.BadParameter("give --definition or --workflows, not both")
+    if definition is None:
+        code = _code(cmd, workflows)
+        if all_jobs:
+            _replay_code_all(cmd, code, statuses, only_tenant)
+        else:
+            assert tenant is not None and job is not None
+            _replay_code_one(cmd, code, tenant, job)
+        return
+    target = _definition(definition)
     with cmd.engine(purpose="replay", mode="read") as engine:
         if not all_jobs:
             assert tenant is not None and job is not None
@@ -115,17 +143,13 @@ def replay(
             print_json(
                 {
                     "definition": {"type": target.type, "version": target.version},
-                    "jobs": documents,
-                    "safe": len(reports) - len(diverged),
-                    "migratable": sum(1 for report in reports if report.migratable),
-                    "finished": sum(1 for report in reports if report.finished),
-                    "diverged": len(diverged),
+                    **_counts(reports, documents),
                 }
             )
         else:
             print_json(documents[0])
     elif all_jobs:
-        console().print(_replay_summary(reports, target))
+        console().print(_replay_summary(reports, target.label))
     else:
         _print_replay(reports[0])
     if diverged:
@@ -134,6 +158,91 @@ def replay(
         else:
             message = f"{_label(reports[0])} {reports[0].verdict}"
         _fail(message)
+
+
+def _code(cmd: OneShot, modules: list[str] | None) -> CodeModules:
+    """The code workflows of ``--workflows``, else of the configured modules."""
+    from jobledger.cli.code_modules import load_code
+
+    settings = with_workflows(load_settings(cmd.config, cmd.store), modules or ())
+    if not settings.workflows:
+        raise typer.BadParameter(
+            "give --definition FILE or --workflows MODULE (or set workflows in the config)"
+        )
+    code = load_code(settings.workflows, settings.config_file)
+    if not code.workflows:
+        raise ConfigError(f"the workflows modules ({code.label}) define no @workflow")
+    return code
+
+
+def _replay_code_one(cmd: OneShot, code: CodeModules, tenant: str, job: str) -> None:
+    with cmd.engine(purpose="replay", mode="read") as engine:
+        view = engine.job(tenant, job)
+        found = {w.key: w for w in code.workflows}.get((view.workflow_type, view.workflow_version))
+        if found is None:
+            raise ConfigError(
+                f"{tenant}/{job} runs {view.workflow_type!r} v{view.workflow_version}, which "
+                f"the workflows modules ({code.label}) do not define"
+            )
+        report = engine.replay(tenant, job, found)
+    if cmd.json:
+        print_json(_replay_document(report))
+    else:
+        _print_replay(report)
+    if not report.safe:
+        _fail(f"{_label(report)} {report.verdict}")
+
+
+def _replay_code_all(
+    cmd: OneShot, code: CodeModules, statuses: list[str], tenant: str | None
+) -> None:
+    """Each job pinned to a version the code defines, against that version's body; a
+    job pinned to a version it drops is warned about (it would be blocked, not diverge)."""
+    live = statuses or [s.value for s in JobStatus if not s.is_terminal]
+    reports: list[ReplayReport] = []
+    with cmd.engine(purpose="replay", mode="read") as engine:
+        for workflow in code.workflows:
+            reports += engine.replay_all(workflow, statuses=live, tenant_id=tenant, pinned=True)
+        warnings = _dropped(engine, code)
+    reports.sort(key=lambda report: (report.tenant_id, report.job_id))
+    diverged = [report for report in reports if not report.safe]
+    labels = ", ".join(f"{w.type} v{w.version}" for w in code.workflows)
+    if cmd.json:
+        documents = [_replay_document(report) for report in reports]
+        workflows = [{"type": w.type, "version": w.version} for w in code.workflows]
+        print_json({"workflows": workflows, **_counts(reports, documents), "warnings": warnings})
+    else:
+        console().print(_replay_summary(reports, f"the code of {labels}", code=True))
+    for warning in warnings:
+        sys.stderr.write(f"warning: {warning}\n")
+    if diverged:
+        _fail(f"{len(diverged)} of {len(reports)} jobs diverge from the code of {labels}")
+
+
+def _dropped(engine: Engine, code: CodeModules) -> list[str]:
+    from jobledger.projections import JobViews
+
+    views = JobViews(engine.deps.store)
+    views.catch_up()
+    types = {w.type for w in code.workflows}
+    defined = {w.key for w in code.workflows}
+    return [
+        f"{count} live job(s) pinned to {kind!r} v{version}, which the workflows modules "
+        f"({code.label}) do not define: workers with this code would leave them blocked"
+        for (kind, version), count in sorted(views.live_pins().items())
+        if kind in types and (kind, version) not in defined
+    ]
+
+
+def _counts(reports: Sequence[ReplayReport], documents: list[dict[str, Any]]) -> dict[str, Any]:
+    diverged = sum(1 for report in reports if not report.safe)
+    return {
+        "jobs": documents,
+        "safe": len(reports) - diverged,
+        "migratable": sum(1 for report in reports if report.migratable),
+        "finished": sum(1 for report in reports if report.finished),
+        "diverged": diverged,
+    }
 
 
 @one_shot
@@ -154,16 +263,18 @@ def migrate(
     reason: Annotated[
         str | None, typer.Option("--reason", metavar="TEXT", help="Why (recorded).")
     ] = None,
+    workflows: WorkflowsOption = None,
 ) -> None:
-    """Move a job that has not finished to another version of its definition.
+    """Move a job that has not finished to another version of its definition or code.
 
     Only when replaying the job against that version says it is safe; otherwise exits 1
     with the divergence, unless --force (with --by and --reason, which are recorded in
-    the `Migrated` event with the replay verdict). Needs the definitions.
+    the `Migrated` event with the replay verdict). Needs the definitions or the
+    workflows modules (a code workflow's new version must replay the job's history).
     """
     if force and not (by and reason):
         raise typer.BadParameter("--force needs --by USER and --reason TEXT")
-    with cmd.engine(purpose="migrate", definitions=True) as engine:
+    with cmd.engine(purpose="migrate", definitions=True, workflows=workflows) as engine:
         view, report = engine.migrate(tenant, job, to_version, by=by, reason=reason, force=force)
         entries = engine.history(tenant, job)
     if cmd.json:
@@ -263,11 +374,18 @@ def _print_replay(report: ReplayReport) -> None:
     out.print(f"verdict: {report.verdict}")
 
 
-def _replay_summary(reports: Sequence[ReplayReport], target: WorkflowDefinition) -> Table:
+def _replay_summary(reports: Sequence[ReplayReport], target: str, *, code: bool = False) -> Table:
+    """``code``: a deploy check of new code, whose jobs stay on their version (nothing
+    to migrate): how many replay the same."""
     migratable = sum(1 for report in reports if report.migratable)
     finished = sum(1 for report in reports if report.finished)
-    title = f"replay against {target.label}: {migratable} of {len(reports)} jobs safe to migrate"
-    table = Table(title=title + (f" ({finished} finished: nothing to migrate)" if finished else ""))
+    if code:
+        same = sum(1 for report in reports if report.safe)
+        title = f"replay of {target}: {same} of {len(reports)} jobs replay the same"
+    else:
+        title = f"replay against {target}: {migratable} of {len(reports)} jobs safe to migrate"
+    suffix = f" ({finished} finished: nothing to migrate)" if finished and not code else ""
+    table = Table(title=title + suffix)
     for column in ("tenant", "job", "status", "version", "steps", "verdict"):
         table.add_column(column, overflow="fold")
     for report in reports:

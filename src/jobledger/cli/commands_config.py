@@ -37,6 +37,8 @@ def effective(settings: Settings) -> list[dict[str, Any]]:
             value = settings.definitions
         elif name == "executor":
             value = settings.executor
+        elif name == "workflows":
+            value = list(settings.workflows) or None
         rows.append(
             {"setting": name, "value": shown(name, value), "source": source(settings, name)}
         )

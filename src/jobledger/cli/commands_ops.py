@@ -376,7 +376,7 @@ def reconcile(
         config,
         purpose="reconcile",
         # On Kafka the definitions only serve the schedules it fires, when configured.
-        definitions=not kafka or load_settings(config, store).definitions is not None,
+        definitions=not kafka or _has_workflows(load_settings(config, store)),
         executor=not kafka,
         transport=_transport_name(kafka),
         metrics=False,
@@ -487,7 +487,7 @@ def _serve(
     kafka = transport == "kafka" or services.outbox
     settings = load_settings(config, store)
     # A reconciler submits the jobs of due schedules: it resolves their workflows.
-    fires_schedules = services.reconciler and settings.definitions is not None
+    fires_schedules = services.reconciler and _has_workflows(settings)
     with open_engine(
         store,
         config,
@@ -518,6 +518,10 @@ def _serve(
                 console().print(f"stopped cleanly after {supervisor.handled} {what}")
 
 
+def _has_workflows(settings: Settings) -> bool:
+    return settings.definitions is not None or bool(settings.workflows)
+
+
 def _setup(engine: Engine, settings: Settings, runs_steps: bool) -> list[str]:
     """What the process runs with, so a wrong store or a missing definition shows at once."""
     partitions = engine.config.store.partitions
@@ -528,8 +532,10 @@ def _setup(engine: Engine, settings: Settings, runs_steps: bool) -> list[str]:
     if runs_steps:
         known = engine.registry.known()
         names = ", ".join(f"{kind}@{version}" for kind, version in known) or "none"
-        lines.append(f"definitions: {names} (from {settings.definitions})")
-        lines.append(f"executor: {settings.executor}")
+        sources = [str(settings.definitions)] if settings.definitions is not None else []
+        sources += [f"module {name}" for name in settings.workflows]
+        lines.append(f"definitions: {names} (from {', '.join(sources)})")
+        lines.append(f"executor: {settings.executor or 'the step functions'}")
     return lines
 
 

@@ -5,14 +5,17 @@ Precedence, highest first: ``--store``; the environment; the config file; the de
 runs beside, as in most tools). The config file is ``--config FILE``, else
 ``./jobledger.toml`` when there is one, else ``$JOBLEDGER_CONFIG``. Its keys are
 EngineConfig's settings by their flat names (``store_url``, ``cost_ceiling_usd``,
-``token_secret``, ...: :data:`jobledger.config.SETTINGS`) plus two of
-the CLI's own: ``definitions`` (a directory) and ``executor`` (``module:attr`` of a
-StepExecutor, or of a class or factory that makes one). Every path the file names is
-relative to the file: the definitions, a SQLite store (``sqlite:///jobs.db`` is the
-``jobs.db`` beside the file), a ``file:`` notifier and the executor's module (imported
-from the file's directory first). ``JOBLEDGER_DEFINITIONS`` and ``JOBLEDGER_EXECUTOR``
-set those two from the environment (relative to the current directory, as any
-environment path is). An ``[http]`` table holds the API's settings
+``token_secret``, ...: :data:`jobledger.config.SETTINGS`) plus three of
+the CLI's own: ``definitions`` (a directory), ``executor`` (``module:attr`` of a
+StepExecutor, or of a class or factory that makes one) and ``workflows`` (a list of
+module names whose ``@workflow`` and ``@step`` objects are served:
+:mod:`jobledger.cli.code_modules`).
+Every path the file names is relative to the file: the definitions, a SQLite store
+(``sqlite:///jobs.db`` is the ``jobs.db`` beside the file), a ``file:`` notifier and the
+executor's and workflows' modules (imported from the file's directory first).
+``JOBLEDGER_DEFINITIONS``, ``JOBLEDGER_EXECUTOR`` and ``JOBLEDGER_WORKFLOWS`` (module
+names, comma-separated) set those from the environment (relative to the current
+directory, as any environment path is). An ``[http]`` table holds the API's settings
 (:class:`jobledger.api.settings.ApiSettings`; ``JOBLEDGER_HTTP_*`` in the environment),
 an ``[anchors]`` table the runner's scheduled anchoring
 (:class:`jobledger.audit.anchor_schedule.AnchorSettings`; ``JOBLEDGER_ANCHORS_*``), and a
@@ -38,7 +41,7 @@ from jobledger.domain.errors import ConfigError
 from jobledger.domain.setting_problems import setting_key, unknown_setting
 from jobledger.orchestration.ports import StepExecutor
 
-CLI_KEYS = ("definitions", "executor")
+CLI_KEYS = ("definitions", "executor", "workflows")
 HTTP_TABLE = "http"
 """The config file's table of the API's settings (``jobledger serve``)."""
 SIGNING_TABLE = "signing"
@@ -49,6 +52,7 @@ ANCHORS_TABLE = "anchors"
 ENV_CONFIG = "JOBLEDGER_CONFIG"
 ENV_DEFINITIONS = "JOBLEDGER_DEFINITIONS"
 ENV_EXECUTOR = "JOBLEDGER_EXECUTOR"
+ENV_WORKFLOWS = "JOBLEDGER_WORKFLOWS"
 DEFAULT_CONFIG = Path("jobledger.toml")
 
 
@@ -58,6 +62,9 @@ class Settings:
     definitions: Path | None
     executor: str | None
     """``module:attr``; imported only by the commands that run steps."""
+    workflows: tuple[str, ...] = ()
+    """Modules of code workflows and step functions; imported only by the commands that
+    resolve workflows."""
     config_file: Path | None = None
     """The file the settings were read from (``--config``, ./jobledger.toml or
     $JOBLEDGER_CONFIG), if any: the executor's module is imported from its directory."""
@@ -93,6 +100,7 @@ def load_settings(config_file: Path | None, store_url: str | None) -> Settings:
     sources = {key: "file" for key in values} | {key: "env" for key in in_env}
     definitions = values.pop("definitions", None)
     executor = values.pop("executor", None)
+    workflows = _modules(values.pop("workflows", None), config_file, "workflows" in in_env)
     if definitions is not None:
         assert config_file is not None
         definitions = config_file.parent / _string(definitions, "definitions", config_file)
@@ -114,7 +122,29 @@ def load_settings(config_file: Path | None, store_url: str | None) -> Settings:
     if isinstance(notifier, str) and notifier.startswith("file:") and config_file is not None:
         values["notifier"] = "file:" + str(config_file.parent / notifier.removeprefix("file:"))
     engine = engine_config(values, config_file)
-    return Settings(engine, definitions, executor, config_file, sources, http, anchors)
+    return Settings(engine, definitions, executor, workflows, config_file, sources, http, anchors)
+
+
+def _modules(value: object, config_file: Path | None, in_env: bool) -> tuple[str, ...]:
+    """``workflows``: the file's list of module names, or JOBLEDGER_WORKFLOWS's
+    comma-separated ones (the environment wins, as for every setting)."""
+    if in_env:
+        return split_modules(os.environ[ENV_WORKFLOWS])
+    if value is None:
+        return ()
+    assert config_file is not None
+    if isinstance(value, str):
+        value = [value]  # one module needs no list
+    if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
+        raise ConfigError(
+            f"config file {str(config_file)!r}: workflows must be a list of module names"
+        )
+    return tuple(value)
+
+
+def split_modules(names: str) -> tuple[str, ...]:
+    """``a, b.c`` -> ``("a", "b.c")``: blanks and empty names dropped."""
+    return tuple(name.strip() for name in names.split(",") if name.strip())
 
 
 def signing_settings(values: dict[str, Any], config_file: Path) -> dict[str, Path]:
@@ -210,6 +240,17 @@ def _string(value: object, key: str, source: Path) -> str:
     return value
 
 
+def importable_beside(config_file: Path | None) -> None:
+    """Make the config file's directory importable first, then the current directory, as
+    it is for ``python -m``: a deployment's own modules sit beside its config."""
+    roots = [os.getcwd()]
+    if config_file is not None:
+        roots.insert(0, str(config_file.parent.absolute()))
+    for root in reversed(roots):
+        if root not in sys.path:
+            sys.path.insert(0, root)
+
+
 def load_executor(spec: str, config_file: Path | None = None) -> StepExecutor:
     """Import ``module:attr``; a class or a factory is called with no arguments. The
     config file's directory is importable first, then the current directory, as it is
@@ -217,12 +258,7 @@ def load_executor(spec: str, config_file: Path | None = None) -> StepExecutor:
     module_name, _, attr = spec.partition(":")
     if not module_name or not attr:
         raise ConfigError(f"executor {spec!r} must be an import path like 'package.module:Name'")
-    roots = [os.getcwd()]
-    if config_file is not None:
-        roots.insert(0, str(config_file.parent.absolute()))
-    for root in reversed(roots):
-        if root not in sys.path:
-            sys.path.insert(0, root)
+    importable_beside(config_file)
     try:
         target: Any = importlib.import_module(module_name)
     except ImportError as error:

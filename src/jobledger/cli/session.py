@@ -6,9 +6,9 @@ from __future__ import annotations
 import functools
 import inspect
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import IntEnum
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Concatenate, Literal, ParamSpec, TypeVar
@@ -18,6 +18,7 @@ from eventsourcing.persistence import PersistenceError
 
 from jobledger.adapters.event_store import StoreMode
 from jobledger.adapters.notifier import MemoryNotifier
+from jobledger.cli.code_modules import CodeModules, load_code
 from jobledger.cli.config_file import Settings, load_executor, load_settings
 from jobledger.cli.logs import OneShotLogFormatOption, OneShotLogLevelOption, configure_one_shot
 from jobledger.domain.errors import (
@@ -32,11 +33,17 @@ from jobledger.domain.errors import (
 )
 from jobledger.domain.redaction import redact
 from jobledger.engine.engine import Engine
-from jobledger.orchestration.ports import Notifier, Queue, StepExecutor
+from jobledger.orchestration.ports import Notifier, Queue, StepExecutor, WorkflowRegistry
 from jobledger.orchestration.registry import FunctionRegistry
+from jobledger.workflows.loader import load_definitions
+from jobledger.workflows.registries import Registries
+from jobledger.workflows.replayer import CodeRegistry
+from jobledger.workflows.resolver import DefinitionRegistry
+from jobledger.workflows.serving import require_served, task_names
 
 if TYPE_CHECKING:
-    from jobledger.orchestration.ports import WorkflowRegistry
+    from jobledger.engine.bootstrap import Parts
+    from jobledger.workflows.definition import WorkflowDefinition
 
 
 class Exit(IntEnum):
@@ -93,11 +100,23 @@ ConfigOption = Annotated[
     typer.Option(
         "--config",
         metavar="FILE",
-        help="TOML file: EngineConfig fields, plus definitions = DIR and executor = 'module:attr'.",
+        help="TOML file: EngineConfig fields, plus definitions = DIR, executor = "
+        "'module:attr' and workflows = ['module', ...].",
         show_default=False,
     ),
 ]
 JsonFlag = Annotated[bool, typer.Option("--json", help="Print JSON on stdout instead of tables.")]
+WorkflowsOption = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--workflows",
+        metavar="MODULE",
+        help="A module of @workflow and @step functions (importable from the config "
+        "file's directory or the current one); repeat for several. Overrides workflows "
+        "in the config file and JOBLEDGER_WORKFLOWS.",
+        show_default=False,
+    ),
+]
 
 TailOption = Literal["store", "config", "json", "logs"]
 """The options a one-shot command's signature ends with: ``logs`` is ``--log-level`` and
@@ -137,6 +156,7 @@ class OneShot:
         mode: StoreMode = "existing",
         definitions: bool = False,
         executor: bool = False,
+        workflows: Sequence[str] | None = None,
         notifier: Notifier | None = None,
     ) -> AbstractContextManager[Engine]:
         """:func:`open_engine` on the store and config file these options name."""
@@ -147,6 +167,7 @@ class OneShot:
             mode=mode,
             definitions=definitions,
             executor=executor,
+            workflows=workflows or (),
             notifier=notifier,
         )
 
@@ -204,6 +225,7 @@ def open_engine(
     purpose: str,
     definitions: bool = False,
     executor: bool = False,
+    workflows: Sequence[str] = (),
     notifier: Notifier | None = None,
     mode: StoreMode = "existing",
     transport: Literal["local", "kafka"] | None = None,
@@ -212,64 +234,105 @@ def open_engine(
     metrics: bool | None = None,
 ) -> Iterator[Engine]:
     """An engine on the configured store, closed afterwards. ``definitions`` and
-    ``executor`` say whether the command needs them (only then are they loaded).
+    ``executor`` say whether the command resolves workflows and runs steps (only then are
+    the definitions, the workflows modules and the executor loaded); ``workflows`` (the
+    ``--workflows`` flag) wins over the configured modules.
     ``mode``: only the commands that write jobs create a store; the ones that only read
     say ``read`` (no lock, no DDL). ``transport`` (the ``--transport`` flag) wins over
     the configured one; the queue is chosen from it when the engine is built, unless
     ``queue`` is given. ``metrics_port`` (the ``--metrics-port`` flag) wins over the
     configured one; ``metrics`` True keeps metrics without a port of their own (the HTTP
     API serves them), False keeps none whatever is configured (a one-off command)."""
-    settings = load_settings(config, store_url)
+    settings = with_workflows(load_settings(config, store_url), workflows)
     engine_config = settings.engine
     if transport is not None:
         engine_config = engine_config.model_copy(update={"transport": transport})
     if metrics_port is not None or metrics is False:
         engine_config = engine_config.model_copy(update={"metrics_port": metrics_port})
     _require(settings, purpose, definitions=definitions, executor=executor)
-    # Commands that run no step need no definitions (loading them costs start-up time).
-    registry = _registry(settings, purpose) if definitions else FunctionRegistry()
-    engine = Engine.open(
-        registry=registry,
-        executor=_executor(settings, purpose) if executor else None,
-        config=engine_config,
-        notifier=notifier,
-        store_mode=mode,
-        queue=queue,
-        metrics=bool(metrics),
-    )
+    parts = _served(settings, purpose, definitions=definitions, executor=executor)
+    parts["notifier"], parts["store_mode"] = notifier, mode
+    parts["queue"], parts["metrics"] = queue, bool(metrics)
+    engine = Engine.open(config=engine_config, **parts)
     try:
         yield engine
     finally:
         engine.close()
 
 
+def with_workflows(settings: Settings, workflows: Sequence[str]) -> Settings:
+    """The settings with the ``--workflows`` modules, when the flag gave any."""
+    if not workflows:
+        return settings
+    sources = {**settings.sources, "workflows": "flag"}
+    return replace(settings, workflows=tuple(workflows), sources=sources)
+
+
 def _require(settings: Settings, purpose: str, *, definitions: bool, executor: bool) -> None:
-    """Every setting the command needs and lacks, named at once (not one per attempt)."""
+    """Every setting the command needs and lacks, named at once (not one per attempt). Code
+    workflows stand for both: their step functions are the executor."""
     missing = []
-    if definitions and settings.definitions is None:
-        missing.append("workflow definitions (definitions = DIR, or JOBLEDGER_DEFINITIONS)")
-    if executor and settings.executor is None:
-        missing.append("a step executor (executor = 'module:attr', or JOBLEDGER_EXECUTOR)")
+    code = bool(settings.workflows)
+    if definitions and settings.definitions is None and not code:
+        missing.append(
+            "workflow definitions (definitions = DIR, or JOBLEDGER_DEFINITIONS) or code "
+            "workflows (workflows = [modules], or JOBLEDGER_WORKFLOWS)"
+        )
+    if executor and settings.executor is None and not code:
+        missing.append(
+            "a step executor (executor = 'module:attr', or JOBLEDGER_EXECUTOR) or step "
+            "functions (workflows = [modules])"
+        )
     if missing:
         where = "the config file" if settings.config_file else "a config file (jobledger.toml)"
         raise ConfigError(f"{purpose} needs {' and '.join(missing)}: set them in {where}")
 
 
-def _registry(settings: Settings, purpose: str) -> WorkflowRegistry:
-    from jobledger.workflows import DefinitionRegistry
+def _served(settings: Settings, purpose: str, *, definitions: bool, executor: bool) -> Parts:
+    """The registry and executor parts of the engine. Commands that run no step get one
+    registry and no executor (the executor is not imported); those that run steps get the
+    code workflows, the definitions and the step functions, and every task a workflow
+    names must be served (by a function, or by the executor)."""
+    loaded = executor and settings.executor is not None
+    if not definitions:
+        return {"registry": FunctionRegistry(), "executor": _executor(settings) if loaded else None}
+    declared = _definitions(settings)
+    if not settings.workflows:
+        registry = DefinitionRegistry(declared)
+        return {"registry": registry, "executor": _executor(settings) if loaded else None}
+    code = load_code(settings.workflows, settings.config_file)
+    if not executor:
+        return {"registry": _registry(code, declared)}
+    given = _executor(settings) if loaded else None
+    if given is None:
+        _require_served(purpose, code, declared)
+    return {"workflows": [*code.workflows, *declared], "tasks": code.tasks, "executor": given}
 
-    if settings.definitions is None:
+
+def _definitions(settings: Settings) -> list[WorkflowDefinition]:
+    return [] if settings.definitions is None else load_definitions(settings.definitions)
+
+
+def _registry(code: CodeModules, declared: Sequence[WorkflowDefinition]) -> WorkflowRegistry:
+    try:
+        return Registries([CodeRegistry(code.workflows), DefinitionRegistry(declared)])
+    except ValueError as error:  # a (type, version) both define
+        raise ConfigError(str(error)) from None
+
+
+def _require_served(
+    purpose: str, code: CodeModules, declared: Sequence[WorkflowDefinition]
+) -> None:
+    """Refused here, before the store opens, and saying what to do about it."""
+    try:
+        require_served(task_names([*code.workflows, *declared], code.tasks))
+    except ConfigError as error:
         raise ConfigError(
-            f"{purpose} needs workflow definitions: set definitions = DIR in the --config "
-            "file or JOBLEDGER_DEFINITIONS"
-        )
-    return DefinitionRegistry.from_directory(settings.definitions)
+            f"{purpose}: {error}: add @step functions for them to the workflows modules "
+            f"({code.label}), or set executor = 'module:attr' for the rest"
+        ) from None
 
 
-def _executor(settings: Settings, purpose: str) -> StepExecutor:
-    if settings.executor is None:
-        raise ConfigError(
-            f"{purpose} needs a step executor: set executor = 'module:attr' in the --config "
-            "file or JOBLEDGER_EXECUTOR"
-        )
+def _executor(settings: Settings) -> StepExecutor:
+    assert settings.executor is not None  # asked only when it is set
     return load_executor(settings.executor, settings.config_file)

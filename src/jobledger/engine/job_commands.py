@@ -53,6 +53,7 @@ from jobledger.orchestration.child_jobs import child_budget
 from jobledger.orchestration.orchestrator import Orchestrator
 from jobledger.orchestration.ports import Tick, TokenClaims, WorkflowRegistry
 from jobledger.workflows.code import CodeWorkflow
+from jobledger.workflows.registries import code_workflow
 
 if TYPE_CHECKING:
     from jobledger.audit.replay import ReplayReport
@@ -858,6 +859,8 @@ class JobCommands:
                 now=now,
                 default_wait_ms=self._config.ticks.default_wait_ms,
                 kept_until=self._jobs.kept_until(job),
+                # A code workflow is checked as the engine checks its replay.
+                step_inputs=code_workflow(self._registry, job.workflow_type, to_version) is None,
             )
             migration.migrate(job, report, to_version, by=by, reason=reason, now=now)
             reports.append(report)

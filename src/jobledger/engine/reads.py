@@ -13,13 +13,17 @@ from jobledger.domain.errors import (
     UnknownWorkflowError,
 )
 from jobledger.domain.identity import job_uuid
+from jobledger.domain.job import Job
 from jobledger.domain.views import ChildRow, FamilyView, HistoryEntry, JobView
 from jobledger.engine.bootstrap import Deps
 from jobledger.engine.job_finder import JobFinder
+from jobledger.workflows.code import CodeWorkflow
+from jobledger.workflows.definition import WorkflowDefinition
+from jobledger.workflows.registries import code_workflow
+from jobledger.workflows.replayer import CodeRegistry
 
 if TYPE_CHECKING:
     from jobledger.audit.replay import ReplayReport
-    from jobledger.workflows.definition import WorkflowDefinition
 
 
 class JobReader:
@@ -88,41 +92,47 @@ class JobReader:
         self,
         tenant_id: str,
         job_id: str,
-        definition: WorkflowDefinition | None = None,
+        definition: WorkflowDefinition | CodeWorkflow | None = None,
         *,
         version: int | None = None,
     ) -> ReplayReport:
-        """Replay the job's recorded decisions against ``definition``, or against
-        ``version`` of the registry's (default: the job's own). Pure: nothing runs and
-        nothing is written."""
-        from jobledger.audit.replay import replay_job
-
+        """Replay the job's recorded decisions against ``definition`` (a definition or a
+        code workflow), or against ``version`` of the registry's (default: the job's
+        own). Pure: nothing runs and nothing is written."""
         job = self._jobs.load(tenant_id, job_id)
         events = self._deps.store.events(job.id)
-        wait_ms = self._deps.config.ticks.default_wait_ms
         if definition is not None:
-            return replay_job(events, definition, default_wait_ms=wait_ms)
+            return self._replay(events, definition)
         target = job.workflow_version if version is None else version
         registry = self._deps.deployment.registry
         if not registry.has(job.workflow_type, target):
             raise UnknownWorkflowError(f"unknown workflow {job.workflow_type!r} v{target}")
+        code = code_workflow(registry, job.workflow_type, target)
+        if code is not None:
+            return self._replay(events, code)
+        from jobledger.audit.replay import replay_job
+
+        wait_ms = self._deps.config.ticks.default_wait_ms
         return replay_job(events, registry.resolve, version=target, default_wait_ms=wait_ms)
 
     def replay_all(
         self,
-        definition: WorkflowDefinition,
+        definition: WorkflowDefinition | CodeWorkflow,
         *,
         statuses: Sequence[str] = (),
         tenant_id: str | None = None,
+        pinned: bool = False,
         progress: Callable[[int, int], None] | None = None,
     ) -> list[ReplayReport]:
-        """Replay every job of the definition's type (only in ``statuses``, only of
-        ``tenant_id``, when given) against it, as the status view lists them after
-        catching up with the log; sorted by tenant and job. ``progress(done, total)`` is
-        told before the first job and after each. Pure, like :meth:`replay`."""
+        """Replay every job of the definition's (or code workflow's) type (only in
+        ``statuses``, only of ``tenant_id``, only those pinned to its version with
+        ``pinned``, when given) against it, as the status view lists them after catching
+        up with the log; sorted by tenant and job. ``pinned`` is the check before a
+        deploy of new code under the same version: would the jobs it runs replay?
+        ``progress(done, total)`` is told before the first job and after each. Pure,
+        like :meth:`replay`."""
         from jobledger.audit.errors import ReplayError
         from jobledger.audit.log import events_of, read_jobs
-        from jobledger.audit.replay import replay_job
         from jobledger.projections import JobViews
 
         store = self._deps.store
@@ -132,6 +142,7 @@ class JobReader:
             tenant_id=tenant_id,
             status_in=list(statuses),
             workflow_type=definition.type,
+            workflow_version=definition.version if pinned else None,
             limit=2**62,
         )
         uuids = sorted(job_uuid(row.tenant_id, row.job_id) for row in rows)
@@ -140,11 +151,34 @@ class JobReader:
             progress(0, len(uuids))
         for found, records in read_jobs(store, uuids):
             try:
-                events = events_of(records)
-                wait_ms = self._deps.config.ticks.default_wait_ms
-                reports.append(replay_job(events, definition, default_wait_ms=wait_ms))
+                reports.append(self._replay(events_of(records), definition))
             except ReplayError as error:
                 raise ReplayError(f"job {found}: {error}") from None
             if progress is not None:
                 progress(len(reports), len(uuids))
         return sorted(reports, key=lambda report: (report.tenant_id, report.job_id))
+
+    def _replay(
+        self, events: Sequence[Job.Event], definition: WorkflowDefinition | CodeWorkflow
+    ) -> ReplayReport:
+        """A code workflow replays its body against each step's history, under the rule
+        the engine checks it by (a step's arguments may change, not what it is)."""
+        from jobledger.audit.errors import ReplayError
+        from jobledger.audit.replay import replay_job
+
+        wait_ms = self._deps.config.ticks.default_wait_ms
+        if isinstance(definition, WorkflowDefinition):
+            return replay_job(events, definition, default_wait_ms=wait_ms)
+        submitted = events[0] if events else None
+        if isinstance(submitted, Job.Submitted) and submitted.workflow_type != definition.type:
+            raise ReplayError(
+                f"the job runs workflow {submitted.workflow_type!r}; the code is {definition.label}"
+            )
+        resolver = CodeRegistry([definition]).resolve
+        return replay_job(
+            events,
+            resolver,
+            version=definition.version,
+            default_wait_ms=wait_ms,
+            step_inputs=False,
+        )

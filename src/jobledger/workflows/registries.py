@@ -9,6 +9,8 @@ from typing import Any
 from jobledger.domain.errors import UnknownWorkflowError
 from jobledger.domain.steps import Resolution, ResolveRequest
 from jobledger.orchestration.ports import WorkflowRegistry
+from jobledger.workflows.code import CodeWorkflow
+from jobledger.workflows.replayer import CodeRegistry
 
 
 class Registries:
@@ -66,3 +68,15 @@ class Registries:
 
     def resolve(self, request: ResolveRequest) -> Resolution:
         return self._owner(request.workflow_type, request.workflow_version).resolve(request)
+
+
+def code_workflow(
+    registry: WorkflowRegistry, workflow_type: str, workflow_version: int
+) -> CodeWorkflow | None:
+    """The code workflow ``registry`` (or one of the registries it joins) resolves this
+    (type, version) with; None when a definition (or any other resolver) does."""
+    members = registry.registries if isinstance(registry, Registries) else (registry,)
+    for member in members:
+        if isinstance(member, CodeRegistry) and member.has(workflow_type, workflow_version):
+            return member.get(workflow_type, workflow_version)
+    return None
