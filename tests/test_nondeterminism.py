@@ -217,8 +217,7 @@ def test_changed_code_leaves_the_job_blocked_naming_the_step_and_the_old_code_fi
     deploys.clock.advance(timedelta(hours=1, seconds=1))
     with deploys.engine(new) as engine:
         engine.note_blocked_in(JobViews(engine.deps.store))
-        wake(engine)
-        before = engine.job("acme", "j")  # a timed-out wait records its timeout first
+        wake(engine)  # a timed-out wait is checked before its timeout would be written
         with pytest.raises(NonDeterminismError) as raised:
             engine.tick("acme", "j", reason="timer")
         error = raised.value
@@ -229,15 +228,11 @@ def test_changed_code_leaves_the_job_blocked_naming_the_step_and_the_old_code_fi
         )
         after = engine.job("acme", "j")
         assert (after.version, after.status, after.last_error) == (
-            before.version,
-            before.status,
+            waiting.version,
+            waiting.status,
             None,
         )
-        history = [entry.event_type for entry in engine.history("acme", "j")]
-        assert history[: len(events)] == events
-        assert "StepRecorded" not in history[len(events) :]
-        if waiting.status is JobStatus.WAITING_TIME:
-            assert (after.version, after.status) == (waiting.version, waiting.status)
+        assert [entry.event_type for entry in engine.history("acme", "j")] == events
         reason = f"at step {change.step} the history holds {change.recorded}, the code asks for"
         blocked = [e for e in deploys.ops.events if e.eventType == "job.deployment_blocked"]
         assert blocked and reason in blocked[-1].metadata["reason"]

@@ -299,6 +299,7 @@ class Orchestrator:
         if self._past_deadline(job, now):
             return Outcome.FAILED
         if job.is_overdue(now):
+            self._check_history(job, run, now)
             self._time_out(job, now)
             return None
         if run.steps == 0 and self._held_for_admission(job, now):
@@ -536,13 +537,8 @@ class Orchestrator:
 
     # ---- resolution and the cost ceiling ---------------------------------------------
 
-    def _resolve(self, job: Job, run: _Run, now: datetime) -> Resolution | Outcome:
-        """Pure resolution from the definition; a throw is a definition bug: fail the job.
-        Unless this worker has no definition for the job's pinned (type, version) at all,
-        or its code no longer replays the job's history: that is a deployment error (a
-        rolling deploy), and the job is left untouched. A code workflow's body that
-        raised fails the job, or retries under the workflow's policy, as a step would."""
-        request = ResolveRequest(
+    def _request(self, job: Job, run: _Run, now: datetime) -> ResolveRequest:
+        return ResolveRequest(
             workflow_type=job.workflow_type,
             workflow_version=job.workflow_version,
             budget=job.budget.to_dict(),
@@ -557,6 +553,26 @@ class Orchestrator:
             version=job.version,
             history=History(self.store, job.id, job.version, run.appended),
         )
+
+    def _check_history(self, job: Job, run: _Run, now: datetime) -> None:
+        """Before the engine itself writes to a waiting job (its timeout), a registry that
+        can tell (code workflows: ``check_history``) says whether this worker's code still
+        replays the job's history; if not, the job is left untouched, as resolving would."""
+        check = getattr(self.deployment.registry, "check_history", None)
+        if check is None:
+            return
+        try:
+            check(self._request(job, run, now))
+        except NonDeterminismError as error:
+            raise self._blocked(job, error) from None
+
+    def _resolve(self, job: Job, run: _Run, now: datetime) -> Resolution | Outcome:
+        """Pure resolution from the definition; a throw is a definition bug: fail the job.
+        Unless this worker has no definition for the job's pinned (type, version) at all,
+        or its code no longer replays the job's history: that is a deployment error (a
+        rolling deploy), and the job is left untouched. A code workflow's body that
+        raised fails the job, or retries under the workflow's policy, as a step would."""
+        request = self._request(job, run, now)
         registry = self.deployment.registry  # one throughout, should a reload swap it
         try:
             return registry.resolve(request)

@@ -66,6 +66,13 @@ class Registries:
         if check is not None:
             check(workflow_type, workflow_version, state)
 
+    def check_history(self, request: ResolveRequest) -> None:
+        """The owner's history check, if it has one (code workflows do)."""
+        owner = self._owner(request.workflow_type, request.workflow_version)
+        check = getattr(owner, "check_history", None)
+        if check is not None:
+            check(request)
+
     def resolve(self, request: ResolveRequest) -> Resolution:
         return self._owner(request.workflow_type, request.workflow_version).resolve(request)
 

@@ -189,8 +189,18 @@ class Suspended:
         self.body: Coroutine[Any, Any, Any] = workflow.body(self.context, **arguments)
 
     def advance(self) -> Resolution:
-        """Feed the body every ended entry it has not had, checking each against what it
-        asks for, and return its next step."""
+        """Feed the body every entry it has not had, checking each against what it asks
+        for, and return its next step."""
+        self._feed(open_wait=False)
+        assert self.resolution is not None
+        return self.resolution
+
+    def check(self) -> None:
+        """Feed the body the ended entries and check them all, the last one included
+        when it is a wait still open (it is checked, not fed)."""
+        self._feed(open_wait=True)
+
+    def _feed(self, *, open_wait: bool) -> None:
         entries = self.journal.entries
         if self.pending is None and not self.finished:
             self._send(None, first=True)
@@ -201,14 +211,14 @@ class Suspended:
                 entries.popleft()
                 continue
             if not entry.ended:
+                if open_wait:
+                    return
                 raise RuntimeError(f"step {entry.step_number} has not ended: nothing to resolve")
             entries.popleft()
             self.position += 1
             self.visits[entry.step_name or entry.step_type] += 1
             self.context._woken(self.position, entry.ended_at or self.context.now())
             self._send(entry.value)
-        assert self.resolution is not None
-        return self.resolution
 
     def _check(self, entry: Entry) -> None:
         """The body's command must be the step the history recorded at this place."""
@@ -399,6 +409,32 @@ class CodeRegistry:
         if key is not None and not suspended.finished:
             self._keep(key, request.version, suspended)
         return resolution
+
+    def check_history(self, request: ResolveRequest) -> None:
+        """Raise NonDeterminismError if the body no longer replays the job's history, the
+        wait it is in included: asked before the engine ends that wait itself (a timeout),
+        so a job the code cannot go on with is left untouched. A body that raises or an
+        input it refuses is not checked here: resolving reports those."""
+        workflow = self.get(request.workflow_type, request.workflow_version)
+        if request.history is None:
+            return
+        if request.job_uuid is not None:
+            with self._lock:
+                hot = self._hot.get(request.job_uuid)
+            if hot is not None and hot[1].workflow is workflow and hot[0] == request.version:
+                return  # this body replayed exactly this history
+        journal = Journal()
+        journal.take(request.history(0))
+        try:
+            suspended = Suspended(workflow, journal)
+        except ValueError:
+            return
+        try:
+            suspended.check()
+        except WorkflowBodyError:
+            return
+        finally:
+            suspended.body.close()
 
     def _warm(self, kept: Suspended, request: ResolveRequest) -> Suspended | None:
         """Feed a suspended body what was recorded since; None if it no longer fits (the
