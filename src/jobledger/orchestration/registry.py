@@ -3,7 +3,7 @@ version. (Declarative YAML/JSON definitions build on the same WorkflowRegistry p
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from jobledger.domain.erasure import path_problem
@@ -11,6 +11,24 @@ from jobledger.domain.errors import UnknownWorkflowError
 from jobledger.domain.steps import Resolution, ResolveRequest
 
 Resolver = Callable[[ResolveRequest], Resolution]
+
+
+def newest_version(keys: Iterable[tuple[str, int]], workflow_type: str) -> int:
+    """The highest version of ``workflow_type`` among a registry's (type, version) keys."""
+    versions = [v for (t, v) in keys if t == workflow_type]
+    if not versions:
+        raise UnknownWorkflowError(f"unknown workflow type {workflow_type!r}")
+    return max(versions)
+
+
+def unknown_workflow(
+    keys: Iterable[tuple[str, int]], workflow_type: str, workflow_version: int
+) -> UnknownWorkflowError:
+    """A registry has no (type, version): the error names the versions it has."""
+    known = ", ".join(f"v{v}" for (t, v) in sorted(keys) if t == workflow_type)
+    return UnknownWorkflowError(
+        f"unknown workflow {workflow_type!r} v{workflow_version} (known: {known or 'none'})"
+    )
 
 
 class FunctionRegistry:
@@ -36,10 +54,7 @@ class FunctionRegistry:
         self._personal[(workflow_type, version)] = tuple(personal_data)
 
     def latest_version(self, workflow_type: str) -> int:
-        versions = [v for (t, v) in self._workflows if t == workflow_type]
-        if not versions:
-            raise UnknownWorkflowError(f"unknown workflow type {workflow_type!r}")
-        return max(versions)
+        return newest_version(self._workflows, workflow_type)
 
     def has(self, workflow_type: str, workflow_version: int) -> bool:
         return (workflow_type, workflow_version) in self._workflows
@@ -56,13 +71,7 @@ class FunctionRegistry:
     def resolve(self, request: ResolveRequest) -> Resolution:
         key = (request.workflow_type, request.workflow_version)
         if key not in self._workflows:
-            known = ", ".join(
-                f"v{v}" for (t, v) in sorted(self._workflows) if t == request.workflow_type
-            )
-            raise UnknownWorkflowError(
-                f"unknown workflow {request.workflow_type!r} v{request.workflow_version} "
-                f"(known: {known or 'none'})"
-            )
+            raise unknown_workflow(self._workflows, *key)
         return self._workflows[key](request)
 
 

@@ -26,7 +26,7 @@ from jobledger.domain.erasure import path_problem
 from jobledger.domain.fan_out import MapRequest
 from jobledger.domain.status import JobStatus
 from jobledger.domain.steps import ApprovalSpec, Resolution, RetryPolicy
-from jobledger.workflows.tasks import ARGS_PARAM, TASK_PARAM, Task
+from jobledger.workflows.tasks import ARGS_PARAM, TASK_PARAM, Task, field_problems
 
 SLEEP: Final = "sleep"
 WAIT_EVENT: Final = "wait_event"
@@ -419,7 +419,7 @@ class CodeWorkflow:
         try:
             model = self._inputs.model_validate(dict(state))
         except ValidationError as error:
-            raise ValueError(f"{self.label} input: {_problems(error)}") from None
+            raise ValueError(f"{self.label} input: {field_problems(error)}") from None
         return {name: getattr(model, name) for name in self._parameters}
 
     def input_of_item(self, item: Any) -> dict[str, Any]:
@@ -435,7 +435,7 @@ class CodeWorkflow:
         try:
             return self._returns.dump_python(self._returns.validate_python(value), mode="json")
         except (ValidationError, ValueError, TypeError) as error:
-            detail = _problems(error) if isinstance(error, ValidationError) else str(error)
+            detail = field_problems(error) if isinstance(error, ValidationError) else str(error)
             raise ValueError(f"{self.label} returned a value it cannot record: {detail}") from None
 
     def decode_child_result(self, value: Any) -> Any:
@@ -473,11 +473,3 @@ def workflow(
         )
 
     return bind
-
-
-def _problems(error: ValidationError) -> str:
-    parts = []
-    for problem in error.errors():
-        where = ".".join(str(part) for part in problem["loc"])
-        parts.append(f"field {where!r}: {problem['msg']}" if where else problem["msg"])
-    return "; ".join(parts)

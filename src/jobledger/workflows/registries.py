@@ -6,9 +6,9 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from jobledger.domain.errors import UnknownWorkflowError
 from jobledger.domain.steps import Resolution, ResolveRequest
 from jobledger.orchestration.ports import WorkflowRegistry
+from jobledger.orchestration.registry import newest_version, unknown_workflow
 from jobledger.workflows.code import CodeWorkflow
 from jobledger.workflows.replayer import CodeRegistry
 
@@ -30,17 +30,11 @@ class Registries:
     def _owner(self, workflow_type: str, workflow_version: int) -> WorkflowRegistry:
         owner = self._owners.get((workflow_type, workflow_version))
         if owner is None:
-            known = ", ".join(f"v{v}" for t, v in self.known() if t == workflow_type) or "none"
-            raise UnknownWorkflowError(
-                f"unknown workflow {workflow_type!r} v{workflow_version} (known: {known})"
-            )
+            raise unknown_workflow(self._owners, workflow_type, workflow_version)
         return owner
 
     def latest_version(self, workflow_type: str) -> int:
-        versions = [v for t, v in self._owners if t == workflow_type]
-        if not versions:
-            raise UnknownWorkflowError(f"unknown workflow type {workflow_type!r}")
-        return max(versions)
+        return newest_version(self._owners, workflow_type)
 
     def has(self, workflow_type: str, workflow_version: int) -> bool:
         return (workflow_type, workflow_version) in self._owners

@@ -29,13 +29,13 @@ from uuid import UUID
 from jobledger.domain.errors import (
     NonDeterminismError,
     StepError,
-    UnknownWorkflowError,
     WorkflowBodyError,
 )
 from jobledger.domain.job import Job
 from jobledger.domain.status import JobStatus
 from jobledger.domain.steps import Resolution, ResolveRequest
 from jobledger.domain.transition import input_sha256
+from jobledger.orchestration.registry import newest_version, unknown_workflow
 from jobledger.workflows.code import (
     APPROVED,
     EXPIRED,
@@ -354,10 +354,7 @@ class CodeRegistry:
     def get(self, workflow_type: str, workflow_version: int) -> CodeWorkflow:
         found = self._workflows.get((workflow_type, workflow_version))
         if found is None:
-            known = ", ".join(f"v{v}" for t, v in self.known() if t == workflow_type) or "none"
-            raise UnknownWorkflowError(
-                f"unknown workflow {workflow_type!r} v{workflow_version} (known: {known})"
-            )
+            raise unknown_workflow(self._workflows, workflow_type, workflow_version)
         return found
 
     def workflows(self) -> list[CodeWorkflow]:
@@ -366,10 +363,7 @@ class CodeRegistry:
     # ---- the WorkflowRegistry port ---------------------------------------------------
 
     def latest_version(self, workflow_type: str) -> int:
-        versions = [v for t, v in self._workflows if t == workflow_type]
-        if not versions:
-            raise UnknownWorkflowError(f"unknown workflow type {workflow_type!r}")
-        return max(versions)
+        return newest_version(self._workflows, workflow_type)
 
     def has(self, workflow_type: str, workflow_version: int) -> bool:
         return (workflow_type, workflow_version) in self._workflows

@@ -125,7 +125,7 @@ class Task:
         try:
             model = self._inputs.model_validate(bound)
         except ValidationError as error:
-            raise ValueError(f"step {self.name!r}: {_fields(error)}") from None
+            raise ValueError(f"step {self.name!r}: {field_problems(error)}") from None
         return model.model_dump(mode="json")
 
     def decode_args(self, args: Mapping[str, Any], *, extra: bool = False) -> dict[str, Any]:
@@ -137,7 +137,7 @@ class Task:
             model = self._inputs.model_validate(given)
         except ValidationError as error:
             raise StepError(
-                f"step {self.name!r}: input {_fields(error)}", kind="invalid_input"
+                f"step {self.name!r}: input {field_problems(error)}", kind="invalid_input"
             ) from None
         return {name: getattr(model, name) for name in wanted}
 
@@ -157,7 +157,7 @@ class Task:
         try:
             return self._output.dump_python(self._output.validate_python(value), mode="json")
         except (ValidationError, ValueError, TypeError) as error:
-            detail = _fields(error) if isinstance(error, ValidationError) else str(error)
+            detail = field_problems(error) if isinstance(error, ValidationError) else str(error)
             raise StepError(
                 f"step {self.name!r} returned a value that is not its declared "
                 f"{self._returns_name}: {detail}",
@@ -259,7 +259,7 @@ def _context(request: StepRequest) -> StepContext:
     )
 
 
-def _fields(error: ValidationError) -> str:
+def field_problems(error: ValidationError) -> str:
     """Each problem with the field it is in: ``field 'notes': Input should be ...``."""
     parts = []
     for problem in error.errors():
