@@ -346,9 +346,13 @@ class JobCommands:
         """Append Submitted (and its key); a job or key that already exists is returned
         when it is the same request, refused when it is a different one."""
         key = job.submit_key
+        # Handed to the job's first tick: a code workflow's first replay reads its submit
+        # from here, not back from the store.
+        submitted = list(job.pending_events)
         try:
             if key is None:
                 self._store.append(job)
+                self._orchestrator.last_appends.keep(job.id, submitted)  # type: ignore[arg-type]
                 return job
             holder = self._append_with_submit_key(job, key)
         except VersionConflict:
@@ -365,6 +369,8 @@ class JobCommands:
         if holder is not job:
             # A racing submit with the key won: this one is judged as a later repeat is.
             self._check_same_key(holder, asked, key)
+        else:
+            self._orchestrator.last_appends.keep(job.id, submitted)  # type: ignore[arg-type]
         return holder
 
     def _check_same_key(self, holder: Job, asked: _Asked, key: str) -> None:
