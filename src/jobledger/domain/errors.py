@@ -272,3 +272,14 @@ class ScheduleExistsError(JobLedgerError):
 class ScheduleStateError(JobLedgerError):
     """The command does not apply to the schedule as it is (pausing a paused schedule,
     anything but reading a deleted one)."""
+
+
+class DeadLetterError(JobLedgerError):
+    """A dead-letter command was refused (a bad id or filter, or a redrive that names
+    nothing and would take every letter without ``--all``); nothing was sent."""
+
+
+class UnknownDeadLetterError(DeadLetterError):
+    def __init__(self, letter_id: str) -> None:
+        super().__init__(f"no dead letter {letter_id!r}")
+        self.letter_id = letter_id
