@@ -6,22 +6,32 @@ SIGKILL) then run again, and the same over the CLI and the HTTP API (admins only
 
 from __future__ import annotations
 
+import threading
 from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
 from kafka import KafkaProducer
 
+from jobledger import Engine, EngineConfig, JobStatus
+from jobledger.adapters.kafka import SignalMessage
 from jobledger.adapters.kafka.dead_letters import (
     DeadLetters,
     LetterFilter,
     Selection,
 )
 from jobledger.adapters.kafka.messages import encode_tick, job_key
+from jobledger.adapters.kafka.worker import KafkaWorker
+from jobledger.adapters.ops import MemoryOps
 from jobledger.domain.errors import DeadLetterError, UnknownDeadLetterError
 from jobledger.orchestration.ports import Tick
-from tests.support.kafka_broker import KafkaTopics, headers, read_topic
+from tests.support.engines import TOKEN_SECRET, CountingExecutor, agent_steps
+from tests.support.engines import open_engine as build_engine
+from tests.support.kafka_broker import KafkaTopics, headers, read_topic, wait_for
+from tests.support.workflows import DONE, STEP, linear_registry, wait_event
 
 TENANT = "acme"
 
@@ -155,3 +165,107 @@ def test_a_redrive_sends_the_original_back_once_and_again_only_when_forced(
     )
     assert counts == {(str(a.id), "1"): 1, (str(b.id), "1"): 1, (str(a.id), "2"): 1}
     assert [r.by for r in letters.get(str(a.id)).redrives] == ["ops", "ops2"]
+
+
+# ---- through the worker and the engine (both stores) ------------------------------------
+
+
+def open_engine(store_url: str, topics: KafkaTopics, executor: Any, **config: Any) -> Engine:
+    settings = EngineConfig(
+        **{
+            "store_url": store_url,
+            "worker_id": "w0",
+            "token_secret": TOKEN_SECRET,
+            "inline_resume_max_delay_ms": 0,
+            **topics.config(),
+            **config,
+        }
+    )
+    registry = linear_registry(
+        {"agent3": agent_steps(3), "wait": [STEP, wait_event("invoice.paid"), STEP, DONE]}
+    )
+    return build_engine(registry=registry, executor=executor, config=settings, ops=MemoryOps())
+
+
+@contextmanager
+def running(worker: KafkaWorker) -> Iterator[KafkaWorker]:
+    thread = threading.Thread(target=worker.run, daemon=True)
+    thread.start()
+    try:
+        yield worker
+    finally:
+        worker.stop()
+        thread.join(timeout=30)
+        assert not thread.is_alive()
+
+
+def test_a_tick_and_a_signal_for_a_job_not_there_yet_are_redriven_after_its_submit_once(
+    store_url: str, kafka_topics: KafkaTopics
+) -> None:
+    """A tick and a signal that came before their job are dead-lettered (unknown_job); once
+    the jobs exist, a redrive runs the one and delivers the other. Redriven again (forced)
+    they run no step twice and deliver no signal twice."""
+    executor = CountingExecutor()
+    engine = open_engine(store_url, kafka_topics, executor)
+    # Submitted on the local transport: no tick of its own, only the redriven one runs it.
+    submitter = open_engine(store_url, kafka_topics, executor, transport="local")
+    producer = raw_producer(kafka_topics)
+    tick = encode_tick(Tick(TENANT, "early", "create"), dedupe_key="create", enqueued_at_ms=0)
+    producer.send(kafka_topics.ticks, key=job_key(TENANT, "early"), value=tick)
+    paid = SignalMessage(TENANT, "waiter", "invoice.paid", "evt-1", {"amount": 120})
+    producer.send(kafka_topics.signals, key=paid.key, value=paid.encode())
+    producer.flush()
+    letters = DeadLetters(kafka_topics.settings())
+    handled: list[tuple[str, str]] = []  # (redrive_of, count) of each redriven message done with
+
+    def note(record: Any) -> None:
+        meta = headers(record)
+        if "jobledger.redrive.of" in meta:
+            handled.append((meta["jobledger.redrive.of"], meta["jobledger.redrive.count"]))
+
+    worker = KafkaWorker(engine, kafka_topics.settings(), after_effect=note)
+    with running(worker):
+        wait_for(lambda: worker.stats.dead_lettered == 2, 30, "both dead-lettered")
+        assert [x.reason for x in letters.read()] == ["unknown_job", "unknown_job"]
+
+        submitter.submit(TENANT, "early", "agent3")
+        engine.submit(TENANT, "waiter", "wait")
+        wait_for(lambda: status(engine, "waiter") is JobStatus.WAITING_EVENT, 30, "it waits")
+        assert status(engine, "early") is JobStatus.QUEUED
+        report = letters.redrive(Selection(filter=LetterFilter(reason="unknown_job")), by="ops")
+        assert len(report.sent) == 2
+        wait_for(lambda: all_done(engine, ["early", "waiter"]), 60, "redriven, both ran")
+
+        forced = letters.redrive(Selection(every=True), by="ops", force=True)
+        assert len(forced.sent) == 2
+        wait_for(lambda: len(handled) == 4, 30, "both redrives handled")
+    assert sorted(count for _, count in handled) == ["1", "1", "2", "2"]
+    assert worker.stats.outcomes["signal_duplicate"] == 1
+    assert worker.stats.dead_lettered == 2  # the redriven messages were handled, not refused
+    assert set(executor.calls.values()) == {1}
+    assert sorted(executor.calls) == [
+        *(f"acme/early:step:{n}" for n in (1, 2, 3)),
+        *(f"acme/waiter:step:{n}" for n in (1, 3)),  # step 2 is the wait
+    ]
+    for job in ("early", "waiter"):
+        assert status(engine, job) is JobStatus.COMPLETED
+        steps = Counter(
+            e.data["idempotency_key"]
+            for e in engine.history(TENANT, job)
+            if e.event_type == "StepRecorded"
+        )
+        assert set(steps.values()) == {1}
+        assert engine.verify(TENANT, job) is None
+    resumed = [e for e in engine.history(TENANT, "waiter") if e.event_type == "Resumed"]
+    assert len(resumed) == 1
+    assert engine.job(TENANT, "waiter").state["amount"] == 120
+    submitter.close()
+    engine.close()
+
+
+def status(engine: Engine, job: str) -> JobStatus:
+    return engine.job(TENANT, job).status
+
+
+def all_done(engine: Engine, jobs: list[str]) -> bool:
+    return all(status(engine, job).is_terminal for job in jobs)
