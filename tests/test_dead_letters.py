@@ -6,11 +6,14 @@ SIGKILL) then run again, and the same over the CLI and the HTTP API (admins only
 
 from __future__ import annotations
 
+import json
+import subprocess
 import threading
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -28,6 +31,7 @@ from jobledger.adapters.kafka.worker import KafkaWorker
 from jobledger.adapters.ops import MemoryOps
 from jobledger.domain.errors import DeadLetterError, UnknownDeadLetterError
 from jobledger.orchestration.ports import Tick
+from tests.support.cli import run_jobledger
 from tests.support.engines import TOKEN_SECRET, CountingExecutor, agent_steps
 from tests.support.engines import open_engine as build_engine
 from tests.support.kafka_broker import KafkaTopics, headers, read_topic, wait_for
@@ -269,3 +273,59 @@ def status(engine: Engine, job: str) -> JobStatus:
 
 def all_done(engine: Engine, jobs: list[str]) -> bool:
     return all(status(engine, job).is_terminal for job in jobs)
+
+
+# ---- the command line ----------------------------------------------------------------------
+
+
+def test_the_cli_lists_shows_and_redrives_with_the_all_guard(
+    kafka_topics: KafkaTopics, tmp_path: Path
+) -> None:
+    producer = raw_producer(kafka_topics)
+    dead_letter(kafka_topics, producer, job="a")
+    dead_letter(kafka_topics, producer, job="b", reason="invalid")
+    dead_letter(kafka_topics, producer, kind="signals", job="c", reason="job_finished")
+    producer.flush()
+    env = kafka_topics.env()
+
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        return run_jobledger("dead-letters", *args, cwd=tmp_path, **env)
+
+    table = cli("list")
+    assert table.returncode == 0, table.stderr
+    assert "unknown_job" in table.stdout and "acme/c" in table.stdout
+    listed = json.loads(cli("list", "--json", "--reason", "invalid").stdout)
+    assert [(x["id"], x["key"]) for x in listed] == [(listed[0]["id"], "acme/b")]
+    b_id = listed[0]["id"]
+    shown = json.loads(cli("show", b_id, "--json").stdout)
+    assert (shown["reason"], shown["source_topic"]) == ("invalid", kafka_topics.ticks)
+    (signal_letter,) = json.loads(cli("list", "--topic", "signals", "--json").stdout)
+    plain = cli("show", signal_letter["id"])
+    assert plain.returncode == 0 and "job_finished for c" in plain.stdout
+
+    unknown = cli("show", "ticks:3:999")
+    assert (unknown.returncode, unknown.stderr) == (1, "error: no dead letter 'ticks:3:999'\n")
+    bad = cli("redrive", "queue:1")
+    assert bad.returncode == 1 and "bad dead letter id 'queue:1'" in bad.stderr
+
+    guarded = cli("redrive")
+    assert guarded.returncode == 1
+    assert "say --all" in guarded.stderr
+    dry = cli("redrive", "--all", "--dry-run")
+    assert dry.returncode == 0 and dry.stdout.startswith("would send 3 of 3 matching")
+    assert read_topic(kafka_topics.bootstrap, kafka_topics.ticks) == []
+
+    sent = json.loads(cli("redrive", "--reason", "invalid", "--by", "ann", "--json").stdout)
+    assert (sent["sent"], sent["skipped"], sent["dry_run"]) == ([b_id], [], False)
+    rest = cli("redrive", "--all", "--by", "ann")
+    assert rest.returncode == 0, rest.stderr
+    assert rest.stdout.startswith("sent 2 of 3 matching; skipped 1 already redriven")
+    again = json.loads(cli("redrive", b_id, "--force", "--json").stdout)
+    assert again["sent"] == [b_id]
+    redrives = json.loads(cli("show", b_id, "--json").stdout)["redrives"]
+    assert [(r["by"], r["count"]) for r in redrives] == [("ann", 1), ("cli", 2)]
+    resent = read_topic(kafka_topics.bootstrap, kafka_topics.ticks, at_least=3)
+    a_id = next(x["id"] for x in json.loads(cli("list", "--key", "acme/a", "--json").stdout))
+    assert Counter(headers(r)["jobledger.redrive.of"] for r in resent) == {b_id: 2, a_id: 1}
+    (signal,) = read_topic(kafka_topics.bootstrap, kafka_topics.signals, at_least=1)
+    assert headers(signal)["jobledger.redrive.of"] == signal_letter["id"]

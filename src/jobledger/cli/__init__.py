@@ -20,6 +20,7 @@ from typer import Typer
 from jobledger.cli import (
     commands_audit,
     commands_config,
+    commands_dead_letters,
     commands_decisions,
     commands_definitions,
     commands_demo,
@@ -88,6 +89,7 @@ app.command()(commands_ops.worker)
 app.command()(commands_ops.reconcile)
 app.command()(commands_http.serve)
 app.add_typer(commands_ops.projections_app, name="projections")
+app.add_typer(commands_dead_letters.app, name="dead-letters")
 app.command()(commands_audit.replay)
 app.command()(commands_audit.migrate)
 app.command()(commands_audit.verify)
@@ -115,7 +117,12 @@ def command() -> Any:
 
 
 def _plain_name(param: Any) -> Any:
-    return lambda: param.display_name_raw + ("..." if param.nargs != 1 else "")
+    # typer already says "[ID]..." for an optional list: the dots are not said twice.
+    def name() -> str:
+        raw: str = param.display_name_raw
+        return raw if param.nargs == 1 or raw.endswith("...") else raw + "..."
+
+    return name
 
 
 def _walk(command: Any) -> list[Any]:
