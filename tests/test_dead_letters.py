@@ -7,7 +7,10 @@ SIGKILL) then run again, and the same over the CLI and the HTTP API (admins only
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
+import sys
 import threading
 from collections import Counter
 from collections.abc import Iterator
@@ -21,6 +24,7 @@ from kafka import KafkaProducer
 
 from jobledger import Engine, EngineConfig, JobStatus
 from jobledger.adapters.kafka import SignalMessage
+from jobledger.adapters.kafka import clients as kafka_clients
 from jobledger.adapters.kafka.dead_letters import (
     DeadLetters,
     LetterFilter,
@@ -31,10 +35,12 @@ from jobledger.adapters.kafka.worker import KafkaWorker
 from jobledger.adapters.ops import MemoryOps
 from jobledger.domain.errors import DeadLetterError, UnknownDeadLetterError
 from jobledger.orchestration.ports import Tick
+from tests.support import pythonpath
 from tests.support.cli import run_jobledger
 from tests.support.engines import TOKEN_SECRET, CountingExecutor, agent_steps
 from tests.support.engines import open_engine as build_engine
 from tests.support.kafka_broker import KafkaTopics, headers, read_topic, wait_for
+from tests.support.redrive_crash import BATCH, Crash, crashing
 from tests.support.workflows import DONE, STEP, linear_registry, wait_event
 
 TENANT = "acme"
@@ -329,3 +335,103 @@ def test_the_cli_lists_shows_and_redrives_with_the_all_guard(
     assert Counter(headers(r)["jobledger.redrive.of"] for r in resent) == {b_id: 2, a_id: 1}
     (signal,) = read_topic(kafka_topics.bootstrap, kafka_topics.signals, at_least=1)
     assert headers(signal)["jobledger.redrive.of"] == signal_letter["id"]
+
+
+# ---- a redrive that dies ---------------------------------------------------------------------
+
+LETTERS = 250  # three batches of redrive_crash.BATCH (100, 100, 50)
+
+
+def many_letters(topics: KafkaTopics, n: int = LETTERS) -> list[str]:
+    producer = raw_producer(topics)
+    for i in range(n):
+        dead_letter(topics, producer, job=f"job-{i}")
+    producer.flush()
+    return [str(x.id) for x in DeadLetters(topics.settings()).read()]
+
+
+def redriven_counts(topics: KafkaTopics, at_least: int) -> Counter[str]:
+    sent = read_topic(topics.bootstrap, topics.ticks, at_least=at_least, timeout=10)
+    return Counter(headers(r)["jobledger.redrive.of"] for r in sent)
+
+
+def assert_finished_once_but_the_batch_in_flight(
+    topics: KafkaTopics, ids: list[str], in_flight: set[str]
+) -> None:
+    """After the rerun: every letter was sent back, only the interrupted batch's may have
+    gone twice, each is marked, and a third run sends nothing."""
+    counts = redriven_counts(topics, at_least=len(ids))
+    assert set(counts) == set(ids)
+    assert {i for i, c in counts.items() if c > 1} <= in_flight
+    assert max(counts.values()) <= 2
+    letters = DeadLetters(topics.settings())
+    assert all(x.redriven for x in letters.read())
+    third = letters.redrive(Selection(every=True), by="ops")
+    assert (third.sent, len(third.skipped)) == ([], len(ids))
+
+
+POINTS = [
+    ("send", 250, "before"),  # half of batch 2's originals handed to the producer
+    ("flush", 3, "before"),  # batch 2's originals sent, not flushed
+    ("flush", 3, "after"),  # batch 2's originals on the broker, no marker yet: the window
+    ("flush", 4, "before"),  # batch 2's markers sent, not flushed
+    ("flush", 4, "after"),  # batch 2 marked: between two batches
+]
+
+
+@pytest.mark.parametrize("point", POINTS, ids=["-".join(map(str, p)) for p in POINTS])
+def test_a_redrive_that_dies_at_any_write_then_runs_again_sends_each_letter_once_but_its_batch(
+    kafka_topics: KafkaTopics, monkeypatch: pytest.MonkeyPatch, point: tuple[str, int, str]
+) -> None:
+    ids = many_letters(kafka_topics)
+    letters = DeadLetters(kafka_topics.settings(), batch_size=BATCH)
+
+    def die() -> None:
+        raise Crash
+
+    with monkeypatch.context() as patched:
+        patched.setattr(kafka_clients, "producer", crashing(point, die))
+        with pytest.raises(Crash):
+            letters.redrive(Selection(every=True), by="ops")
+    batch_1, batch_2 = set(ids[:BATCH]), set(ids[BATCH : 2 * BATCH])
+    # What the topics hold after the crash: batch 1 sent and marked, batch 3 untouched.
+    after_crash = redriven_counts(kafka_topics, at_least=BATCH)
+    assert batch_1 <= set(after_crash) <= batch_1 | batch_2
+    marked = {str(x.id) for x in letters.read() if x.redriven}
+    assert batch_1 <= marked <= batch_1 | batch_2
+    assert marked <= set(after_crash), "a marker only ever follows its message"
+
+    rerun = letters.redrive(Selection(every=True), by="ops")
+    assert set(rerun.skipped) == marked
+    assert_finished_once_but_the_batch_in_flight(kafka_topics, ids, batch_2)
+    if point == ("flush", 4, "after"):
+        assert set(redriven_counts(kafka_topics, LETTERS).values()) == {1}
+
+
+@pytest.mark.parametrize("where", [("flush", "3", "after"), ("flush", "4", "after")])
+def test_a_redrive_killed_by_sigkill_mid_way_then_run_again(
+    kafka_topics: KafkaTopics, where: tuple[str, str, str]
+) -> None:
+    """A real SIGKILL: in the window (batch 2 sent, not marked) the rerun sends batch 2
+    again, nothing else; between batches it sends nothing twice."""
+    ids = many_letters(kafka_topics)
+    topics = kafka_topics
+    names = (topics.ticks, topics.ticks_dlq, topics.signals, topics.signals_dlq)
+    killed = subprocess.run(
+        [sys.executable, "-m", "tests.support.redrive_crash", topics.bootstrap, *names, *where],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": pythonpath()},
+    )
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    letters = DeadLetters(topics.settings(), batch_size=BATCH)
+    rerun = letters.redrive(Selection(every=True), by="ops")
+    batch_2 = set(ids[BATCH : 2 * BATCH])
+    assert_finished_once_but_the_batch_in_flight(topics, ids, batch_2)
+    counts = redriven_counts(topics, LETTERS)
+    twice = {i for i, c in counts.items() if c == 2}
+    if where[1] == "3":
+        assert twice == batch_2 and set(rerun.sent) == set(ids[BATCH:])
+    else:
+        assert twice == set() and set(rerun.sent) == set(ids[2 * BATCH :])
