@@ -39,6 +39,7 @@ from tests.support import pythonpath
 from tests.support.cli import run_jobledger
 from tests.support.engines import TOKEN_SECRET, CountingExecutor, agent_steps
 from tests.support.engines import open_engine as build_engine
+from tests.support.http import problem, start_api, token
 from tests.support.kafka_broker import KafkaTopics, headers, read_topic, wait_for
 from tests.support.redrive_crash import BATCH, Crash, crashing
 from tests.support.workflows import DONE, STEP, linear_registry, wait_event
@@ -316,7 +317,7 @@ def test_the_cli_lists_shows_and_redrives_with_the_all_guard(
 
     guarded = cli("redrive")
     assert guarded.returncode == 1
-    assert "say --all" in guarded.stderr
+    assert "takes every dead letter" in guarded.stderr and "(--all)" in guarded.stderr
     dry = cli("redrive", "--all", "--dry-run")
     assert dry.returncode == 0 and dry.stdout.startswith("would send 3 of 3 matching")
     assert read_topic(kafka_topics.bootstrap, kafka_topics.ticks) == []
@@ -435,3 +436,70 @@ def test_a_redrive_killed_by_sigkill_mid_way_then_run_again(
         assert twice == batch_2 and set(rerun.sent) == set(ids[BATCH:])
     else:
         assert twice == set() and set(rerun.sent) == set(ids[2 * BATCH :])
+
+
+# ---- the HTTP API ------------------------------------------------------------------------------
+
+
+def test_the_api_lists_shows_and_redrives_for_admins_of_every_tenant_only(
+    kafka_topics: KafkaTopics, tmp_path: Path
+) -> None:
+    producer = raw_producer(kafka_topics)
+    dead_letter(kafka_topics, producer, job="a")
+    dead_letter(kafka_topics, producer, job="b", reason="invalid")
+    producer.flush()
+    engine = open_engine(f"sqlite:///{tmp_path}/jobs.db", kafka_topics, CountingExecutor())
+    admin = token(tenants="*", roles="admin", sub="root")
+    with start_api(engine, tmp_path) as api:
+        with api.client() as anonymous:
+            assert problem(anonymous.get("/v1/dead-letters"), 401)["error"] == (
+                "AuthenticationError"
+            )
+        # An admin of one tenant, an operator of every tenant: neither sees them all.
+        for credential in (
+            token(tenants="acme", roles="admin"),
+            token(tenants="*", roles="operator"),
+        ):
+            with api.client(credential) as http:
+                assert problem(http.get("/v1/dead-letters"), 403)["error"] == "Forbidden"
+                assert problem(http.get("/v1/dead-letters/ticks:0:0"), 403)
+                refused = http.post("/v1/dead-letters/redrive", json={"all": True})
+                assert problem(refused, 403)["error"] == "Forbidden"
+        assert read_topic(kafka_topics.bootstrap, kafka_topics.ticks) == []
+
+        with api.client(admin) as http:
+            letters = http.get("/v1/dead-letters").json()["letters"]
+            assert [x["key"] for x in letters] == ["acme/a", "acme/b"]
+            only = http.get("/v1/dead-letters", params={"reason": "invalid"}).json()["letters"]
+            assert [x["key"] for x in only] == ["acme/b"]
+            b_id = only[0]["id"]
+            shown = http.get(f"/v1/dead-letters/{b_id}").json()
+            assert (shown["reason"], shown["source_topic"]) == ("invalid", kafka_topics.ticks)
+            missing = problem(http.get("/v1/dead-letters/ticks:0:999"), 404)
+            assert missing["error"] == "UnknownDeadLetterError"
+            assert problem(http.get("/v1/dead-letters/nope"), 400)["error"] == "DeadLetterError"
+
+            everything = problem(http.post("/v1/dead-letters/redrive", json={}), 400)
+            assert everything["detail"].endswith("or ask for all of them (--all)")
+            unknown = http.post("/v1/dead-letters/redrive", json={"ids": [b_id, "ticks:0:999"]})
+            assert problem(unknown, 404)["error"] == "UnknownDeadLetterError"
+            typo = http.post("/v1/dead-letters/redrive", json={"idz": [b_id]})
+            assert problem(typo, 400)
+            dry = http.post("/v1/dead-letters/redrive", json={"all": True, "dry_run": True})
+            assert dry.json() == {
+                "matched": 2,
+                "sent": [x["id"] for x in letters],
+                "skipped": [],
+                "dry_run": True,
+            }
+            assert read_topic(kafka_topics.bootstrap, kafka_topics.ticks) == []
+
+            sent = http.post("/v1/dead-letters/redrive", json={"ids": [b_id]}).json()
+            assert (sent["sent"], sent["skipped"]) == ([b_id], [])
+            again = http.post("/v1/dead-letters/redrive", json={"reason": "invalid"}).json()
+            assert (again["sent"], again["skipped"]) == ([], [b_id])
+            redrives = http.get(f"/v1/dead-letters/{b_id}").json()["redrives"]
+            assert [(r["by"], r["count"]) for r in redrives] == [("root", 1)]
+    (resent,) = read_topic(kafka_topics.bootstrap, kafka_topics.ticks, at_least=1)
+    assert headers(resent)["jobledger.redrive.of"] == b_id
+    engine.close()

@@ -16,6 +16,7 @@ from jobledger.api import (
     problems,
     routes_approvals,
     routes_audit,
+    routes_dead_letters,
     routes_erasures,
     routes_export,
     routes_inputs,
@@ -80,6 +81,7 @@ def create_app(
         routes_replay,
         routes_erasures,
         routes_schedules,
+        routes_dead_letters,
     ):
         app.include_router(routes.router, prefix="/v1")
     app.include_router(routes_metrics.router)

@@ -293,7 +293,7 @@ class DeadLetters:
         if not selection.ids and selection.filter.is_empty and not selection.every:
             raise DeadLetterError(
                 "a redrive without an id or a filter takes every dead letter: "
-                "name ids, give a filter, or say --all"
+                "name ids, give a filter, or ask for all of them (--all)"
             )
         wanted = [LetterId.parse(text) for text in selection.ids]
         letters = self.read(selection.filter)
