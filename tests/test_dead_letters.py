@@ -215,7 +215,8 @@ def test_a_tick_and_a_signal_for_a_job_not_there_yet_are_redriven_after_its_subm
 ) -> None:
     """A tick and a signal that came before their job are dead-lettered (unknown_job); once
     the jobs exist, a redrive runs the one and delivers the other. Redriven again (forced)
-    they run no step twice and deliver no signal twice."""
+    they run no step twice and deliver no signal twice. A tick for a job that never came is
+    dead-lettered again, as a letter that names the one it was redriven from."""
     executor = CountingExecutor()
     engine = open_engine(store_url, kafka_topics, executor)
     # Submitted on the local transport: no tick of its own, only the redriven one runs it.
@@ -223,6 +224,8 @@ def test_a_tick_and_a_signal_for_a_job_not_there_yet_are_redriven_after_its_subm
     producer = raw_producer(kafka_topics)
     tick = encode_tick(Tick(TENANT, "early", "create"), dedupe_key="create", enqueued_at_ms=0)
     producer.send(kafka_topics.ticks, key=job_key(TENANT, "early"), value=tick)
+    ghost = encode_tick(Tick(TENANT, "ghost", "create"), dedupe_key="create", enqueued_at_ms=0)
+    producer.send(kafka_topics.ticks, key=job_key(TENANT, "ghost"), value=ghost)
     paid = SignalMessage(TENANT, "waiter", "invoice.paid", "evt-1", {"amount": 120})
     producer.send(kafka_topics.signals, key=paid.key, value=paid.encode())
     producer.flush()
@@ -236,23 +239,30 @@ def test_a_tick_and_a_signal_for_a_job_not_there_yet_are_redriven_after_its_subm
 
     worker = KafkaWorker(engine, kafka_topics.settings(), after_effect=note)
     with running(worker):
-        wait_for(lambda: worker.stats.dead_lettered == 2, 30, "both dead-lettered")
-        assert [x.reason for x in letters.read()] == ["unknown_job", "unknown_job"]
+        wait_for(lambda: worker.stats.dead_lettered == 3, 30, "all dead-lettered")
+        first = {x.key_text: str(x.id) for x in letters.read()}
+        assert [x.reason for x in letters.read()] == ["unknown_job"] * 3
 
         submitter.submit(TENANT, "early", "agent3")
         engine.submit(TENANT, "waiter", "wait")
         wait_for(lambda: status(engine, "waiter") is JobStatus.WAITING_EVENT, 30, "it waits")
         assert status(engine, "early") is JobStatus.QUEUED
         report = letters.redrive(Selection(filter=LetterFilter(reason="unknown_job")), by="ops")
-        assert len(report.sent) == 2
+        assert len(report.sent) == 3
         wait_for(lambda: all_done(engine, ["early", "waiter"]), 60, "redriven, both ran")
+        wait_for(lambda: worker.stats.dead_lettered == 4, 30, "the ghost dead-lettered again")
+        _, again = letters.read(LetterFilter(key="acme/ghost"))
+        assert again.document()["redrive_of"] == first["acme/ghost"]
 
-        forced = letters.redrive(Selection(every=True), by="ops", force=True)
-        assert len(forced.sent) == 2
-        wait_for(lambda: len(handled) == 4, 30, "both redrives handled")
-    assert sorted(count for _, count in handled) == ["1", "1", "2", "2"]
+        chosen = (first["acme/early"], first["acme/waiter"])
+        forced = letters.redrive(Selection(ids=chosen), by="ops", force=True)
+        assert forced.sent == list(chosen)
+        wait_for(lambda: len(handled) == 5, 30, "every redriven message handled")
+    assert sorted(handled) == sorted(
+        [(first["acme/ghost"], "1"), *((i, "1") for i in chosen), *((i, "2") for i in chosen)]
+    )
     assert worker.stats.outcomes["signal_duplicate"] == 1
-    assert worker.stats.dead_lettered == 2  # the redriven messages were handled, not refused
+    assert worker.stats.dead_lettered == 4  # the ghost twice; the others were handled
     assert set(executor.calls.values()) == {1}
     assert sorted(executor.calls) == [
         *(f"acme/early:step:{n}" for n in (1, 2, 3)),

@@ -42,8 +42,8 @@ MARKER_BY = "jobledger.dlq.redrive_by"
 MARKER_COUNT = "jobledger.dlq.redrive_count"
 MARKER_AT = "jobledger.dlq.redrive_at"
 BATCH_SIZE = 100
-"""Messages per flush: one round trip per batch, not per message (2,000 letters went
-from 9.4 s sent one by one to 0.51 s in batches)."""
+"""Messages per flush: one round trip per batch, not per message (a redrive of 2,000
+letters took 5.5 s sent one at a time, 1.2 s in batches, its read of the topics included)."""
 
 Progress = Callable[[int, int], None]
 Header = tuple[str, bytes]
