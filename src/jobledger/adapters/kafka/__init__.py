@@ -1,6 +1,6 @@
 """Apache Kafka adapters: ticks in and out (the Queue port), the consumer-group worker
-(``worker``), signals in, and the publisher the event outbox writes through
-(``publisher``).
+(``worker``), signals in, the publisher the event outbox writes through
+(``publisher``), and the dead letters read and redriven (``dead_letters``).
 
 Topics (names configurable, see :class:`KafkaSettings`): ``jobledger.ticks`` (keyed by
 tenant/job so one job's ticks stay in order on one partition), ``jobledger.ticks.dlq``,
