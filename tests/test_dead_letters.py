@@ -320,6 +320,11 @@ def test_the_cli_lists_shows_and_redrives_with_the_all_guard(
     plain = cli("show", signal_letter["id"])
     assert plain.returncode == 0 and "job_finished for c" in plain.stdout
 
+    assert json.loads(cli("list", "--json", "--since", "2999-01-01").stdout) == []
+    until = json.loads(cli("list", "--json", "--until", "2999-01-01T00:00+02:00").stdout)
+    assert len(until) == 3
+    bad_time = cli("list", "--since", "yesterday")
+    assert bad_time.returncode == 2 and "not an ISO 8601 time: 'yesterday'" in bad_time.stderr
     unknown = cli("show", "ticks:3:999")
     assert (unknown.returncode, unknown.stderr) == (1, "error: no dead letter 'ticks:3:999'\n")
     bad = cli("redrive", "queue:1")

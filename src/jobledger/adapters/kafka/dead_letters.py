@@ -19,7 +19,7 @@ import json
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any, Literal
 
@@ -239,7 +239,7 @@ class DeadLetters:
             headers = tuple(record.headers or ())
             names = dict(headers)
             if MARKER_OF in names:
-                redrives[names[MARKER_OF].decode()].append(_redrive(names))
+                redrives[names[MARKER_OF].decode("utf-8", "replace")].append(_redrive(names))
                 continue
             letters.append(
                 DeadLetter(
@@ -412,12 +412,8 @@ def _redrive(names: dict[str, bytes]) -> Redrive:
 
 
 def _with_redrives(letter: DeadLetter, redrives: Iterable[Redrive]) -> DeadLetter:
-    found = tuple(redrives)
-    if not found:
-        return letter
-    return DeadLetter(
-        letter.id, letter.key, letter.value, letter.headers, letter.dead_lettered_at, found
-    )
+    # By count: a keyless letter's markers may sit on several partitions.
+    return replace(letter, redrives=tuple(sorted(redrives, key=lambda r: r.count)))
 
 
 def _dead_lettered_at(names: dict[str, bytes], timestamp_ms: int) -> datetime:
