@@ -50,6 +50,7 @@ _REFUSED: tuple[tuple[type[Exception], int], ...] = (
     (errors.UnknownJobError, 404),
     (errors.UnknownSubjectError, 404),
     (errors.UnknownScheduleError, 404),
+    (errors.UnknownBatchError, 404),
     (NoSuchVersionError, 404),
     (errors.UnauthorisedDeciderError, 403),
     (errors.InvalidTokenError, 401),

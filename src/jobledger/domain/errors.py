@@ -272,3 +272,19 @@ class ScheduleExistsError(JobLedgerError):
 class ScheduleStateError(JobLedgerError):
     """The command does not apply to the schedule as it is (pausing a paused schedule,
     anything but reading a deleted one)."""
+
+
+class UnboundedBulkError(InvalidPayloadError):
+    """A bulk action's query names nothing beyond its tenant, and ``all`` was not said:
+    acting on every job of a tenant must be asked for in so many words."""
+
+
+class UnknownBatchError(JobLedgerError):
+    def __init__(self, tenant_id: str, batch_id: str) -> None:
+        super().__init__(f"no batch {batch_id!r} for tenant {tenant_id!r}")
+        self.tenant_id = tenant_id
+        self.batch_id = batch_id
+
+
+class BatchBusyError(ConcurrencyError):
+    """Another runner recorded an outcome of the batch meanwhile: it is on it."""
