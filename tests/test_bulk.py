@@ -3,7 +3,13 @@ stores, through crashes at each of its write points."""
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
+import time
 from datetime import timedelta
+from pathlib import Path
 
 import pytest
 
@@ -27,6 +33,7 @@ from tests.support.engines import (
 )
 from tests.support.workflows import DONE, STEP, wait_event
 
+ROOT = Path(__file__).resolve().parent.parent
 T = "bulk-tenant"
 WAITER = [STEP, wait_event("go"), STEP, DONE]
 
@@ -304,3 +311,44 @@ def test_batches_list_newest_first_and_unfinished_ones_are_found(
     second = engine.bulk.start(T, "cancel", {"status": ["waiting_event"]}, by="b", reason="2")
     assert [r.batch_id for r in engine.bulk.batches(T)] == [second.batch_id, first.batch_id]
     assert {b for _, b in engine.bulk.unfinished()} == {first.batch_id, second.batch_id}
+
+
+def test_kill_9_mid_batch_then_resume_acts_on_each_job_once(
+    make_engine: EngineFactory, store_url: str, tmp_path: Path
+) -> None:
+    engine = make_engine(registry=bulk_registry())
+    waiters = waiting_jobs(engine, 6)
+    started = engine.bulk.start(T, "cancel", {"workflow_type": "waiter"}, by="ops", reason="x")
+    marker = tmp_path / "at-the-crash-point"
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "tests.support.bulk_crash",
+            store_url,
+            T,
+            started.batch_id,
+            str(marker),
+        ],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": f"{ROOT / 'src'}{os.pathsep}{ROOT}"},
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while not marker.exists():
+            assert process.poll() is None, "the runner ended before the crash point"
+            assert time.monotonic() < deadline, "the runner never reached the crash point"
+            time.sleep(0.05)
+        process.send_signal(signal.SIGKILL)
+        assert process.wait(30) == -signal.SIGKILL
+    finally:
+        if process.poll() is None:
+            process.kill()
+    dead = engine.bulk.batch(T, started.batch_id)
+    assert (dead.done, dead.finished) == (2, False)  # the third job acted on, not recorded
+    assert sum(count_events(engine, j, "Cancelled") for j in waiters) == 3
+
+    resumed = make_engine(registry=bulk_registry()).bulk.run(T, started.batch_id)
+
+    assert (resumed.applied, resumed.finished) == (6, True)
+    assert [count_events(engine, j, "Cancelled") for j in waiters] == [1] * 6
