@@ -20,6 +20,7 @@ from jobledger.projections.status import StatusRow
 
 PAGE = 1_000
 """Rows read from the view at a time while a query is matched."""
+MAX_JOB_IDS = 10_000
 
 
 class BulkQuery(BaseModel):
@@ -39,6 +40,8 @@ class BulkQuery(BaseModel):
     mission_id: str | None = None
     correlation_id: str | None = None
     error_contains: str | None = Field(default=None, min_length=1)
+    job_ids: tuple[str, ...] = Field(default=(), max_length=MAX_JOB_IDS)
+    """Only these jobs (a selection someone made, in the console say)."""
     all: bool = False
 
     @classmethod
@@ -66,7 +69,7 @@ class BulkQuery(BaseModel):
         if not narrowing and not self.all:
             raise UnboundedBulkError(
                 "the query matches every job of the tenant: narrow it (workflow, status, "
-                "times, mission, correlation, error) or say all"
+                "times, mission, correlation, error, job ids) or say all"
             )
 
     def document(self) -> dict[str, Any]:
@@ -99,9 +102,12 @@ class BulkQuery(BaseModel):
     def rows(self, views: JobViews, tenant_id: str) -> Iterator[StatusRow]:
         """The matching jobs, newest change first, read page by page from the view."""
         after: str | None = None
+        chosen = set(self.job_ids)
         while True:
             page = views.jobs(self._view_query(tenant_id, after))
             for row in page:
+                if chosen and row.job_id not in chosen:
+                    continue
                 if self.error_contains is None or self.error_contains in (row.last_error or ""):
                     yield row
             if len(page) < PAGE:
