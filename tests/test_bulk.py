@@ -23,6 +23,8 @@ from jobledger.domain.errors import (
     UnknownBatchError,
 )
 from jobledger.domain.identity import job_uuid
+from jobledger.domain.job import Job
+from jobledger.domain.keys import ConsumedKey
 from jobledger.orchestration.ports import JobStore
 from tests.support.engines import (
     CountingExecutor,
@@ -196,6 +198,8 @@ def test_a_bulk_signal_resumes_the_waiting_jobs(engine: Engine) -> None:
         reason="release them",
     )
     assert done.applied == 3
+    resumed = next(e for e in engine.history(T, "w1") if e.event_type == "Resumed")
+    assert resumed.data["signal_id"] == f"batch:{done.batch_id}"
     engine.run_until_idle()
     assert {engine.job(T, j).status for j in waiters} == {JobStatus.COMPLETED}
 
@@ -228,6 +232,27 @@ def test_a_bulk_migration_moves_the_jobs_to_the_version(engine: Engine) -> None:
     )
     assert done.applied == 2
     assert {engine.job(T, j).workflow_version for j in ("v1a", "v1b")} == {2}
+
+
+def test_a_job_the_action_fails_on_is_recorded_failed_with_the_error_and_the_rest_go_on(
+    make_engine: EngineFactory,
+) -> None:
+    engine = make_engine(registry=bulk_registry())
+    waiting_jobs(engine, 3)
+
+    class BreaksOnW1(StoreAround):
+        def append(self, job: Job, *keys: ConsumedKey) -> None:
+            if job.job_id == "w1":
+                raise RuntimeError("disk on fire")
+            self.inner.append(job, *keys)
+
+    broken = make_engine(registry=bulk_registry(), wrap_store=BreaksOnW1)
+    done = broken.bulk.bulk(T, "cancel", {"workflow_type": "waiter"}, by="ops", reason="x")
+    outcomes = {o.job_id: o for o in done.outcomes}
+    assert outcomes["w1"].outcome is Outcome.FAILED
+    assert outcomes["w1"].detail == "RuntimeError: disk on fire"
+    assert (done.applied, done.failed, done.finished) == (2, 1, True)
+    assert engine.job(T, "w1").status is JobStatus.WAITING_EVENT
 
 
 # ---- crash safety ---------------------------------------------------------------------------

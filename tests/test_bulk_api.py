@@ -58,6 +58,9 @@ def test_a_batch_is_202_runs_in_the_background_and_shows_its_progress(
         [row] = http.get(BASE).json()["batches"]
         assert (row["batch_id"], row["applied"], row["finished"]) == (body["batch_id"], 3, True)
         assert http.get(location).json() == done
+    with api.as_role(Role.OPERATOR) as http:
+        again = http.post(f"{location}/resume")
+        assert again.status_code == 202 and again.json()["finished"] is True
 
 
 def test_a_dry_run_is_200_with_the_count_and_a_sample_and_writes_nothing(
