@@ -18,6 +18,7 @@ from jobledger.adapters.clock import FakeClock
 from jobledger.domain.batch import Batch, Outcome
 from jobledger.domain.errors import (
     BatchBusyError,
+    DuplicateKeyError,
     InvalidPayloadError,
     UnboundedBulkError,
     UnknownBatchError,
@@ -255,6 +256,22 @@ def test_a_job_the_action_fails_on_is_recorded_failed_with_the_error_and_the_res
     assert engine.job(T, "w1").status is JobStatus.WAITING_EVENT
 
 
+def test_a_migration_replay_refuses_is_skipped_with_the_divergence(
+    make_engine: EngineFactory,
+) -> None:
+    registry = bulk_registry()
+    registry.register("waiter", 3, linear_workflow([STEP, STEP, STEP, DONE]))
+    engine = make_engine(registry=registry)
+    engine.submit(T, "old", "waiter", workflow_version=1)
+    engine.run_until_idle()
+    done = engine.bulk.bulk(
+        T, "migrate", {"workflow_type": "waiter"}, {"to_version": 3}, by="ops", reason="v3"
+    )
+    [outcome] = done.outcomes
+    assert outcome.outcome is Outcome.SKIPPED and "diverges at step 2" in outcome.detail
+    assert engine.job(T, "old").workflow_version == 1
+
+
 # ---- crash safety ---------------------------------------------------------------------------
 
 
@@ -319,12 +336,18 @@ def test_a_batch_that_dies_at_a_write_point_resumes_and_acts_on_each_job_once(
 def test_the_mark_is_written_with_the_jobs_own_event(engine: Engine) -> None:
     """The mark is what makes a second application impossible: it is there exactly when
     the job's event is, and an append carrying it again collides."""
-    from jobledger.engine.batch_marks import mark_id
+    from jobledger.engine.batch_marks import acting_for, mark_id
 
     waiting_jobs(engine, 1)
     done = engine.bulk.bulk(T, "cancel", {"status": ["waiting_event"]}, by="ops", reason="x")
     assert engine.store.find_key(job_uuid(T, "w0"), mark_id(done.batch_id, T, "w0")) is not None
     assert engine.store.find_key(job_uuid(T, "w0"), mark_id("other", T, "w0")) is None
+    waiting_jobs(engine, 1, prefix="again")
+    with acting_for("b1", T, "again0"):
+        engine.raise_budget(T, "again0", raised_by="ops", reason="x", max_steps=50)
+    with acting_for("b1", T, "again0"), pytest.raises(DuplicateKeyError):
+        engine.raise_budget(T, "again0", raised_by="ops", reason="x", max_steps=60)
+    assert count_events(engine, "again0", "BudgetRaised") == 1
 
 
 def test_batches_list_newest_first_and_unfinished_ones_are_found(
