@@ -18,6 +18,7 @@ from jobledger.adapters.clock import FakeClock
 from jobledger.domain.batch import Batch, Outcome
 from jobledger.domain.errors import (
     BatchBusyError,
+    BatchExistsError,
     DuplicateKeyError,
     InvalidPayloadError,
     UnboundedBulkError,
@@ -184,7 +185,7 @@ def test_bad_input_is_refused_by_name_and_writes_nothing(engine: Engine) -> None
         engine.bulk.run(T, "no-such-batch")
     assert writes(engine) == before
     engine.bulk.start(T, "cancel", {"all": True}, by="ops", reason="x", batch_id="b1")
-    with pytest.raises(BatchBusyError, match="exists"):
+    with pytest.raises(BatchExistsError, match="exists"):
         engine.bulk.start(T, "cancel", {"all": True}, by="ops", reason="x", batch_id="b1")
 
 
@@ -359,6 +360,31 @@ def test_batches_list_newest_first_and_unfinished_ones_are_found(
     second = engine.bulk.start(T, "cancel", {"status": ["waiting_event"]}, by="b", reason="2")
     assert [r.batch_id for r in engine.bulk.batches(T)] == [second.batch_id, first.batch_id]
     assert {b for _, b in engine.bulk.unfinished()} == {first.batch_id, second.batch_id}
+
+
+def test_two_runners_of_one_batch_act_on_each_job_once_and_the_later_one_stops(
+    make_engine: EngineFactory,
+) -> None:
+    engine = make_engine(registry=bulk_registry())
+    waiters = waiting_jobs(engine, 4)
+    started = engine.bulk.start(T, "cancel", {"workflow_type": "waiter"}, by="ops", reason="x")
+    other = make_engine(registry=bulk_registry())
+
+    class OvertakenAtFirstOutcome(StoreAround):
+        """Just before this runner records its first outcome, another runs the batch."""
+
+        def append_batch(self, batch: Batch) -> None:
+            if batch.version == 2 and not getattr(self, "overtaken", False):
+                self.overtaken = True
+                assert other.bulk.run(T, started.batch_id).finished
+            self.inner.append_batch(batch)
+
+    slow = make_engine(registry=bulk_registry(), wrap_store=OvertakenAtFirstOutcome)
+    with pytest.raises(BatchBusyError, match="another runner"):
+        slow.bulk.run(T, started.batch_id)
+    done = engine.bulk.batch(T, started.batch_id)
+    assert (done.applied, done.finished) == (4, True)
+    assert [count_events(engine, j, "Cancelled") for j in waiters] == [1] * 4
 
 
 def test_kill_9_mid_batch_then_resume_acts_on_each_job_once(

@@ -65,6 +65,7 @@ _REFUSED: tuple[tuple[type[Exception], int], ...] = (
     (errors.ErasureError, 409),
     (errors.ScheduleExistsError, 409),
     (errors.ScheduleStateError, 409),
+    (errors.BatchExistsError, 409),
 )
 
 

@@ -286,5 +286,9 @@ class UnknownBatchError(JobLedgerError):
         self.batch_id = batch_id
 
 
+class BatchExistsError(JobLedgerError):
+    """A batch of that id exists in the tenant already."""
+
+
 class BatchBusyError(ConcurrencyError):
     """Another runner recorded an outcome of the batch meanwhile: it is on it."""

@@ -19,6 +19,7 @@ from uuid import uuid4
 from jobledger.domain.batch import Batch, BatchView, Outcome, batch_uuid
 from jobledger.domain.errors import (
     BatchBusyError,
+    BatchExistsError,
     ConcurrencyError,
     DuplicateKeyError,
     JobLedgerError,
@@ -121,7 +122,7 @@ class BulkCommands:
         try:
             self._store.append_batch(batch)
         except VersionConflict:
-            raise BatchBusyError(f"batch {batch_id!r} of tenant {tenant_id!r} exists") from None
+            raise BatchExistsError(f"batch {batch_id!r} of tenant {tenant_id!r} exists") from None
         return BatchView.of(batch)
 
     def run(self, tenant_id: str, batch_id: str, progress: Progress | None = None) -> BatchView:

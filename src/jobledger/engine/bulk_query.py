@@ -46,7 +46,8 @@ class BulkQuery(BaseModel):
 
     @classmethod
     def parse(cls, fields: dict[str, Any]) -> BulkQuery:
-        """From JSON (an API body, a stored batch): InvalidPayloadError naming what is wrong."""
+        """From JSON (a caller's dict): InvalidPayloadError naming a field that is wrong.
+        What the fields ask for together is :meth:`check`'s."""
         try:
             query = cls.model_validate(fields)
         except ValidationError as error:
@@ -55,10 +56,11 @@ class BulkQuery(BaseModel):
                 for e in error.errors()
             )
             raise InvalidPayloadError(f"bad bulk query: {problems}") from None
-        query.check()
         return query
 
     def check(self) -> None:
+        """The statuses are statuses, a version has its type, and the query narrows
+        (or says ``all``)."""
         try:
             parse_statuses(",".join(self.status) or None)
         except UnknownStatusError as error:
