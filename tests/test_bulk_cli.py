@@ -74,3 +74,20 @@ def test_bulk_signal_resumes_the_waiting_jobs(tmp_path: Path) -> None:
     assert "2 applied" in out
     for job in ("a", "b"):
         assert json.loads(cli.ok("show", T, job, "--json"))["status"] == "queued"
+
+
+def test_bulk_raise_budget_and_migrate_check_their_parameters(tmp_path: Path) -> None:
+    cli = make_cli(tmp_path, f"sqlite:///{tmp_path}/jobs.db")
+    waiting(cli, "a")
+    query = ("--status", "waiting_event", "--by", "ops", "--reason", "r")
+    refused = cli.fails(1, "bulk", "raise-budget", T, *query)
+    assert "needs max_steps, max_cost_usd or deadline_at" in refused
+    raised = cli.json("bulk", "raise-budget", T, "--max-steps", "40", "--max-cost", "9.5", *query)
+    assert (raised["action"], raised["params"]) == (
+        "raise-budget",
+        {"max_steps": 40, "max_cost_usd": "9.5"},
+    )
+    assert raised["applied"] == 1
+    moved = cli.json("bulk", "migrate", T, "--to-version", "1", "--dry-run", *query)
+    assert (moved["dry_run"], moved["count"]) == (True, 1)
+    assert cli.json("batches", "list", T)[0]["action"] == "raise-budget"

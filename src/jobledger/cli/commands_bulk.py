@@ -41,12 +41,14 @@ def _moment(name: str, help: str) -> Any:
     return typer.Option(name, metavar="TIME", parser=parse_moment, help=help)
 
 
-Workflow = Annotated[str | None, typer.Option("--workflow", help="Workflow type.")]
+Workflow = Annotated[str | None, typer.Option("--workflow", metavar="W", help="Workflow type.")]
 Version = Annotated[
-    int | None, typer.Option("--version", min=1, max=LARGEST, help="Version (with --workflow).")
+    int | None,
+    typer.Option("--version", metavar="N", min=1, max=LARGEST, help="Version (with --workflow)."),
 ]
 Status = Annotated[
-    str | None, typer.Option("--status", help="Comma-separated statuses, e.g. failed,queued.")
+    str | None,
+    typer.Option("--status", metavar="S1,S2", help="Comma-separated statuses, e.g. failed,queued."),
 ]
 SubmittedAfter = Annotated[datetime | None, _moment("--submitted-after", "Submitted at or after.")]
 SubmittedBefore = Annotated[datetime | None, _moment("--submitted-before", "Submitted before.")]
@@ -215,10 +217,11 @@ def raise_budget(
     by: By,
     reason: Reason,
     max_steps: Annotated[
-        int | None, typer.Option("--max-steps", metavar="N", min=1, max=LARGEST)
+        int | None,
+        typer.Option("--max-steps", metavar="N", min=1, max=LARGEST, help="The new step limit."),
     ] = None,
     max_cost: Annotated[
-        str | None, typer.Option("--max-cost", metavar="USD", help="Dollars.")
+        str | None, typer.Option("--max-cost", metavar="USD", help="The new cost limit in dollars.")
     ] = None,
     deadline: Annotated[datetime | None, _moment("--deadline", "The new deadline.")] = None,
     workflow: Workflow = None,
@@ -312,7 +315,7 @@ def migrate(
 def list_batches(
     cmd: OneShot,
     tenant: Tenant,
-    limit: Annotated[int, typer.Option("--limit", min=1, max=LARGEST)] = 100,
+    limit: Annotated[int, typer.Option("--limit", metavar="N", min=1, max=LARGEST)] = 100,
 ) -> None:
     """The tenant's batches, newest first: action, who, how far each got."""
     with cmd.engine(purpose="batches list", mode="read") as engine:
