@@ -217,7 +217,8 @@ def test_a_bulk_budget_raise_lets_parked_jobs_go_on(engine: Engine) -> None:
     assert done.applied == 2
     engine.run_until_idle()
     assert {engine.job(T, j).status for j in ("p1", "p2")} == {JobStatus.COMPLETED}
-    assert count_events(engine, "p1", "BudgetRaised") == 1
+    raised = next(e for e in engine.history(T, "p1") if e.event_type == "BudgetRaised")
+    assert (raised.data["raised_by"], raised.data["reason"]) == ("ops", "ok")
 
 
 def test_a_bulk_migration_moves_the_jobs_to_the_version(engine: Engine) -> None:
@@ -234,6 +235,8 @@ def test_a_bulk_migration_moves_the_jobs_to_the_version(engine: Engine) -> None:
     )
     assert done.applied == 2
     assert {engine.job(T, j).workflow_version for j in ("v1a", "v1b")} == {2}
+    migrated = next(e for e in engine.history(T, "v1a") if e.event_type == "Migrated")
+    assert (migrated.data["migrated_by"], migrated.data["reason"]) == ("ops", "v2 is the fix")
 
 
 def test_a_job_the_action_fails_on_is_recorded_failed_with_the_error_and_the_rest_go_on(
