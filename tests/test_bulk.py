@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from jobledger import Engine, FunctionRegistry, JobStatus, linear_workflow
+from jobledger import Engine, JobStatus, linear_workflow
 from jobledger.adapters.clock import FakeClock
 from jobledger.domain.batch import Batch, Outcome
 from jobledger.domain.errors import (
@@ -28,26 +28,17 @@ from jobledger.domain.identity import job_uuid
 from jobledger.domain.job import Job
 from jobledger.domain.keys import ConsumedKey
 from jobledger.orchestration.ports import JobStore
+from tests.support.bulk_crash import bulk_registry
 from tests.support.engines import (
     CountingExecutor,
     EngineFactory,
     StoreAround,
-    agent_steps,
     writes,
 )
-from tests.support.workflows import DONE, STEP, wait_event
+from tests.support.workflows import DONE, STEP
 
 ROOT = Path(__file__).resolve().parent.parent
 T = "bulk-tenant"
-WAITER = [STEP, wait_event("go"), STEP, DONE]
-
-
-def bulk_registry() -> FunctionRegistry:
-    registry = FunctionRegistry()
-    registry.register("agent3", 1, linear_workflow(agent_steps(3)))
-    registry.register("waiter", 1, linear_workflow(WAITER))
-    registry.register("waiter", 2, linear_workflow(WAITER))
-    return registry
 
 
 def waiting_jobs(engine: Engine, n: int, prefix: str = "w") -> list[str]:

@@ -12,10 +12,22 @@ import time
 from pathlib import Path
 from typing import Any
 
+from jobledger import FunctionRegistry, linear_workflow
 from jobledger.config import EngineConfig
 from jobledger.orchestration.ports import JobStore
-from tests.support.engines import open_engine
-from tests.test_bulk import bulk_registry
+from tests.support.engines import agent_steps, open_engine
+from tests.support.workflows import DONE, STEP, wait_event
+
+WAITER = [STEP, wait_event("go"), STEP, DONE]
+
+
+def bulk_registry() -> FunctionRegistry:
+    """tests/test_bulk.py's workflows: agent3, and waiter (v1 and v2) waiting for ``go``."""
+    registry = FunctionRegistry()
+    registry.register("agent3", 1, linear_workflow(agent_steps(3)))
+    registry.register("waiter", 1, linear_workflow(WAITER))
+    registry.register("waiter", 2, linear_workflow(WAITER))
+    return registry
 
 
 class DiesAfterThirdJob:
