@@ -32,11 +32,13 @@ from jobledger.adapters.event_store import EventSourcedJobStore, LedgerPartition
 from jobledger.adapters.follower import Lag, LogFollower, Progress, TrackedReader
 from jobledger.adapters.store_errors import store_errors
 from jobledger.domain.errors import InvalidPayloadError, StoreUnavailableError
+from jobledger.domain.batch import Batch
 from jobledger.domain.job import Job
 from jobledger.domain.schedule import Schedule
 from jobledger.domain.status import TERMINAL_STATUSES, JobStatus
 from jobledger.orchestration.ports import BlockedNote, DueFilter
-from jobledger.projections import approvals, blocked, schedules, spend, status
+from jobledger.projections import approvals, batches, blocked, schedules, spend, status
+from jobledger.projections.batches import BatchRow
 from jobledger.projections.schedules import ScheduleRow
 from jobledger.projections.status import StatusRow
 
@@ -48,6 +50,7 @@ VIEW_TABLES = (
     "jobledger_tenant_spend",
     "jobledger_pending_approvals",
     schedules.TABLE,
+    batches.TABLE,
 )
 SCHEMA = "views"
 """The views' component in the store's schema table (their own numbered migrations)."""
@@ -146,6 +149,7 @@ class JobViews(TrackedReader):
             Migration(3, "the status view's mission and correlation ids", self._add_columns),
             Migration(4, "the schedules view", _create_schedules),
             Migration(5, "the status view's taken marks", status.add_taken_marks),
+            Migration(6, "the batches view", _create_batches),
         )
 
     @store_errors("creating the views")
@@ -180,6 +184,8 @@ class JobViews(TrackedReader):
                     self.apply(curs, event)
                 elif isinstance(event, Schedule.Event):
                     schedules.apply(self.backend, curs, event)
+                elif isinstance(event, Batch.Event):
+                    batches.apply(self.backend, curs, event)
             if fresh:
                 self.track(curs, Tracking(partition.name, fresh[-1].id), after=position)
 
@@ -348,6 +354,16 @@ class JobViews(TrackedReader):
         """The tenant's schedules by name (deleted ones only with ``deleted``)."""
         return schedules.of_tenant(self.backend, tenant_id, deleted=deleted)
 
+    @store_errors("listing batches")
+    def tenant_batches(self, tenant_id: str, limit: int = 100) -> list[BatchRow]:
+        """The tenant's bulk actions, newest first."""
+        return batches.of_tenant(self.backend, tenant_id, limit)
+
+    @store_errors("reading unfinished batches")
+    def unfinished_batches(self) -> list[BatchRow]:
+        """Every bulk action not finished yet: its runner is at work, or died."""
+        return batches.unfinished(self.backend)
+
     @store_errors("reading pending approvals")
     def pending_approvals(self, tenant_id: str | None = None) -> list[dict[str, Any]]:
         t = self.backend.table("jobledger_pending_approvals")
@@ -440,6 +456,11 @@ def _create(b: StoreBackend, curs: Cursor) -> None:
 
 def _create_schedules(b: StoreBackend, curs: Cursor) -> None:
     for statement in schedules.create_statements(b):
+        curs.execute(b.sql(statement))
+
+
+def _create_batches(b: StoreBackend, curs: Cursor) -> None:
+    for statement in batches.create_statements(b):
         curs.execute(b.sql(statement))
 
 

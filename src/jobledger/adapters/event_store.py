@@ -28,6 +28,7 @@ from jobledger.adapters.mapper import SealedMapper
 from jobledger.adapters.sealing import SealingPipeline
 from jobledger.adapters.store_errors import damaged, store_error, store_error_types, store_errors
 from jobledger.adapters.store_url import StoreLocation
+from jobledger.domain.batch import Batch
 from jobledger.domain.errors import (
     BrokenHistoryError,
     DuplicateKeyError,
@@ -48,7 +49,7 @@ StoreMode = Literal["create", "existing", "read"]
 ``existing``: the store must exist (a SQLite file is never created). ``read``: the store
 must exist and is only read: no lock, no DDL, so a store on read-only media works."""
 Aggregated = TypeVar("Aggregated")
-_Folded = TypeVar("_Folded", Job, Schedule)
+_Folded = TypeVar("_Folded", Job, Schedule, Batch)
 CanMutate = CanMutateProtocol[Any]
 
 
@@ -356,6 +357,17 @@ class EventSourcedJobStore:
             self.partition(schedule.id).events.put(events)
         except IntegrityError:
             raise VersionConflict("the schedule was changed by another writer") from None
+
+    @store_errors("loading a batch")
+    def load_batch(self, batch_uuid: UUID) -> Batch | None:
+        return self._fold(batch_uuid, Batch)
+
+    @store_errors("appending to a batch")
+    def append_batch(self, batch: Batch) -> None:
+        try:
+            self.partition(batch.id).events.put(batch.collect_events())
+        except IntegrityError:
+            raise VersionConflict("the batch was changed by another writer") from None
 
     @store_errors("reading a schedule's events")
     def schedule_events(self, schedule_uuid: UUID) -> list[Schedule.Event]:

@@ -16,6 +16,7 @@ from jobledger.api import (
     problems,
     routes_approvals,
     routes_audit,
+    routes_batches,
     routes_dead_letters,
     routes_erasures,
     routes_export,
@@ -28,6 +29,7 @@ from jobledger.api import (
     routes_schedules,
 )
 from jobledger.api.auth import Authenticator
+from jobledger.api.batch_runner import BatchRunner
 from jobledger.api.limits import BodyLimit, RateLimiter, RequestTimeout
 from jobledger.api.live import LogBell
 from jobledger.api.models import Health
@@ -69,6 +71,9 @@ def create_app(
     then find nothing left to fold)."""
     app.state.live = LogBell(engine.deps.store, poll_interval=settings.sse_poll_seconds)
     """Follows the log for the event streams (started by the first; the server closes it)."""
+    app.state.batches = BatchRunner(engine)
+    """Runs batches in the background; those a dead process left unfinished start again."""
+    app.state.batches.resume_unfinished()
     problems.install(app)
     for routes in (
         routes_jobs,
@@ -82,6 +87,7 @@ def create_app(
         routes_erasures,
         routes_schedules,
         routes_dead_letters,
+        routes_batches,
     ):
         app.include_router(routes.router, prefix="/v1")
     app.include_router(routes_metrics.router)

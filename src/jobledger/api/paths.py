@@ -39,6 +39,8 @@ JOB = JOBS + "/{job:id}"
 TENANT = "/tenants/{tenant:id}"
 SCHEDULES = TENANT + "/schedules"
 SCHEDULE = SCHEDULES + "/{name:id}"
+BATCHES = TENANT + "/batches"
+BATCH = BATCHES + "/{batch:id}"
 """The route templates: importing them registers the ``id`` convertor they use."""
 
 

@@ -51,6 +51,7 @@ _REFUSED: tuple[tuple[type[Exception], int], ...] = (
     (errors.UnknownSubjectError, 404),
     (errors.UnknownScheduleError, 404),
     (errors.UnknownDeadLetterError, 404),
+    (errors.UnknownBatchError, 404),
     (NoSuchVersionError, 404),
     (errors.UnauthorisedDeciderError, 403),
     (errors.InvalidTokenError, 401),
@@ -65,6 +66,7 @@ _REFUSED: tuple[tuple[type[Exception], int], ...] = (
     (errors.ErasureError, 409),
     (errors.ScheduleExistsError, 409),
     (errors.ScheduleStateError, 409),
+    (errors.BatchExistsError, 409),
 )
 
 

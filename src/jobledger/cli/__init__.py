@@ -19,6 +19,7 @@ from typer import Typer
 
 from jobledger.cli import (
     commands_audit,
+    commands_bulk,
     commands_config,
     commands_dead_letters,
     commands_decisions,
@@ -84,6 +85,8 @@ app.command()(commands_decisions.cancel)
 app.command("raise-budget")(commands_decisions.raise_budget)
 app.add_typer(commands_decisions.token_app, name="token")
 app.add_typer(commands_schedules.app, name="schedule")
+app.add_typer(commands_bulk.app, name="bulk")
+app.add_typer(commands_bulk.batches_app, name="batches")
 app.command()(commands_ops.run)
 app.command()(commands_ops.worker)
 app.command()(commands_ops.reconcile)

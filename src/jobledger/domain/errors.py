@@ -283,3 +283,23 @@ class UnknownDeadLetterError(DeadLetterError):
     def __init__(self, letter_id: str) -> None:
         super().__init__(f"no dead letter {letter_id!r}")
         self.letter_id = letter_id
+
+
+class UnboundedBulkError(InvalidPayloadError):
+    """A bulk action's query names nothing beyond its tenant, and ``all`` was not said:
+    acting on every job of a tenant must be asked for in so many words."""
+
+
+class UnknownBatchError(JobLedgerError):
+    def __init__(self, tenant_id: str, batch_id: str) -> None:
+        super().__init__(f"no batch {batch_id!r} for tenant {tenant_id!r}")
+        self.tenant_id = tenant_id
+        self.batch_id = batch_id
+
+
+class BatchExistsError(JobLedgerError):
+    """A batch of that id exists in the tenant already."""
+
+
+class BatchBusyError(ConcurrencyError):
+    """Another runner recorded an outcome of the batch meanwhile: it is on it."""

@@ -31,9 +31,12 @@ class KeyKind(StrEnum):
     TOKEN = "token"
     SIGNAL = "signal"
     APPROVAL = "approval"
+    BATCH = "batch"
+    """A bulk action's mark on each job it acted on, the key being the batch id: consumed
+    in the same append as the action, so a resumed batch never acts on a job twice."""
 
 
-JOB_SCOPED = frozenset({KeyKind.TOKEN, KeyKind.SIGNAL, KeyKind.APPROVAL})
+JOB_SCOPED = frozenset({KeyKind.TOKEN, KeyKind.SIGNAL, KeyKind.APPROVAL, KeyKind.BATCH})
 """Kinds used once per job. A submit key is used once per tenant; a step key names its
 job itself (and its id must not change, or a re-run step of a stored job would not
 collide with its record)."""

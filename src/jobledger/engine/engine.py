@@ -20,6 +20,7 @@ from jobledger.domain.erasure import SubjectKeys
 from jobledger.engine import bootstrap
 from jobledger.engine.admission_gate import Gatekeeper
 from jobledger.engine.bootstrap import Deps, Parts
+from jobledger.engine.bulk_commands import BulkCommands
 from jobledger.engine.erasure_commands import ErasureCommands
 from jobledger.engine.job_commands import JobCommands, SignalOutcome, Submission
 from jobledger.engine.job_finder import JobFinder
@@ -93,6 +94,8 @@ class Engine:
         self.reads = JobReader(deps, self.jobs)
         self.schedules = ScheduleCommands(deps, self.jobs, self.commands)
         """Create, pause, resume, delete and trigger schedules (``engine.schedule_commands``)."""
+        self.bulk = BulkCommands(deps, self.commands)
+        """Bulk actions over a query, as durable batches (``engine.bulk_commands``)."""
 
     @classmethod
     def open(

@@ -44,6 +44,7 @@ from jobledger.domain.payloads import json_object, text
 from jobledger.domain.status import JobStatus
 from jobledger.domain.steps import IssuedToken
 from jobledger.domain.views import JobView
+from jobledger.engine import batch_marks
 from jobledger.engine.admission_gate import Gatekeeper
 from jobledger.engine.bootstrap import Deps
 from jobledger.engine.ids import check_id
@@ -733,7 +734,9 @@ class JobCommands:
             job = self._jobs.fetch(tenant_id, job_id)
             if job is None:
                 return None
-            self._store.append(job, *command(job))
+            keys = command(job)
+            # A bulk action's mark lands in the same append as its action (batch_marks).
+            self._store.append(job, *keys, *batch_marks.marks(job, self._clock.now()))
             return job
         finally:
             turn.release()

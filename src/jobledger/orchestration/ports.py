@@ -14,6 +14,7 @@ from typing import Any, Protocol
 from uuid import UUID
 
 from jobledger.domain.admission import Queued
+from jobledger.domain.batch import Batch
 from jobledger.domain.errors import DuplicateKeyError, VersionConflict
 from jobledger.domain.job import Job
 from jobledger.domain.keys import ConsumedKey
@@ -218,6 +219,13 @@ class JobStore(Protocol):
 
     def schedule_events(self, schedule_uuid: UUID) -> list[Schedule.Event]:
         """The schedule's events in order: its history."""
+
+    def load_batch(self, batch_uuid: UUID) -> Batch | None:
+        """The bulk action's batch at its newest version, or None."""
+
+    def append_batch(self, batch: Batch) -> None:
+        """Write the batch's pending events in one transaction. Raises VersionConflict
+        if it moved on since it was loaded (or, creating it, if it exists)."""
 
     def events(
         self,

@@ -43,16 +43,19 @@ from jobledger.api.live import LogBell, job_events, resume_after
 from jobledger.api.problems import Problem
 from jobledger.api.schedule_models import ScheduleSummary
 from jobledger.api.settings import ApiSettings
+from jobledger.domain.batch import BatchView
 from jobledger.domain.errors import (
     ApprovalError,
     InvalidPayloadError,
     JobFinishedError,
     JobLedgerError,
+    UnknownBatchError,
     UnknownJobError,
 )
 from jobledger.domain.identity import job_uuid
 from jobledger.domain.job import Job
 from jobledger.domain.status import JobStatus, UnknownStatusError, parse_statuses
+from jobledger.engine.bulk_query import BulkQuery
 from jobledger.engine.engine import Engine
 from jobledger.presentation.audit_lines import audit_line, personal_paths
 from jobledger.presentation.figures import money, when
@@ -406,6 +409,7 @@ def _add_jobs(api: APIRouter) -> None:
         status: str = "",
         workflow: str = "",
         after: str = "",
+        batch: str = "",
     ) -> Response:
         page = c.tenant_page(request, tenant)
         if isinstance(page, Response):
@@ -420,11 +424,51 @@ def _add_jobs(api: APIRouter) -> None:
             "counts": {},
             "more": None,
             "error": None,
+            # Only an operator is offered the selection (and the POST checks again).
+            "acts": bool(chosen) and session.principal.may(Role.OPERATOR, chosen),
+            "batch": _batch(c, chosen, batch),
         }
         if chosen:
             context.update(_listing(c, chosen, status, workflow, after))
         refused = 400 if context["error"] is not None else 200
         return c.render("jobs.html", request, session, refused, **context)
+
+    @api.post("/jobs/cancel")
+    def cancel_selected(
+        request: Request,
+        c: Of,
+        tenant: str = Form(),
+        job: Annotated[list[str] | None, Form()] = None,
+        reason: str = Form(""),
+        csrf: str = Form(""),
+    ) -> Response:
+        """The selected jobs cancelled as one batch, by the signed-in operator."""
+        session = c.session(request)
+        if session is None:
+            return c.redirect(f"{PREFIX}/sign-in")
+        if not session.csrf_matches(csrf):
+            return _bad_form(c, request, session, "Not cancelled")
+        if not session.principal.may_read(tenant):
+            return c.not_found(request, session)
+        if not session.principal.may(Role.OPERATOR, tenant):
+            message = "Cancelling jobs takes the operator role in this tenant; nothing was done."
+            return c.render(
+                "message.html", request, session, 403, title="Not cancelled", message=message
+            )
+        if not job:
+            message = "No job was selected; nothing was done."
+            return c.render(
+                "message.html", request, session, 400, title="Not cancelled", message=message
+            )
+        done = c.engine.bulk.bulk(
+            tenant,
+            "cancel",
+            BulkQuery(job_ids=tuple(job)),
+            by=session.principal.subject,
+            reason=reason.strip() or "cancelled from the console",
+        )
+        query = urlencode({"tenant": tenant, "batch": done.batch_id})
+        return c.redirect(f"{PREFIX}/jobs?{query}")
 
     @api.get("/job")
     def job_page(
@@ -488,6 +532,16 @@ def _add_schedules(api: APIRouter) -> None:
             return {"rows": [ScheduleSummary.of(row) for row in c.views.tenant_schedules(chosen)]}
 
         return c.tenant_listing(request, tenant, "schedules.html", rows, {"rows": []})
+
+
+def _batch(c: Console, tenant: str, batch_id: str) -> BatchView | None:
+    """The batch a selection just ran, to say what it did (none unknown to the tenant)."""
+    if not tenant or not batch_id:
+        return None
+    try:
+        return c.engine.bulk.batch(tenant, batch_id)
+    except (UnknownBatchError, InvalidPayloadError):
+        return None
 
 
 def _listing(c: Console, tenant: str, status: str, workflow: str, after: str) -> dict[str, Any]:
