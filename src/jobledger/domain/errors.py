@@ -272,3 +272,20 @@ class ScheduleExistsError(JobLedgerError):
 class ScheduleStateError(JobLedgerError):
     """The command does not apply to the schedule as it is (pausing a paused schedule,
     anything but reading a deleted one)."""
+
+
+class RepairError(JobLedgerError):
+    """A retry, reset or fork refused (``jobledger.domain.repair``): nothing was written."""
+
+
+class RepairStatusError(RepairError):
+    """The job's status (or how it ended) does not allow this repair now."""
+
+
+class RepairStepError(RepairError):
+    """The step named is not one the job can be reset or forked at."""
+
+
+class RepairDivergesError(RepairError):
+    """Replay of the steps kept against the version asked for diverges: that version would
+    not have recorded them."""
