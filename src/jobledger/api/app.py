@@ -22,6 +22,7 @@ from jobledger.api import (
     routes_jobs,
     routes_live,
     routes_metrics,
+    routes_repair,
     routes_replay,
     routes_resume,
     routes_schedules,
@@ -72,6 +73,7 @@ def create_app(
     for routes in (
         routes_jobs,
         routes_inputs,
+        routes_repair,
         routes_approvals,
         routes_audit,
         routes_live,

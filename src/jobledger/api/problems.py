@@ -64,6 +64,8 @@ _REFUSED: tuple[tuple[type[Exception], int], ...] = (
     (errors.ErasureError, 409),
     (errors.ScheduleExistsError, 409),
     (errors.ScheduleStateError, 409),
+    (errors.RepairStepError, 422),
+    (errors.RepairError, 409),
 )
 
 
