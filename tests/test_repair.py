@@ -8,7 +8,17 @@ from decimal import Decimal
 
 import pytest
 
-from jobledger import Engine, FunctionRegistry, JobStatus, StepError, StepRequest
+from jobledger import (
+    Engine,
+    FunctionRegistry,
+    JobStatus,
+    StepContext,
+    StepError,
+    StepRequest,
+    WorkflowContext,
+    step,
+    workflow,
+)
 from jobledger.domain.errors import (
     JobConflictError,
     RepairDivergesError,
@@ -216,9 +226,9 @@ def test_a_reset_to_a_step_out_of_range_writes_nothing(
 ) -> None:
     failed_at_3(engine, executor)
     before = engine.job(T, "j1").version
-    for step in (-1, 3, 9):
-        with pytest.raises(RepairStepError, match=f"cannot be reset to step {step}"):
-            engine.reset(T, "j1", step, by="ops", reason="bad step")
+    for number in (-1, 3, 9):
+        with pytest.raises(RepairStepError, match=f"cannot be reset to step {number}"):
+            engine.reset(T, "j1", number, by="ops", reason="bad step")
     assert engine.job(T, "j1").version == before
     # A failed job may be reset to its last recorded step: the failed step, new key.
     engine.reset(T, "j1", 2, by="ops", reason="new key for step 3")
@@ -281,11 +291,60 @@ def test_a_fork_at_a_step_out_of_range_writes_nothing(engine: Engine) -> None:
     engine.submit(T, "j1", "agent3", workflow_version=1)
     engine.run_until_idle()
     before = engine.job(T, "j1").version
-    for step in (0, 5):
-        with pytest.raises(RepairStepError, match=f"cannot be forked at step {step}"):
-            engine.fork(T, "j1", step, new_job_id="f1", by="ops", reason="bad")
+    for number in (0, 5):
+        with pytest.raises(RepairStepError, match=f"cannot be forked at step {number}"):
+            engine.fork(T, "j1", number, new_job_id="f1", by="ops", reason="bad")
     with pytest.raises(UnknownJobError):
         engine.fork(T, "nope", 1, new_job_id="f2", by="ops", reason="no origin")
     assert engine.job(T, "j1").version == before
     with pytest.raises(UnknownJobError):
         engine.job(T, "f1")
+
+
+# ---- code workflows ---------------------------------------------------------------------
+
+RAN: list[str] = []
+
+
+@step
+def first(ctx: StepContext) -> int:
+    RAN.append(ctx.idempotency_key)
+    return 1
+
+
+@step
+def second(ctx: StepContext, value: int) -> int:
+    RAN.append(ctx.idempotency_key)
+    return value + 1
+
+
+@workflow("coded", version=1)
+async def coded(wf: WorkflowContext) -> int:
+    one = await wf.step(first)
+    two: int = await wf.step(second, one)
+    return await wf.step(second, two)
+
+
+def test_a_code_workflow_reset_replays_its_body_from_the_steps_kept(
+    make_engine: EngineFactory,
+) -> None:
+    RAN.clear()
+    engine = make_engine(registry=None, executor=None, workflows=[coded])
+    engine.submit(T, "c", "coded")
+    engine.run_until_idle()
+    assert engine.job(T, "c").status is JobStatus.COMPLETED
+    # The same engine keeps the body suspended: a reset must not feed it on from there.
+    engine.reset(T, "c", 1, by="ops", reason="again")
+    engine.run_until_idle()
+    view = engine.job(T, "c")
+    assert view.status is JobStatus.COMPLETED
+    assert RAN == [
+        "acme/c:step:1",
+        "acme/c:step:2",
+        "acme/c:step:3",
+        "acme/c:step:2@e1",
+        "acme/c:step:3@e1",
+    ]
+    assert engine.replay(T, "c").safe
+    with pytest.raises(RepairStatusError, match="runs a code workflow"):
+        engine.fork(T, "c", 1, new_job_id="cf", by="ops", reason="no")
