@@ -4,6 +4,7 @@ re-run ones run under the keys the README documents, and every chain verifies.""
 
 from __future__ import annotations
 
+from datetime import timedelta
 from decimal import Decimal
 
 import pytest
@@ -19,6 +20,7 @@ from jobledger import (
     step,
     workflow,
 )
+from jobledger.adapters.clock import FakeClock
 from jobledger.domain.errors import (
     JobConflictError,
     RepairDivergesError,
@@ -29,9 +31,14 @@ from jobledger.domain.errors import (
 )
 from jobledger.domain.job import Job
 from jobledger.domain.steps import ApprovalSpec
+from jobledger.engine.job_commands import SignalOutcome
 from jobledger.orchestration.registry import linear_workflow
+from jobledger.workflows import DefinitionRegistry, parse_definition
+from tests import test_children as children
 from tests.support.engines import CountingExecutor, EngineFactory, agent_steps
-from tests.support.workflows import DONE, STEP, review, sleep_ms
+from tests.support.erasure import ADA, ONBOARDING, PLAINTEXT, Greeter
+from tests.support.workflows import DONE, STEP, review, sleep_ms, wait_event
+from tests.test_erasure import stored_bytes
 
 T = "acme"
 KEY = "acme/j1:step:{}"
@@ -44,6 +51,7 @@ def registry() -> FunctionRegistry:
     found.register("agent3", 1, linear_workflow(agent_steps(3)))
     found.register("agent3", 2, linear_workflow(agent_steps(3)))
     found.register("agent3", 3, linear_workflow([sleep_ms(10), *agent_steps(3)]))
+    found.register("sleepy", 1, linear_workflow([STEP, sleep_ms(3_600_000), STEP, DONE]))
     found.register(
         "gated", 1, linear_workflow([STEP, review(ApprovalSpec(approvers=("ann",))), STEP, DONE])
     )
@@ -187,6 +195,7 @@ def test_a_completed_job_reset_to_step_1_runs_the_later_steps_under_new_keys(
         KEY.format(2) + "@e1": 1,
         KEY.format(3) + "@e1": 1,
     }
+    assert view.total_cost_usd == Decimal("0.50")  # what was spent stays spent
     reset = next(e for e in events(engine) if isinstance(e, Job.Reset))
     assert (reset.step_number, reset.epoch, reset.reset_by) == (1, 1, "ops")
     assert kinds(engine).count("Reset") == 1
@@ -348,3 +357,100 @@ def test_a_code_workflow_reset_replays_its_body_from_the_steps_kept(
     assert engine.replay(T, "c").safe
     with pytest.raises(RepairStatusError, match="runs a code workflow"):
         engine.fork(T, "c", 1, new_job_id="cf", by="ops", reason="no")
+
+
+# ---- map steps and their children -------------------------------------------------------
+
+
+def test_a_reset_parent_spawns_new_children_and_the_superseded_ones_are_cancelled(
+    make_engine: EngineFactory,
+) -> None:
+    engine = children.engine_for(make_engine, children.parent())
+    engine.submit(T, "m1", "mission", input={"topics": ["a", "slow"], "brief": "x"})
+    engine.run_until_idle()
+    assert engine.job(T, "m1").status is JobStatus.WAITING_CHILDREN
+    assert engine.job(T, "m1.1.1").status is JobStatus.WAITING_EVENT
+
+    # A child is repaired through its parent only.
+    with pytest.raises(RepairStatusError, match="is a child of job 'm1'"):
+        engine.reset(T, "m1.1.1", 0, by="ops", reason="no")
+    engine.reset(T, "m1", 0, by="ops", reason="other topics")
+    engine.run_until_idle()
+    assert engine.job(T, "m1.1.1").status is JobStatus.CANCELLED  # superseded, still running
+    assert engine.job(T, "m1.1@e1.0").status is JobStatus.COMPLETED
+    assert engine.job(T, "m1.1@e1.1").status is JobStatus.WAITING_EVENT
+    engine.signal(T, "m1.1@e1.1", "never", {}, signal_id="s1")
+    engine.run_until_idle()
+    parent = engine.job(T, "m1")
+    assert parent.status is JobStatus.COMPLETED
+    assert [f["job_id"] for f in parent.state["findings"]] == ["m1.1@e1.0", "m1.1@e1.1"]
+    assert engine.verify(T, "m1") is None
+
+
+def test_a_job_mid_step_is_not_repaired_and_a_deadline_failure_is_forked_not_retried(
+    engine: Engine, executor: CountingExecutor, clock: FakeClock
+) -> None:
+    refusals: list[str] = []
+
+    def reset_mid_step(request: StepRequest) -> Exception | None:
+        if request.step_number == 2:
+            with pytest.raises(RepairStatusError) as refused:
+                engine.reset(T, "j1", 0, by="ops", reason="now")
+            refusals.append(str(refused.value))
+        return None
+
+    executor.fail_with = reset_mid_step
+    engine.submit(T, "j1", "agent3", workflow_version=1)
+    engine.run_until_idle()
+    assert refusals and "is running a step (worker w0" in refusals[0]
+    assert "Reset" not in kinds(engine)
+
+    engine.submit(T, "late", "sleepy", budget={"deadline_seconds": 60})
+    engine.run_until_idle()
+    clock.advance(timedelta(seconds=61))
+    engine.run_until_idle(wait_for_timers=True)
+    assert engine.job(T, "late").status is JobStatus.FAILED
+    with pytest.raises(RepairStatusError, match="failed by deadline after step 2"):
+        engine.retry(T, "late", by="ops", reason="again")
+    fork = engine.fork(T, "late", 1, new_job_id="late-2", by="ops", reason="a new deadline")
+    assert fork.job.budget.get("deadline_at") is None  # the workflow's defaults: none
+    engine.run_until_idle(wait_for_timers=True)
+    assert engine.job(T, "late-2").status is JobStatus.COMPLETED
+
+
+def test_a_reset_seals_the_personal_state_it_restarts_from_and_such_a_job_is_not_forked(
+    make_engine: EngineFactory, store_url: str
+) -> None:
+    definitions = DefinitionRegistry([parse_definition(ONBOARDING, "onboarding.yaml")])
+    engine = make_engine(registry=definitions, executor=Greeter())
+    engine.submit("acme", "ada", "onboarding", input=ADA, data_subject="ada")
+    engine.run_until_idle()
+    engine.reset("acme", "ada", 1, by="ops", reason="confirm again")
+    assert engine.job("acme", "ada").state["customer"]["email"] == ADA["customer"]["email"]
+    stored = stored_bytes(store_url, engine)
+    assert b"Reset" in stored and not any(value in stored for value in PLAINTEXT)
+    with pytest.raises(RepairStatusError, match="holds personal data"):
+        engine.fork("acme", "ada", 1, new_job_id="ada-2", by="ops", reason="no")
+    assert engine.verify("acme", "ada") is None
+
+
+def test_a_reset_opens_a_wait_again_and_a_signal_id_used_before_stays_used(
+    make_engine: EngineFactory,
+) -> None:
+    waiting = FunctionRegistry()
+    waiting.register("waiter", 1, linear_workflow([STEP, wait_event("go"), STEP, DONE]))
+    engine = make_engine(registry=waiting)
+    engine.submit(T, "w", "waiter")
+    engine.run_until_idle()
+    assert engine.signal(T, "w", "go", {"n": 1}, signal_id="s1") is SignalOutcome.RESUMED
+    engine.run_until_idle()
+    assert engine.job(T, "w").status is JobStatus.COMPLETED
+
+    engine.reset(T, "w", 1, by="ops", reason="wait again")
+    engine.run_until_idle()
+    assert engine.job(T, "w").status is JobStatus.WAITING_EVENT
+    assert engine.signal(T, "w", "go", {"n": 2}, signal_id="s1") is SignalOutcome.DUPLICATE
+    assert engine.signal(T, "w", "go", {"n": 2}, signal_id="s2") is SignalOutcome.RESUMED
+    engine.run_until_idle()
+    view = engine.job(T, "w")
+    assert view.status is JobStatus.COMPLETED and view.state["n"] == 2

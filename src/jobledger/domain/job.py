@@ -13,7 +13,7 @@ from typing import Any, ClassVar
 from eventsourcing.domain import Aggregate
 from eventsourcing.domain import Snapshot as AggregateSnapshot
 
-from jobledger.domain import chain, erasure, identity
+from jobledger.domain import chain, erasure, fan_out, identity
 from jobledger.domain.errors import (
     JobFinishedError,
     JobNotWaitingError,
@@ -658,6 +658,13 @@ class Job(Aggregate):
             job.visits = dict(self.visits)
             job.state = deepcopy(self.state)
             job.join = None
+            # The children of the steps it runs again are no longer waited on.
+            job.children = {
+                child_id: {**plan, fan_out.SUPERSEDED: True}
+                if plan["step_number"] > self.step_number
+                else plan
+                for child_id, plan in job.children.items()
+            }
             job.reopen()
 
     class ForkedFrom(Event):

@@ -91,7 +91,11 @@ def decide(job: Job, resolution: Resolution, *, at: datetime, default_wait_ms: i
         children=[]
         if spawns is None
         else fan_out.plans(
-            spawns, parent_job_id=job.job_id, step_number=step_number, step_key=step_key
+            spawns,
+            parent_job_id=job.job_id,
+            step_number=step_number,
+            step_key=step_key,
+            epoch=job.epoch,
         ),
         join=None
         if spawns is None
