@@ -20,10 +20,16 @@ import pytest
 
 from jobledger import Engine, JobStatus, StepError, StepRequest, Tick
 from jobledger.adapters.clock import FakeClock
+from jobledger.adapters.event_store import EventSourcedJobStore
 from jobledger.adapters.local_queue import LocalQueue
+from jobledger.adapters.locks import lock_for
+from jobledger.adapters.ops import MemoryOps
+from jobledger.adapters.store_url import parse_store_url
 from jobledger.domain.job import Job
 from jobledger.domain.keys import ConsumedKey
 from jobledger.orchestration.ports import JobStore
+from jobledger.orchestration.reconciler import Reconciler
+from jobledger.projections import JobViews
 from tests.support import pythonpath
 from tests.support.crash_worker import TENANT, registry
 from tests.support.engines import CountingExecutor, EngineFactory, StoreAround
@@ -235,3 +241,39 @@ def test_sigkill_right_after_a_repair_committed_then_recover(
         assert repair_events(fresh, JOB) == {}
     ran = finish(fresh, which, clock)
     assert_repaired_once(fresh, which, ran, executor)
+
+
+def test_a_retry_whose_tick_was_lost_is_found_by_the_reconciler_in_the_status_view(
+    make_engine: EngineFactory,
+    store_url: str,
+    clock: FakeClock,
+    ops: MemoryOps,
+    executor: CountingExecutor,
+) -> None:
+    failed_job(make_engine(registry=registry()), executor)
+    crashing = make_engine(registry=registry(), queue=CrashOnEnqueue(clock, "retried"))
+    with pytest.raises(Crash):
+        crashing.retry(TENANT, JOB, by="ops", reason="fixed")
+
+    queue = LocalQueue(clock)
+    fresh = make_engine(registry=registry(), queue=queue)
+    assert isinstance(fresh.store, EventSourcedJobStore)
+    views = JobViews(fresh.store)
+    views.catch_up()
+    [row] = [row for row in views.jobs(limit=10) if row.job_id == JOB]
+    assert (row.status, row.last_error, row.current_step) == ("queued", None, 2)
+    reconciler = Reconciler(
+        views=views,
+        queue=queue,
+        clock=clock,
+        lock=lock_for(parse_store_url(store_url), "reconciler"),
+        ops=ops,
+    )
+    clock.advance(timedelta(seconds=31))
+    assert reconciler.reconcile().enqueued == 1
+    fresh.run_until_idle()
+    reconciler.stop()
+    views.catch_up()
+    [row] = [row for row in views.jobs(limit=10) if row.job_id == JOB]
+    assert row.status == "completed"
+    assert_repaired_once(fresh, "retry", JOB, executor)
