@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 from tests.support.cli import FAIL_VARIABLE, Cli
+from tests.test_evidence_verifier import INDEPENDENT, VERIFIER, run
 from tests.test_signed_events import NOTE, signing_cli
 
 DRAFT, PUBLISH = "acme/n1:step:1", "acme/n1:step:2"
@@ -70,3 +71,12 @@ def test_the_cli_retries_resets_and_forks_a_job_and_every_chain_verifies(
 
     report = cli.json("verify", "--all", "--keyring", "keys/keyring.json")
     assert report["intact"] is True, report
+
+    # The export of the repaired jobs verifies standalone, by both verifiers.
+    export = tmp_path / "export.jsonl"
+    export.write_text(cli.ok("export", "--all"))
+    keyring = str(tmp_path / "keys" / "keyring.json")
+    ours = run(str(VERIFIER), str(export), "--keyring", keyring)
+    assert ours.returncode == 0 and "NOT VERIFIED" not in ours.stdout, ours.stdout
+    theirs = run(str(INDEPENDENT), str(export), "--keyring", keyring)
+    assert theirs.returncode == 0, theirs.stdout
