@@ -35,7 +35,7 @@ from jobledger.engine.job_commands import SignalOutcome
 from jobledger.orchestration.registry import linear_workflow
 from jobledger.workflows import DefinitionRegistry, parse_definition
 from tests import test_children as children
-from tests.support.engines import CountingExecutor, EngineFactory, agent_steps
+from tests.support.engines import CountingExecutor, EngineFactory, agent_steps, store_of
 from tests.support.erasure import ADA, ONBOARDING, PLAINTEXT, Greeter
 from tests.support.workflows import DONE, STEP, review, sleep_ms, wait_event
 from tests.test_erasure import stored_bytes
@@ -454,3 +454,29 @@ def test_a_reset_opens_a_wait_again_and_a_signal_id_used_before_stays_used(
     engine.run_until_idle()
     view = engine.job(T, "w")
     assert view.status is JobStatus.COMPLETED and view.state["n"] == 2
+
+
+def test_a_snapshot_taken_after_a_reset_or_a_fork_keeps_the_epoch_and_the_origin(
+    make_engine: EngineFactory, executor: CountingExecutor
+) -> None:
+    config = {"snapshot_interval": 2, "cache_size": 0}
+    engine = make_engine(registry=registry(), config=config)
+    engine.submit(T, "j1", "agent3", workflow_version=1)
+    engine.run_until_idle()
+    engine.reset(T, "j1", 1, by="ops", reason="again")
+    engine.run_until_idle()
+    engine.fork(T, "j1", 2, new_job_id="f1", by="ops", reason="variant")
+    engine.run_until_idle()
+
+    cold = make_engine(registry=registry(), config=config)  # folds from the snapshots
+    for job_id in ("j1", "f1"):
+        uuid = cold.jobs.load(T, job_id).id
+        snapshots = store_of(cold).partition(uuid).snapshots
+        assert snapshots is not None and list(snapshots.get(uuid)), job_id
+    assert (cold.jobs.load(T, "j1").epoch, cold.jobs.load(T, "f1").epoch) == (1, 0)
+    assert cold.jobs.load(T, "j1").step_key(3) == KEY.format(3) + "@e1"
+    assert cold.jobs.load(T, "f1").forked_from == {"job_id": "j1", "step_number": 2}
+    assert cold.jobs.load(T, "j1").forked_from is None
+    cold.reset(T, "j1", 2, by="ops", reason="once more")
+    cold.run_until_idle()
+    assert executor.calls[KEY.format(3) + "@e2"] == 1
