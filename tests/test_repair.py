@@ -480,3 +480,23 @@ def test_a_snapshot_taken_after_a_reset_or_a_fork_keeps_the_epoch_and_the_origin
     cold.reset(T, "j1", 2, by="ops", reason="once more")
     cold.run_until_idle()
     assert executor.calls[KEY.format(3) + "@e2"] == 1
+
+
+def test_a_job_whose_wait_timed_out_is_reset_to_the_step_before_the_wait(
+    make_engine: EngineFactory, clock: FakeClock
+) -> None:
+    waiting = FunctionRegistry()
+    waiting.register("waiter", 1, linear_workflow([STEP, wait_event("go", 1000), STEP, DONE]))
+    engine = make_engine(registry=waiting)
+    engine.submit(T, "w", "waiter")
+    engine.run_until_idle()
+    clock.advance(timedelta(seconds=2))
+    engine.run_until_idle(wait_for_timers=True)
+    assert engine.job(T, "w").status is JobStatus.FAILED  # timed out waiting after step 2
+    with pytest.raises(RepairStatusError, match="failed by wait_timeout"):
+        engine.retry(T, "w", by="ops", reason="no")
+    with pytest.raises(RepairStepError, match="steps allowed: 0 to 1"):
+        engine.reset(T, "w", 2, by="ops", reason="nowhere to go from the timed-out wait")
+    engine.reset(T, "w", 1, by="ops", reason="wait again")
+    engine.run_until_idle()
+    assert engine.job(T, "w").status is JobStatus.WAITING_EVENT

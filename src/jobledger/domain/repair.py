@@ -6,7 +6,8 @@
   out, an approval rejected or expired, a join failed, a ``fail`` step, a deadline that
   passed mid-wait): reset the job to the step before to run it again.
 - **reset** runs the job again from after step N (0 <= N < the last step it recorded, or
-  up to that step for a failed job): the steps recorded after N are superseded.
+  up to that step for a job a retry would take): the steps recorded after N are
+  superseded.
 - **fork** starts a new job after step N (1 <= N <= the last step recorded), with the state
   as of N.
 
@@ -47,12 +48,21 @@ def check_repairable(job: Job, what: str, now: datetime, kept_until: datetime | 
         )
 
 
+def failure(job: Job, events: Sequence[Job.Event]) -> Job.Failed | None:
+    """The ``Failed`` that ended the job in its next step, before that step recorded
+    anything (None: not failed, or failed by a step it recorded, a ``fail`` step)."""
+    if job.status is not JobStatus.FAILED:
+        return None
+    failed = next((e for e in reversed(events) if isinstance(e, Job.Failed)), None)
+    return failed if failed is not None and failed.step_number == job.current_step + 1 else None
+
+
 def retry_cause(job: Job, events: Sequence[Job.Event]) -> str:
     """The cause of the failure a retry reopens, or the error that says why not."""
     if job.status is not JobStatus.FAILED:
         raise RepairStatusError(f"job {job.job_id!r} is {job.status}: only a failed job is retried")
-    failed = next((e for e in reversed(events) if isinstance(e, Job.Failed)), None)
-    if failed is None or failed.step_number != job.current_step + 1:
+    failed = failure(job, events)
+    if failed is None:
         raise RepairStatusError(
             f"job {job.job_id!r} failed in its recorded step {job.current_step} (a fail step): "
             f"reset it to step {job.current_step - 1} to run that step again"
@@ -65,10 +75,13 @@ def retry_cause(job: Job, events: Sequence[Job.Event]) -> str:
     return failed.cause
 
 
-def check_reset_step(job: Job, step_number: int) -> None:
-    """0 <= N < the last step recorded; a failed job may also be reset to that step (its
-    failed step then re-runs under a new key)."""
-    last = job.current_step if job.status is JobStatus.FAILED else job.current_step - 1
+def check_reset_step(job: Job, step_number: int, events: Sequence[Job.Event]) -> None:
+    """0 <= N < the last step recorded; a job a retry would take may also be reset to
+    that step (its failed step then re-runs under a new key). Not a job that failed after
+    its last step: that step's end (a wait timed out, a rejection) left it nowhere to go."""
+    failed = failure(job, events)
+    retryable = failed is not None and failed.cause in RETRYABLE_CAUSES
+    last = job.current_step if retryable else job.current_step - 1
     if not 0 <= step_number <= last:
         allowed = f"0 to {last}" if last >= 0 else "none"
         raise RepairStepError(

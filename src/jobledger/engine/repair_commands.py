@@ -137,9 +137,9 @@ class RepairCommands:
         def rewind(job: Job) -> list[ConsumedKey]:
             now = self._clock.now()
             repair.check_repairable(job, "reset", now, self._jobs.kept_until(job))
-            repair.check_reset_step(job, step)
-            finished.append(job.status.is_terminal)
             events = self._store.events(job.id, to_version=job.version)
+            repair.check_reset_step(job, step, events)
+            finished.append(job.status.is_terminal)
             kept = repair.as_of(events, step)
             target = self._target(job, to_version, kept)
             job.reset(
@@ -184,7 +184,7 @@ class RepairCommands:
         if existing is not None:
             return self._finish_fork(origin, existing, step, by, reason)
         now = self._clock.now()
-        repair.check_repairable(origin, "forked", now, None)
+        repair.check_repairable(origin, "forked", now, self._jobs.kept_until(origin))
         repair.check_fork_step(origin, step)
         self._check_forkable(origin)
         kept = repair.as_of(self._store.events(origin.id, to_version=origin.version), step)
