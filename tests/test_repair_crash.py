@@ -11,6 +11,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 from collections import Counter
 from dataclasses import dataclass
 from datetime import timedelta
@@ -18,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from jobledger import Engine, JobStatus, StepError, StepRequest, Tick
+from jobledger import Engine, JobStatus, RepairStatusError, StepError, StepRequest, Tick
 from jobledger.adapters.clock import FakeClock
 from jobledger.adapters.event_store import EventSourcedJobStore
 from jobledger.adapters.local_queue import LocalQueue
@@ -277,3 +278,29 @@ def test_a_retry_whose_tick_was_lost_is_found_by_the_reconciler_in_the_status_vi
     [row] = [row for row in views.jobs(limit=10) if row.job_id == JOB]
     assert row.status == "completed"
     assert_repaired_once(fresh, "retry", JOB, executor)
+
+
+def test_two_engines_retrying_one_job_at_once_retry_it_once(
+    make_engine: EngineFactory, executor: CountingExecutor
+) -> None:
+    engines = [make_engine(registry=registry()) for _ in range(2)]
+    failed_job(engines[0], executor)
+    start = threading.Barrier(2)
+    outcomes: list[str] = []
+
+    def retry(engine: Engine) -> None:
+        start.wait()
+        try:
+            engine.retry(TENANT, JOB, by="ops", reason="at once")
+            outcomes.append("retried")
+        except RepairStatusError as refused:
+            outcomes.append(str(refused))
+
+    threads = [threading.Thread(target=retry, args=(engine,)) for engine in engines]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    assert sorted(outcomes)[-1] == "retried"
+    assert "is queued: only a failed job is retried" in sorted(outcomes)[0]
+    assert repair_events(engines[1], JOB) == {"Retried": 1}
