@@ -80,3 +80,7 @@ def test_repairs_over_http_are_refused_with_the_right_problem_and_write_nothing(
         engine.run_until_idle()
         wrong_status = problem(http.post("/v1/jobs/acme/j/retry", json={"reason": "r"}), 409)
         assert wrong_status["error"] == "RepairStatusError"
+        engine.submit("acme", "taken", "agent3")
+        taken = {"step": 1, "new_job_id": "taken", "reason": "r"}
+        conflict = problem(http.post("/v1/jobs/acme/j/fork", json=taken), 409)
+        assert conflict["error"] == "JobConflictError"

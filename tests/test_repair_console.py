@@ -75,6 +75,18 @@ def test_an_operator_retries_a_failed_job_in_the_console_and_watches_it_complete
     assert page.text("#chain") == "chain intact"
     assert executor.calls["acme/j1:step:3"] == 2 and executor.calls["acme/j1:step:1"] == 1
     page.shot("completed")
+
+    # Reset to after step 1 from the page: steps 2 on run again, under the next epoch.
+    page.open(JOB_PAGE)
+    page.find("#reset-form [name=step]").clear()
+    page.find("#reset-form [name=step]").send_keys("1")
+    page.find("#reset-form [name=reason]").send_keys("redo from step 2")
+    page.find("#reset").click()
+    page.wait(lambda: page.text("#status") == "queued", "the reset job's page")
+    assert engine.history("acme", "j1")[-1].data["reset_by"] == "olga"
+    engine.run_until_idle()
+    page.wait(lambda: page.text("#status") == "completed", "the reset job completed")
+    assert executor.calls["acme/j1:step:2@e1"] == 1
     # No script or CSP error; the refused reset's page was a 409, as a refusal is.
     errors = page.severe_console_errors()
     assert [e for e in errors if "/console/job/repair" not in e or "409" not in e] == []
