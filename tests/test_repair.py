@@ -410,8 +410,10 @@ def test_a_job_mid_step_is_not_repaired_and_a_deadline_failure_is_forked_not_ret
     clock.advance(timedelta(seconds=61))
     engine.run_until_idle(wait_for_timers=True)
     assert engine.job(T, "late").status is JobStatus.FAILED
-    with pytest.raises(RepairStatusError, match="failed by deadline after step 2"):
+    with pytest.raises(RepairStatusError, match=r"past its deadline .*: retried, it would"):
         engine.retry(T, "late", by="ops", reason="again")
+    with pytest.raises(RepairStatusError, match=r"past its deadline .*: reset, it would"):
+        engine.reset(T, "late", 1, by="ops", reason="again")
     fork = engine.fork(T, "late", 1, new_job_id="late-2", by="ops", reason="a new deadline")
     assert fork.job.budget.get("deadline_at") is None  # the workflow's defaults: none
     engine.run_until_idle(wait_for_timers=True)

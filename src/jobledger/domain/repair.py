@@ -48,6 +48,17 @@ def check_repairable(job: Job, what: str, now: datetime, kept_until: datetime | 
         )
 
 
+def check_deadline(job: Job, what: str, now: datetime) -> None:
+    """A job past its deadline would fail again at its next tick: a fork (with a budget
+    of its own) runs it on instead."""
+    deadline = job.deadline_at
+    if deadline is not None and deadline <= now:
+        raise RepairStatusError(
+            f"job {job.job_id!r} is past its deadline ({deadline.isoformat()}): "
+            f"{what}, it would fail again at once; fork it (a fork has a budget of its own)"
+        )
+
+
 def failure(job: Job, events: Sequence[Job.Event]) -> Job.Failed | None:
     """The ``Failed`` that ended the job in its next step, before that step recorded
     anything (None: not failed, or failed by a step it recorded, a ``fail`` step)."""

@@ -95,6 +95,7 @@ class RepairCommands:
             now = self._clock.now()
             repair.check_repairable(job, "retried", now, self._jobs.kept_until(job))
             events = self._store.events(job.id, to_version=job.version)
+            repair.check_deadline(job, "retried", now)
             cause = repair.retry_cause(job, events)
             # The failure itself is what the retry takes back: the steps before it stay.
             failed_at = max(i for i, e in enumerate(events) if isinstance(e, Job.Failed))
@@ -139,6 +140,7 @@ class RepairCommands:
             repair.check_repairable(job, "reset", now, self._jobs.kept_until(job))
             events = self._store.events(job.id, to_version=job.version)
             repair.check_reset_step(job, step, events)
+            repair.check_deadline(job, "reset", now)
             finished.append(job.status.is_terminal)
             kept = repair.as_of(events, step)
             target = self._target(job, to_version, kept)
