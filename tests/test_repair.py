@@ -33,6 +33,7 @@ from jobledger.domain.job import Job
 from jobledger.domain.steps import ApprovalSpec
 from jobledger.engine.job_commands import SignalOutcome
 from jobledger.orchestration.registry import linear_workflow
+from jobledger.projections import JobViews
 from jobledger.workflows import DefinitionRegistry, parse_definition
 from tests import test_children as children
 from tests.support.engines import CountingExecutor, EngineFactory, agent_steps, store_of
@@ -502,3 +503,21 @@ def test_a_job_whose_wait_timed_out_is_reset_to_the_step_before_the_wait(
     engine.reset(T, "w", 1, by="ops", reason="wait again")
     engine.run_until_idle()
     assert engine.job(T, "w").status is JobStatus.WAITING_EVENT
+
+
+def test_a_reset_closes_the_open_approval_in_the_approvals_view_until_it_is_asked_again(
+    engine: Engine,
+) -> None:
+    engine.submit(T, "g", "gated")
+    engine.run_until_idle()
+    views = JobViews(store_of(engine))
+    views.catch_up()
+    assert [a["approval_id"] for a in views.pending_approvals(T)] == ["g:step:2:approval"]
+    engine.reset(T, "g", 0, by="ops", reason="from the start")
+    views.catch_up()
+    assert views.pending_approvals(T) == []
+    engine.run_until_idle()
+    views.catch_up()
+    assert [a["approval_id"] for a in views.pending_approvals(T)] == ["g:step:2@e1:approval"]
+    [row] = [row for row in views.jobs(limit=10) if row.job_id == "g"]
+    assert (row.status, row.pending_approval) == ("awaiting_approval", "g:step:2@e1:approval")
