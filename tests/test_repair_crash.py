@@ -206,7 +206,7 @@ def test_a_crash_at_each_write_point_of_a_repair_then_recover(
 # ---- a real SIGKILL ---------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("which", ["reset", "fork"])
+@pytest.mark.parametrize("which", ["retry", "reset", "fork"])
 def test_sigkill_right_after_a_repair_committed_then_recover(
     which: str,
     store_url: str,
@@ -232,8 +232,8 @@ def test_sigkill_right_after_a_repair_committed_then_recover(
         doomed.communicate()
 
     fresh = make_engine(registry=registry(), config={"lease_ms": LEASE_MS})
-    if which == "reset":
-        assert repair_events(fresh, JOB) == {"Reset": 1}
+    if which != "fork":
+        assert repair_events(fresh, JOB) == {"Retried" if which == "retry" else "Reset": 1}
         assert fresh.job(TENANT, JOB).status is JobStatus.QUEUED  # on no queue: killed first
     else:
         # Killed between the fork's write and its origin's: the fork names its origin,
