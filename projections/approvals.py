@@ -50,5 +50,5 @@ def apply(d: StoreBackend, curs: Cursor, tenant_id: str, job_id: str, event: Job
             d.sql(f"DELETE FROM {t} WHERE job_uuid = :job_uuid AND approval_id = :approval_id"),
             {**key, "approval_id": event.approval_id},
         )
-    elif isinstance(event, (Job.Cancelled, Job.Failed)):
+    elif isinstance(event, (Job.Cancelled, Job.Failed, Job.Reset)):
         curs.execute(d.sql(f"DELETE FROM {t} WHERE job_uuid = :job_uuid"), key)

@@ -20,11 +20,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from jobledger import StepRequest, StepResult
+from jobledger import StepError, StepRequest, StepResult
 from tests.support import pythonpath
 from tests.support.engines import TOKEN_SECRET
 
 EFFECTS_VARIABLE = "CLI_SUPPORT_EFFECTS"
+FAIL_VARIABLE = "CLI_SUPPORT_FAIL"
+"""Comma-separated tasks whose steps raise a StepError (after their effect is written)."""
 
 
 class RecordingExecutor:
@@ -34,6 +36,8 @@ class RecordingExecutor:
         if path:
             with open(path, "a", encoding="utf-8") as effects:
                 effects.write(f"{request.idempotency_key}\n")
+        if task in os.environ.get(FAIL_VARIABLE, "").split(","):
+            raise StepError(f"{task} failed", retryable=False)
         return StepResult(output={"task": task}, state_patch={f"did_{task}": True}, cost_usd="0.10")
 
 

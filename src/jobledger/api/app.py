@@ -24,6 +24,7 @@ from jobledger.api import (
     routes_jobs,
     routes_live,
     routes_metrics,
+    routes_repair,
     routes_replay,
     routes_resume,
     routes_schedules,
@@ -78,6 +79,7 @@ def create_app(
     for routes in (
         routes_jobs,
         routes_inputs,
+        routes_repair,
         routes_approvals,
         routes_audit,
         routes_live,

@@ -67,6 +67,8 @@ _REFUSED: tuple[tuple[type[Exception], int], ...] = (
     (errors.ScheduleExistsError, 409),
     (errors.ScheduleStateError, 409),
     (errors.BatchExistsError, 409),
+    (errors.RepairStepError, 422),
+    (errors.RepairError, 409),
 )
 
 

@@ -26,7 +26,9 @@ How the request is rebuilt (the engine does not record it as such):
   otherwise it is not recorded and ``"replay"`` is used. Definitions do not read it.
 
 A failure recorded as a resolution error (``Failed`` with cause ``definition``) is
-replayed too: resolving without an error there is a divergence.
+replayed too: resolving without an error there is a divergence. Records a repair
+superseded (steps after a ``Reset``'s step, a failure a ``Retried`` reopened) are folded
+but not compared (``jobledger.domain.repair.superseded``).
 
 What is compared cannot drift from what the engine does: the replayed decision comes from
 ``jobledger.domain.transition.decide``, the function the tick records every step with, and it is
@@ -49,6 +51,7 @@ from jobledger.audit.errors import ReplayError
 from jobledger.config import TickOptions
 from jobledger.domain import erasure, transition
 from jobledger.domain.job import Claim, Job
+from jobledger.domain.repair import superseded
 from jobledger.domain.status import JobStatus
 from jobledger.domain.steps import HistoryReader, Resolution, ResolveRequest
 from jobledger.domain.substate import EventWait
@@ -211,12 +214,16 @@ def replay_job(
     claim: _Claim | None = None
     tick_reasons: dict[str, str] = {}
     unreadable: list[str] = []
+    # A step a reset superseded, or a failure a retry reopened, was decided again since.
+    skipped = superseded(events)
     for index, event in enumerate(events):
         if job is None and not isinstance(event, Job.Submitted):
             raise ReplayError(f"the history starts with {type(event).__name__}, not Submitted")
         if isinstance(definition, WorkflowDefinition) and isinstance(event, Job.Submitted):
             _check_type(event.workflow_type, definition)
-        if job is not None and isinstance(event, Job.StepRecorded):
+        if index in skipped:
+            pass
+        elif job is not None and isinstance(event, Job.StepRecorded):
             before = _history(events, index)
             request = _request(job, claim, tick_reasons, target, event.started_at, before)
             recorded = _recorded(

@@ -30,6 +30,7 @@ from jobledger.cli import (
     commands_jobs,
     commands_keys,
     commands_ops,
+    commands_repair,
     commands_schedules,
 )
 from jobledger.cli.session import Exit, report_error
@@ -83,6 +84,9 @@ app.command()(commands_decisions.resume)
 app.command()(commands_decisions.signal)
 app.command()(commands_decisions.cancel)
 app.command("raise-budget")(commands_decisions.raise_budget)
+app.command()(commands_repair.retry)
+app.command()(commands_repair.reset)
+app.command()(commands_repair.fork)
 app.add_typer(commands_decisions.token_app, name="token")
 app.add_typer(commands_schedules.app, name="schedule")
 app.add_typer(commands_bulk.app, name="bulk")

@@ -303,3 +303,20 @@ class BatchExistsError(JobLedgerError):
 
 class BatchBusyError(ConcurrencyError):
     """Another runner recorded an outcome of the batch meanwhile: it is on it."""
+
+
+class RepairError(JobLedgerError):
+    """A retry, reset or fork refused (``jobledger.domain.repair``): nothing was written."""
+
+
+class RepairStatusError(RepairError):
+    """The job's status (or how it ended) does not allow this repair now."""
+
+
+class RepairStepError(RepairError):
+    """The step named is not one the job can be reset or forked at."""
+
+
+class RepairDivergesError(RepairError):
+    """Replay of the steps kept against the version asked for diverges: that version would
+    not have recorded them."""

@@ -50,10 +50,12 @@ class MapRequest:
         }
 
 
-def child_job_id(parent_job_id: str, step_number: int, index: int) -> str:
+def child_job_id(parent_job_id: str, step_number: int, index: int, epoch: int = 0) -> str:
     """``{parent}.{step}.{index}``, readable in listings; a parent id too long for that
-    gets a derived id of fixed length instead."""
-    readable = f"{parent_job_id}.{step_number}.{index}"
+    gets a derived id of fixed length instead. A parent reset (``epoch`` > 0) spawns new
+    children: ``{parent}.{step}@e{epoch}.{index}``."""
+    step = f"{step_number}" if epoch == 0 else f"{step_number}@e{epoch}"
+    readable = f"{parent_job_id}.{step}.{index}"
     if len(readable) <= MAX_JOB_ID:
         return readable
     return f"child-{uuid5(NAMESPACE_URL, readable).hex}"
@@ -65,14 +67,14 @@ def child_submit_key(step_key: str, index: int) -> str:
 
 
 def plans(
-    request: MapRequest, *, parent_job_id: str, step_number: int, step_key: str
+    request: MapRequest, *, parent_job_id: str, step_number: int, step_key: str, epoch: int = 0
 ) -> list[JSON]:
     """The children a map step spawns, as ``Job.ChildrenSpawned`` stores them."""
     return [
         {
             "index": index,
             "step_number": step_number,
-            "job_id": child_job_id(parent_job_id, step_number, index),
+            "job_id": child_job_id(parent_job_id, step_number, index, epoch),
             "submit_key": child_submit_key(step_key, index),
             "workflow_type": request.workflow_type,
             "workflow_version": request.workflow_version,
@@ -108,7 +110,7 @@ def verdict(join: Mapping[str, Any], children: Mapping[str, JSON]) -> Verdict | 
     fail_fast: any child that ends without completing fails the parent. collect: such
     ends are kept as results; the join is met when ``need`` children completed (every
     child finished, for ``all``), and fails once too few are left to reach ``need``."""
-    ours = [c for c in children.values() if c["step_number"] == join["step_number"]]
+    ours = joined(join, children)
     ends = [c["end"] for c in ours if c["end"] is not None]
     completed = sum(1 for end in ends if end["status"] == JobStatus.COMPLETED)
     unsuccessful = [c for c in ours if c["end"] is not None and c["end"]["status"] != "completed"]
@@ -134,11 +136,15 @@ def verdict(join: Mapping[str, Any], children: Mapping[str, JSON]) -> Verdict | 
 def results(join: Mapping[str, Any], children: Mapping[str, JSON]) -> list[JSON]:
     """One entry per item, in item order: the child, its status, and its result (its
     final state) or error. A child still running is ``unfinished``."""
-    ours = sorted(
-        (c for c in children.values() if c["step_number"] == join["step_number"]),
-        key=lambda c: int(c["index"]),
-    )
+    ours = sorted(joined(join, children), key=lambda c: int(c["index"]))
     return [_result(child) for child in ours]
+
+
+def joined(join: Mapping[str, Any], children: Mapping[str, JSON]) -> list[JSON]:
+    """The children the join waits on: its step's, but those a reset superseded (the
+    step's children of an earlier epoch, ``SUPERSEDED``)."""
+    step = join["step_number"]
+    return [c for c in children.values() if c["step_number"] == step and not c.get(SUPERSEDED)]
 
 
 def _result(child: Mapping[str, Any]) -> JSON:
@@ -149,6 +155,11 @@ def _result(child: Mapping[str, Any]) -> JSON:
     if end["status"] == JobStatus.COMPLETED:
         return {**entry, "status": end["status"], "result": deepcopy(end["result"])}
     return {**entry, "status": end["status"], "error": end["error"]}
+
+
+SUPERSEDED = "superseded"
+"""Set on a child whose map step a reset superseded (``Job.Reset``): no join counts it, it
+is never spawned if it was not yet, and it is cancelled if it still runs."""
 
 
 def unfinished(children: Mapping[str, JSON]) -> list[JSON]:

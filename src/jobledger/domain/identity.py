@@ -21,15 +21,30 @@ def job_uuid(tenant_id: str, job_id: str) -> UUID:
     return uuid5(JOB_NAMESPACE, f"{len(tenant_id)}:{tenant_id}/{job_id}")
 
 
-def step_key(tenant_id: str, job_id: str, step_number: int, scheme: int = KEY_SCHEME) -> str:
+def step_key(
+    tenant_id: str, job_id: str, step_number: int, scheme: int = KEY_SCHEME, epoch: int = 0
+) -> str:
     """Stable across every re-delivery: never the claim version, never the tick reason.
 
     Unique across tenants: the tenant comes first and its own '/' is escaped, so the first
-    '/' ends it and ("x/y", "z") and ("x", "y/z") get different keys."""
-    if scheme == LEGACY_KEY_SCHEME:
-        return f"{job_id}:step:{step_number}"
-    tenant = tenant_id.replace("%", "%25").replace("/", "%2F")
-    return f"{tenant}/{job_id}:step:{step_number}"
+    '/' ends it and ("x/y", "z") and ("x", "y/z") get different keys.
+
+    ``epoch``: how many times the job was reset (``Job.Reset``). A reset re-runs its later
+    steps as new calls, so they get new keys (``...:step:4@e1``); epoch 0, every job never
+    reset, keeps the keys it always had, byte for byte."""
+    key = (
+        f"{job_id}:step:{step_number}"
+        if scheme == LEGACY_KEY_SCHEME
+        else f"{tenant_id.replace('%', '%25').replace('/', '%2F')}/{job_id}:step:{step_number}"
+    )
+    return key if epoch == 0 else f"{key}@e{epoch}"
+
+
+def approval_id(job_id: str, step_number: int, epoch: int = 0) -> str:
+    """The id of the approval request a step opens: consumed once per job when decided,
+    so a reset's epoch makes the request it opens again a new one (epoch 0: as always)."""
+    step = f"{step_number}" if epoch == 0 else f"{step_number}@e{epoch}"
+    return f"{job_id}:step:{step}:approval"
 
 
 def key_uuid(tenant_id: str, kind: str, key: str) -> UUID:

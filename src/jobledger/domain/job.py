@@ -13,7 +13,7 @@ from typing import Any, ClassVar
 from eventsourcing.domain import Aggregate
 from eventsourcing.domain import Snapshot as AggregateSnapshot
 
-from jobledger.domain import chain, erasure, identity
+from jobledger.domain import chain, erasure, fan_out, identity
 from jobledger.domain.errors import (
     JobFinishedError,
     JobNotWaitingError,
@@ -114,6 +114,12 @@ class Job(Aggregate):
     priority: int | None
     """0-9, higher admitted first (``jobledger.domain.admission``); None: the default. Kept in a
     snapshot only when set."""
+    epoch: int
+    """How many times the job was reset (``Reset``): its step keys name it from 1 on
+    (``jobledger.domain.identity.step_key``). Kept in a snapshot only when not 0."""
+    forked_from: JSON | None
+    """For a fork: ``{job_id, step_number}`` of the job it was forked from (``ForkedFrom``).
+    Kept in a snapshot only when set."""
 
     # Version 2 holds ``key_scheme``, 3 ``personal_data``; older snapshots are upcast.
     class_version = 3
@@ -133,7 +139,9 @@ class Job(Aggregate):
 
     def step_key(self, step_number: int) -> str:
         """The idempotency key of the job's step ``step_number``, in the job's own scheme."""
-        return identity.step_key(self.tenant_id, self.job_id, step_number, self.key_scheme)
+        return identity.step_key(
+            self.tenant_id, self.job_id, step_number, self.key_scheme, self.epoch
+        )
 
     class Snapshot(AggregateSnapshot):
         """Snapshots store the job's parts as the JSON objects they always were."""
@@ -153,8 +161,8 @@ class Job(Aggregate):
             if state.get("priority") is None:
                 # Likewise a job submitted without a priority.
                 state.pop("priority", None)
-            # Likewise a job with no parent and no children keeps its bytes.
-            for name, empty in _FAMILY_DEFAULTS.items():
+            # Likewise a job with no parent and no children, never reset or forked.
+            for name, empty in _OMITTED_WHEN_EMPTY.items():
                 if state.get(name, empty) == empty:
                     state.pop(name, None)
             return snapshot
@@ -171,7 +179,7 @@ class Job(Aggregate):
             job.inbox = tuple(BufferedSignal.from_dict(m) for m in vars(job)["inbox"])
             job.personal_data = tuple(vars(job)["personal_data"])
             job.trace_context = vars(job).get("trace_context")
-            for name, empty in _FAMILY_DEFAULTS.items():
+            for name, empty in _OMITTED_WHEN_EMPTY.items():
                 setattr(job, name, deepcopy(vars(job).get(name, empty)))
             job.children_cost_usd = Decimal(job.children_cost_usd)
             job.priority = vars(job).get("priority")
@@ -247,6 +255,8 @@ class Job(Aggregate):
             job.join = None
             job.children_cost_usd = Decimal(0)
             job.priority = self.priority
+            job.epoch = 0
+            job.forked_from = None
             job.chain_head = chain.GENESIS
             job.status = JobStatus.QUEUED
             job.current_step = 0
@@ -604,6 +614,85 @@ class Job(Aggregate):
 
         def evolve(self, job: Job) -> None:
             job.workflow_version = self.to_version
+
+    class Retried(Event):
+        """A failed job reopened at the step that failed, as a new attempt of it under the
+        same step key (``jobledger.domain.repair``): who, why, and on which version. The
+        failure stays in the history before it."""
+
+        step_number: int
+        cause: str
+        """The ``Failed`` cause it reopens (``step`` or ``definition``)."""
+        from_version: int
+        to_version: int
+        retried_by: str
+        reason: str
+        replay_verdict: str
+        """Replay of the recorded steps against ``to_version`` (the same version: not run)."""
+
+        def evolve(self, job: Job) -> None:
+            job.workflow_version = self.to_version
+            job.reopen()
+
+    class Reset(Event):
+        """The job runs again from after its step ``step_number``: the steps recorded after
+        it are superseded, and re-run under the new ``epoch`` (new step keys). The state,
+        cursor and visits are those the job had before its next step ran then."""
+
+        step_number: int
+        epoch: int
+        from_version: int
+        to_version: int
+        reset_by: str
+        reason: str
+        replay_verdict: str
+        state: JSON
+        cursor: str | None
+        visits: dict[str, int]
+
+        def evolve(self, job: Job) -> None:
+            job.workflow_version = self.to_version
+            job.epoch = self.epoch
+            job.current_step = self.step_number
+            job.cursor = self.cursor
+            job.visits = dict(self.visits)
+            job.state = deepcopy(self.state)
+            job.join = None
+            # The children of the steps it runs again are no longer waited on.
+            job.children = {
+                child_id: {**plan, fan_out.SUPERSEDED: True}
+                if plan["step_number"] > self.step_number
+                else plan
+                for child_id, plan in job.children.items()
+            }
+            job.reopen()
+
+    class ForkedFrom(Event):
+        """A fork's second event, in its submit's append: the job it was forked from and
+        where. The fork starts after ``step_number`` with that job's state then (its own
+        ``Submitted.state``), cursor and visits; it never ran the steps before."""
+
+        origin_job_id: str
+        step_number: int
+        cursor: str | None
+        visits: dict[str, int]
+        forked_by: str
+        reason: str
+
+        def evolve(self, job: Job) -> None:
+            job.forked_from = {"job_id": self.origin_job_id, "step_number": self.step_number}
+            job.current_step = self.step_number
+            job.cursor = self.cursor
+            job.visits = dict(self.visits)
+
+    class Forked(Event):
+        """This job was forked at ``step_number`` into ``fork_job_id`` (whose history
+        names this one in its ``ForkedFrom``). Changes nothing here."""
+
+        fork_job_id: str
+        step_number: int
+        forked_by: str
+        reason: str
 
     class ApprovalRerouted(Event):
         """The open approval request as another definition version words it (after a
@@ -1106,6 +1195,87 @@ class Job(Aggregate):
             why = f"migrated from v{from_version} to v{to_version}"
             self._append(Job.ApprovalRerouted, now, approval=approval.to_dict(), reason=why)
 
+    def retry(
+        self,
+        *,
+        cause: str,
+        to_version: int,
+        retried_by: str,
+        reason: str,
+        replay_verdict: str,
+        now: datetime,
+    ) -> None:
+        """Reopen a failed job at the step that failed (the caller checked the rules of
+        ``jobledger.domain.repair``)."""
+        if self.status is not JobStatus.FAILED:
+            raise ValueError(f"job {self.job_id!r} is {self.status}, not failed")
+        self._append(
+            Job.Retried,
+            now,
+            step_number=self.current_step + 1,
+            cause=cause,
+            from_version=self.workflow_version,
+            to_version=to_version,
+            retried_by=retried_by,
+            reason=reason,
+            replay_verdict=replay_verdict,
+        )
+
+    def reset(
+        self,
+        *,
+        step_number: int,
+        as_of: Job,
+        to_version: int,
+        reset_by: str,
+        reason: str,
+        replay_verdict: str,
+        now: datetime,
+    ) -> None:
+        """Run again from after ``step_number``, with the state ``as_of`` held (the job
+        folded up to just before its next step then), under the next epoch."""
+        self._append(
+            Job.Reset,
+            now,
+            step_number=step_number,
+            epoch=self.epoch + 1,
+            from_version=self.workflow_version,
+            to_version=to_version,
+            reset_by=reset_by,
+            reason=reason,
+            replay_verdict=replay_verdict,
+            state=deepcopy(as_of.state),
+            cursor=as_of.cursor,
+            visits=dict(as_of.visits),
+        )
+
+    def start_fork(
+        self, *, origin: Job, step_number: int, forked_by: str, reason: str, now: datetime
+    ) -> None:
+        """The fork's own record of its origin (``origin`` folded as of the fork point)."""
+        self._append(
+            Job.ForkedFrom,
+            now,
+            origin_job_id=origin.job_id,
+            step_number=step_number,
+            cursor=origin.cursor,
+            visits=dict(origin.visits),
+            forked_by=forked_by,
+            reason=reason,
+        )
+
+    def note_fork(
+        self, *, fork_job_id: str, step_number: int, forked_by: str, reason: str, now: datetime
+    ) -> None:
+        self._append(
+            Job.Forked,
+            now,
+            fork_job_id=fork_job_id,
+            step_number=step_number,
+            forked_by=forked_by,
+            reason=reason,
+        )
+
     def erase(self, *, key_id: str, erased_by: str, reason: str, now: datetime) -> None:
         """Record that the key of this job's personal values is being destroyed. A
         finished job is erased too: its history still holds the values."""
@@ -1207,6 +1377,18 @@ class Job(Aggregate):
         self.status = JobStatus.QUEUED
         self.cursor = next_step
 
+    def reopen(self) -> None:
+        """Runnable again after a repair (a retry, a reset): whatever the job waited on
+        or ended with is behind it."""
+        self.status = JobStatus.QUEUED
+        self.completed_at = None
+        self.last_error = None
+        self.attempt = 0
+        self.resume_at = None
+        self.wait_event = None
+        self.pending_approval = None
+        self.release_lease()
+
     def release_lease(self) -> None:
         self.claim_id = None
         self.worker_id = None
@@ -1235,6 +1417,8 @@ _FAMILY_DEFAULTS: Mapping[str, Any] = {
     "children_cost_usd": Decimal(0),
 }
 """A job's family fields as a job without parent or children holds them."""
+_OMITTED_WHEN_EMPTY: Mapping[str, Any] = {**_FAMILY_DEFAULTS, "epoch": 0, "forked_from": None}
+"""Fields a snapshot keeps only when set, so a job without them keeps its bytes."""
 
 
 def due_moment(

@@ -16,7 +16,7 @@ from datetime import datetime, timedelta
 from decimal import Decimal
 from typing import Any
 
-from jobledger.domain import erasure, fan_out
+from jobledger.domain import erasure, fan_out, identity
 from jobledger.domain.job import Claim, Job
 from jobledger.domain.status import JobStatus
 from jobledger.domain.steps import ApprovalSpec, IssuedToken, Resolution
@@ -91,7 +91,11 @@ def decide(job: Job, resolution: Resolution, *, at: datetime, default_wait_ms: i
         children=[]
         if spawns is None
         else fan_out.plans(
-            spawns, parent_job_id=job.job_id, step_number=step_number, step_key=step_key
+            spawns,
+            parent_job_id=job.job_id,
+            step_number=step_number,
+            step_key=step_key,
+            epoch=job.epoch,
         ),
         join=None
         if spawns is None
@@ -232,7 +236,7 @@ def _open_approval(job: Job, transition: Transition, at: datetime) -> None:
     if spec is None:
         return
     job.request_approval(
-        approval_id=f"{job.job_id}:step:{transition.step_number}:approval",
+        approval_id=identity.approval_id(job.job_id, transition.step_number, job.epoch),
         attempt=job.visits.get(transition.step_name or "", 1),
         action_sha256=action_sha256(
             transition.step_name, transition.params, job.state, job.personal_data

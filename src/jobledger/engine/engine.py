@@ -3,7 +3,8 @@
 The core (job, orchestrator, registry) talks to ports only; the composition root
 (``jobledger.engine.bootstrap``) picks the adapters, and the engine builds its parts from
 what it wired, one module each: the commands on jobs (:mod:`jobledger.engine.job_commands`),
-erasure (:mod:`jobledger.engine.erasure_commands`), schedules
+erasure (:mod:`jobledger.engine.erasure_commands`), repair
+(:mod:`jobledger.engine.repair_commands`), schedules
 (:mod:`jobledger.engine.schedule_commands`), the tick (:mod:`jobledger.engine.ticks`), the
 reads (:mod:`jobledger.engine.reads`) and the admission gate
 (:mod:`jobledger.engine.admission_gate`). Its methods forward to them.
@@ -25,6 +26,7 @@ from jobledger.engine.erasure_commands import ErasureCommands
 from jobledger.engine.job_commands import JobCommands, SignalOutcome, Submission
 from jobledger.engine.job_finder import JobFinder
 from jobledger.engine.reads import JobReader
+from jobledger.engine.repair_commands import RepairCommands
 from jobledger.engine.schedule_commands import ScheduleCommands
 from jobledger.engine.ticks import TickRunner
 from jobledger.orchestration.group_commit import GroupCommitter
@@ -90,6 +92,10 @@ class Engine:
         self.gatekeeper = Gatekeeper(deps, self.orchestrator)
         self.commands = JobCommands(deps, self.orchestrator, self.jobs, self.gatekeeper)
         self.erasure = ErasureCommands(deps, self.orchestrator, self.jobs, self.commands)
+        self.repairs = RepairCommands(
+            deps, self.orchestrator, self.jobs, self.commands, self.gatekeeper
+        )
+        """Retry, reset and fork jobs (``engine.repair_commands``)."""
         self.ticks = TickRunner(deps, self.orchestrator, self.group, self.gatekeeper)
         self.reads = JobReader(deps, self.jobs)
         self.schedules = ScheduleCommands(deps, self.jobs, self.commands)
@@ -145,6 +151,11 @@ class Engine:
     # ---- erasure (engine.erasure_commands) --------------------------------------------
     erase = _to("erasure", ErasureCommands.erase)
     erase_job = _to("erasure", ErasureCommands.erase_job)
+
+    # ---- repair (engine.repair_commands) ----------------------------------------------
+    retry = _to("repairs", RepairCommands.retry)
+    reset = _to("repairs", RepairCommands.reset)
+    fork = _to("repairs", RepairCommands.fork)
 
     # ---- the tick (engine.ticks) ------------------------------------------------------
     tick = _to("ticks", TickRunner.tick)

@@ -61,6 +61,8 @@ class Family:
         if parent.join is None:
             return parent
         for plan in fan_out.unfinished(parent.children):
+            if plan.get(fan_out.SUPERSEDED):
+                continue
             child = self._load(parent.tenant_id, plan["job_id"])
             if child is None:
                 self._spawn(parent, plan)
@@ -131,7 +133,8 @@ class Family:
     def _abandoned(self, job: Job) -> Iterator[JSON]:
         open_step = None if job.join is None else job.join["step_number"]
         for plan in fan_out.unfinished(job.children):
-            if job.status.is_terminal or plan["step_number"] != open_step:
+            superseded = plan.get(fan_out.SUPERSEDED, False)
+            if job.status.is_terminal or plan["step_number"] != open_step or superseded:
                 yield plan
 
     def _notify_parent(self, child: Job) -> None:

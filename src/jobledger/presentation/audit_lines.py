@@ -216,6 +216,34 @@ def _erased(d: Mapping[str, Any]) -> AuditLine:
     return AuditLine(f"erased_by {d['erased_by']}", "", text)
 
 
+def _versions(d: Mapping[str, Any]) -> str:
+    """`` on v2`` when a repair moved the job to another version, else nothing."""
+    return f" on v{d['to_version']}" if d["to_version"] != d["from_version"] else ""
+
+
+def _retried(d: Mapping[str, Any]) -> AuditLine:
+    text = f"retried after its {d['cause']} failure{_versions(d)} -> queued: {d['reason']}"
+    return AuditLine(f"retried_by {d['retried_by']}", f"#{d['step_number']}", text)
+
+
+def _reset(d: Mapping[str, Any]) -> AuditLine:
+    text = (
+        f"reset to after step {d['step_number']}, epoch {d['epoch']}{_versions(d)} "
+        f"-> queued: {d['reason']}"
+    )
+    return AuditLine(f"reset_by {d['reset_by']}", f"#{d['step_number']}", text)
+
+
+def _forked_from(d: Mapping[str, Any]) -> AuditLine:
+    text = f"forked from job {d['origin_job_id']} after its step {d['step_number']}: {d['reason']}"
+    return AuditLine(f"forked_by {d['forked_by']}", f"#{d['step_number']}", text)
+
+
+def _forked(d: Mapping[str, Any]) -> AuditLine:
+    text = f"forked into job {d['fork_job_id']} after step {d['step_number']}: {d['reason']}"
+    return AuditLine(f"forked_by {d['forked_by']}", f"#{d['step_number']}", text)
+
+
 _DESCRIBERS = {
     "Submitted": _submitted,
     "Claimed": _claimed,
@@ -241,4 +269,8 @@ _DESCRIBERS = {
     "ChildFinished": _child_finished,
     "ChildrenJoined": _joined,
     "JoinTimedOut": _join_timed_out,
+    "Retried": _retried,
+    "Reset": _reset,
+    "ForkedFrom": _forked_from,
+    "Forked": _forked,
 }

@@ -109,6 +109,10 @@ class Journal:
             self._end(event.timestamp, Approval(EXPIRED))
         elif isinstance(event, Job.JoinEnded):
             self._end(event.timestamp, [_child_result(r) for r in event.results])
+        elif isinstance(event, Job.Reset):
+            # The steps after the reset's are superseded: the body runs them again.
+            kept = [e for e in self.entries if e.step_number <= event.step_number]
+            self.entries = deque(kept)
 
     def _recorded(self, event: Job.StepRecorded) -> None:
         status = JobStatus(event.next_status)
@@ -434,7 +438,10 @@ class CodeRegistry:
         """Feed a suspended body what was recorded since; None if it no longer fits (the
         history moved in a way only a cold replay can judge)."""
         assert request.history is not None
-        kept.journal.take(request.history(kept.journal.version))
+        since = request.history(kept.journal.version)
+        if any(isinstance(event, Job.Reset) for event in since):
+            return None  # a body cannot be wound back: a reset is replayed cold
+        kept.journal.take(since)
         try:
             kept.advance()
         except (NonDeterminismError, WorkflowBodyError, RuntimeError):

@@ -485,7 +485,37 @@ def _add_jobs(api: APIRouter) -> None:
         pending = context["doc"].get("pending_approval") or {}
         approvers = pending.get("approvers") or ()
         decides = approval_requests.offers_decision(session.principal, tenant, approvers)
-        return c.render("job.html", request, session, decides=decides, **context)
+        return c.render(
+            "job.html", request, session, decides=decides, **context, **_repairs(session, tenant)
+        )
+
+    @api.post("/job/repair")
+    def repair(
+        request: Request,
+        c: Of,
+        tenant: str = Form(),
+        job: str = Form(),
+        action: str = Form(),
+        reason: str = Form(""),
+        step: str = Form(""),
+        csrf: str = Form(""),
+    ) -> Response:
+        """Retry or reset the job (operator), recorded as the signed-in subject."""
+        session = c.session(request)
+        if session is None:
+            return c.redirect(f"{PREFIX}/sign-in")
+        if not session.csrf_matches(csrf):
+            return _bad_form(c, request, session, "Not repaired")
+        try:
+            c.reads(session, tenant)
+            refusal = _repair(c, session, tenant, job, action, reason.strip(), step)
+            if refusal is None:
+                return c.redirect(f"{PREFIX}/job?{urlencode({'tenant': tenant, 'job': job})}")
+            context = _job_context(c, tenant, job, None)
+        except (_NotFound, UnknownJobError):
+            return c.not_found(request, session)
+        page = {**context, **_repairs(session, tenant), "refusal": refusal}
+        return c.render("job.html", request, session, 409, decides=False, **page)
 
     @api.get("/job/events")
     def job_live(request: Request, c: Of, tenant: str, job: str, after: int = 0) -> Response:
@@ -596,6 +626,34 @@ def _job_context(c: Console, tenant: str, job: str, version: int | None) -> dict
             {"tenant": tenant, "job": job, "approval": now.pending_approval_id or ""}
         ),
     }
+
+
+def _repairs(session: Session, tenant: str) -> dict[str, Any]:
+    """What the job page's repair forms need: whether the caller may repair, no refusal."""
+    return {"operates": session.principal.may(Role.OPERATOR, tenant), "refusal": None}
+
+
+def _repair(
+    c: Console, session: Session, tenant: str, job: str, action: str, reason: str, step: str
+) -> str | None:
+    """Run the repair a form asked for; the reason it was refused, or None when done."""
+    who = session.principal
+    if not who.may(Role.OPERATOR, tenant):
+        return f"{who.subject!r} lacks the operator role in tenant {tenant!r}"
+    if not reason:
+        return "say why (the reason is recorded)"
+    try:
+        if action == "retry":
+            c.engine.retry(tenant, job, by=who.subject, reason=reason)
+        elif action == "reset" and step.strip().isdigit():
+            c.engine.reset(tenant, job, int(step), by=who.subject, reason=reason)
+        else:
+            return "a reset names the step to go on after, a whole number"
+    except UnknownJobError:
+        raise
+    except JobLedgerError as error:
+        return str(error)
+    return None
 
 
 def _tenants(principal: Principal) -> list[str]:
