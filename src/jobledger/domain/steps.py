@@ -82,6 +82,8 @@ class ApprovalSpec:
     """None fails the job on rejection."""
     on_expire: str | None = None
     """None fails the job when the request expires."""
+    quorum: int | None = None
+    """How many of ``approvers`` must approve; None: one decision decides."""
 
 
 @dataclass(frozen=True)

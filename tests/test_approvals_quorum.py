@@ -1,0 +1,367 @@
+"""Approvals people give, on both stores: a quorum of named approvers (one vote each),
+approve with edits (the next step runs with them), answer with data, reassign; all bound
+to the request's step, attempt and action hash."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from jobledger import Engine, JobStatus, StepRequest, StepResult
+from jobledger.domain.approval_answers import answer_sha256
+from jobledger.domain.errors import (
+    AlreadyVotedError,
+    ApprovalAlreadyDecidedError,
+    InvalidPayloadError,
+    StaleApprovalError,
+    UnauthorisedDeciderError,
+)
+from jobledger.domain.job import Job
+from jobledger.workflows import DefinitionRegistry
+from jobledger.workflows.definition import DefinitionError
+from jobledger.workflows.loader import parse_definition
+from tests.support.engines import EngineFactory
+
+TENANT = "t"
+PAYOUT = """
+type: payout
+version: 1
+start: draft
+steps:
+  draft: {kind: run_interaction_task, params: {task: draft}, next: review}
+  review:
+    kind: await_approval
+    approvers: [alice, bob, carol]
+    quorum: 2
+    on_approve: pay
+    on_reject: declined
+  pay: {kind: run_interaction_task, params: {task: pay, amount: 100, currency: EUR}, next: done}
+  declined: {kind: fail, reason: declined}
+  done: {kind: complete}
+"""
+SINGLE = """
+type: refund
+version: 1
+start: draft
+steps:
+  draft: {kind: run_interaction_task, params: {task: draft}, next: review}
+  review: {kind: await_approval, approvers: [alice], on_approve: pay}
+  pay: {kind: run_interaction_task, params: {task: pay, amount: 100, currency: EUR}, next: done}
+  done: {kind: complete}
+"""
+
+
+class Recorder:
+    """The executor: keeps the params each step ran with, by step name."""
+
+    def __init__(self) -> None:
+        self.params: dict[str, dict[str, Any]] = {}
+
+    def execute(self, request: StepRequest) -> StepResult:
+        self.params[str(request.resolution.step_name)] = dict(request.resolution.params)
+        return StepResult(output={"ran": request.resolution.step_name})
+
+
+@pytest.fixture
+def recorder() -> Recorder:
+    return Recorder()
+
+
+@pytest.fixture
+def engine(make_engine: EngineFactory, recorder: Recorder) -> Engine:
+    definitions = (parse_definition(text, f"d{i}.yaml") for i, text in enumerate((PAYOUT, SINGLE)))
+    return make_engine(registry=DefinitionRegistry(definitions), executor=recorder)
+
+
+def awaiting(engine: Engine, workflow: str, job_id: str = "j") -> str:
+    engine.submit(TENANT, job_id, workflow)
+    engine.run_until_idle()
+    view = engine.job(TENANT, job_id)
+    assert view.status is JobStatus.AWAITING_APPROVAL and view.pending_approval_id is not None
+    return view.pending_approval_id
+
+
+def events(engine: Engine, event_type: str, job_id: str = "j") -> list[dict[str, Any]]:
+    return [h.data for h in engine.history(TENANT, job_id) if h.event_type == event_type]
+
+
+def count(engine: Engine, job_id: str = "j") -> int:
+    return len(engine.history(TENANT, job_id))
+
+
+def gate(engine: Engine, job_id: str = "j") -> Any:
+    job = engine.jobs.load(TENANT, job_id)
+    return job.pending_approval
+
+
+# ---- quorum ------------------------------------------------------------------------------
+
+
+def test_two_of_three_approve_one_vote_each_and_the_job_goes_on(engine: Engine) -> None:
+    approval_id = awaiting(engine, "payout")
+    requested = events(engine, "ApprovalRequested")[0]
+    assert requested["quorum"] == 2
+
+    engine.decide(TENANT, "j", approval_id, "approve", "alice", "fine by me")
+    assert engine.job(TENANT, "j").status is JobStatus.AWAITING_APPROVAL
+    assert gate(engine).progress == "1 of 2 approvals"
+    assert events(engine, "ApprovalDecided") == []
+
+    engine.decide(TENANT, "j", approval_id, "approve", "carol")
+    engine.run_until_idle()
+
+    assert engine.job(TENANT, "j").status is JobStatus.COMPLETED
+    votes = events(engine, "ApprovalVoted")
+    assert [(v["voted_by"], v["decision"]) for v in votes] == [
+        ("alice", "approved"),
+        ("carol", "approved"),
+    ]
+    for vote in votes:  # each vote is bound as the request is
+        bound = (vote["step_number"], vote["attempt"], vote["action_sha256"])
+        assert bound == (requested["step_number"], requested["attempt"], requested["action_sha256"])
+    decided = events(engine, "ApprovalDecided")
+    assert [(d["decision"], d["decided_by"]) for d in decided] == [("approved", "alice, carol")]
+    assert engine.verify(TENANT, "j") is None
+
+
+def test_a_second_vote_by_the_same_approver_is_refused_and_writes_nothing(
+    engine: Engine,
+) -> None:
+    approval_id = awaiting(engine, "payout")
+    engine.decide(TENANT, "j", approval_id, "approve", "alice")
+    before = count(engine)
+
+    with pytest.raises(AlreadyVotedError, match="'alice' already voted"):
+        engine.decide(TENANT, "j", approval_id, "reject", "alice")
+
+    assert count(engine) == before
+
+
+def test_someone_not_named_is_refused(engine: Engine) -> None:
+    approval_id = awaiting(engine, "payout")
+    before = count(engine)
+
+    with pytest.raises(UnauthorisedDeciderError, match="'mallory' may not decide"):
+        engine.decide(TENANT, "j", approval_id, "approve", "mallory")
+
+    assert count(engine) == before
+
+
+def test_the_request_is_rejected_once_the_quorum_can_no_longer_be_reached(
+    engine: Engine,
+) -> None:
+    approval_id = awaiting(engine, "payout")
+
+    engine.decide(TENANT, "j", approval_id, "reject", "alice", "too much")
+    # Bob and carol may still make two approvals.
+    assert engine.job(TENANT, "j").status is JobStatus.AWAITING_APPROVAL
+    engine.decide(TENANT, "j", approval_id, "reject", "bob", "agreed")
+    engine.run_until_idle()
+
+    job = engine.job(TENANT, "j")
+    assert job.status is JobStatus.FAILED and job.last_error == "declined"
+    decided = events(engine, "ApprovalDecided")[0]
+    assert (decided["decision"], decided["decided_by"]) == ("rejected", "alice, bob")
+    assert decided["next_step"] == "declined"
+    with pytest.raises(ApprovalAlreadyDecidedError):
+        engine.decide(TENANT, "j", approval_id, "approve", "carol")
+
+
+def test_a_vote_on_a_changed_action_or_another_request_is_stale(engine: Engine) -> None:
+    approval_id = awaiting(engine, "payout")
+    before = count(engine)
+
+    with pytest.raises(StaleApprovalError, match="action to approve changed"):
+        engine.decide(TENANT, "j", approval_id, "approve", "alice", action_sha256="0" * 64)
+    with pytest.raises(StaleApprovalError, match="not the open request"):
+        engine.decide(TENANT, "j", "j:step:9:approval", "approve", "alice")
+
+    assert count(engine) == before
+
+
+def test_the_votes_data_is_merged_into_the_state_in_vote_order(engine: Engine) -> None:
+    approval_id = awaiting(engine, "payout")
+
+    engine.decide(TENANT, "j", approval_id, "approve", "alice", data={"po": "PO-1", "by": "a"})
+    engine.decide(TENANT, "j", approval_id, "approve", "bob", data={"by": "b"})
+
+    assert engine.job(TENANT, "j").state["po"] == "PO-1"
+    assert engine.job(TENANT, "j").state["by"] == "b"
+    votes = events(engine, "ApprovalVoted")
+    assert votes[0]["data_sha256"] == answer_sha256({"po": "PO-1", "by": "a"})
+    decided = events(engine, "ApprovalDecided")[0]
+    assert decided["data"] == {"po": "PO-1", "by": "b"}
+    assert decided["data_sha256"] == answer_sha256({"po": "PO-1", "by": "b"})
+
+
+# ---- edits and data ----------------------------------------------------------------------
+
+
+def test_an_approval_with_edits_runs_the_next_step_with_them(
+    engine: Engine, recorder: Recorder
+) -> None:
+    approval_id = awaiting(engine, "refund")
+    shown = events(engine, "ApprovalRequested")[0]["action_sha256"]
+
+    engine.decide(
+        TENANT, "j", approval_id, "approve", "alice", action_sha256=shown, edit={"amount": 80}
+    )
+    engine.run_until_idle()
+
+    assert engine.job(TENANT, "j").status is JobStatus.COMPLETED
+    # The executor saw the edited params; the ones not edited are as defined.
+    assert recorder.params["pay"] == {"task": "pay", "amount": 80, "currency": "EUR"}
+    decided = events(engine, "ApprovalDecided")[0]
+    assert decided["edit"] == {"amount": 80}
+    assert decided["edit_sha256"] == answer_sha256({"amount": 80})
+    # Replay applies the recorded edit as the tick did: the job replays the same.
+    assert engine.replay(TENANT, "j").safe
+    assert engine.verify(TENANT, "j") is None
+
+
+def test_an_approval_without_edits_runs_the_step_as_defined(
+    engine: Engine, recorder: Recorder
+) -> None:
+    approval_id = awaiting(engine, "refund")
+
+    engine.decide(TENANT, "j", approval_id, "approve", "alice")
+    engine.run_until_idle()
+
+    assert recorder.params["pay"] == {"task": "pay", "amount": 100, "currency": "EUR"}
+    decided = events(engine, "ApprovalDecided")[0]
+    # Stored as before these fields existed: the same bytes, the same chain hash.
+    assert not {"edit", "edit_sha256", "data", "data_sha256"} & set(decided)
+    assert "quorum" not in events(engine, "ApprovalRequested")[0]
+
+
+def test_an_answer_with_data_lands_in_the_state_for_the_next_steps(engine: Engine) -> None:
+    approval_id = awaiting(engine, "refund")
+
+    engine.decide(TENANT, "j", approval_id, "approve", "alice", data={"ticket": {"id": 7}})
+
+    assert engine.job(TENANT, "j").state["ticket"] == {"id": 7}
+    decided = events(engine, "ApprovalDecided")[0]
+    assert decided["data"] == {"ticket": {"id": 7}}
+    assert decided["data_sha256"] == answer_sha256({"ticket": {"id": 7}})
+
+
+@pytest.mark.parametrize(
+    ("workflow", "options", "fragment"),
+    [
+        ("refund", {"edit": {"iban": "X"}}, "no param 'iban' to edit"),
+        ("refund", {"edit": {}}, "edit changes one param or more"),
+        ("refund", {"edit": ["amount"]}, "must be a JSON object"),
+        ("refund", {"edit": {"amount": "9" * 300_000}}, "over the limit"),
+        ("refund", {"data": {"x": float("nan")}}, "not serialisable"),
+        ("refund", {"decision": "reject", "edit": {"amount": 1}}, "not a rejection"),
+        ("payout", {"edit": {"amount": 1}}, "takes no edits"),
+    ],
+    ids=["unknown-param", "empty", "not-object", "too-large", "bad-data", "reject", "quorum"],
+)
+def test_bad_edits_and_data_are_refused_and_write_nothing(
+    engine: Engine, workflow: str, options: dict[str, Any], fragment: str
+) -> None:
+    approval_id = awaiting(engine, workflow)
+    before = count(engine)
+    answer = {k: v for k, v in options.items() if k != "decision"}
+
+    with pytest.raises(InvalidPayloadError, match=fragment):
+        decision = options.get("decision", "approve")
+        engine.decide(TENANT, "j", approval_id, decision, "alice", **answer)
+
+    assert count(engine) == before
+
+
+# ---- reassign ----------------------------------------------------------------------------
+
+
+def test_a_reassigned_request_is_decided_by_the_new_approver_only(engine: Engine) -> None:
+    approval_id = awaiting(engine, "refund")
+
+    engine.reassign(TENANT, "j", approval_id, ["dave"], by="ops", reason="alice is away")
+
+    with pytest.raises(UnauthorisedDeciderError, match="'alice' may not decide"):
+        engine.decide(TENANT, "j", approval_id, "approve", "alice")
+    engine.decide(TENANT, "j", approval_id, "approve", "dave")
+    engine.run_until_idle()
+    assert engine.job(TENANT, "j").status is JobStatus.COMPLETED
+    moved = events(engine, "ApprovalReassigned")[0]
+    assert (moved["approvers"], moved["previous_approvers"]) == (["dave"], ["alice"])
+    assert (moved["reassigned_by"], moved["reason"]) == ("ops", "alice is away")
+
+
+def test_votes_cast_before_a_reassignment_stay_counted(engine: Engine) -> None:
+    approval_id = awaiting(engine, "payout")
+    engine.decide(TENANT, "j", approval_id, "approve", "alice")
+
+    engine.reassign(TENANT, "j", approval_id, ["dave", "erin"], by="ops", reason="team change")
+    engine.decide(TENANT, "j", approval_id, "approve", "erin")
+
+    decided = events(engine, "ApprovalDecided")[0]
+    assert (decided["decision"], decided["decided_by"]) == ("approved", "alice, erin")
+
+
+@pytest.mark.parametrize(
+    ("approvers", "fragment"),
+    [
+        ([], "one approver or more"),
+        (["dave", "dave"], "more than once"),
+        (["dave"], "cannot reach it"),
+        (["alice", "bob", "carol"], "already theirs"),
+    ],
+    ids=["nobody", "twice", "quorum-out-of-reach", "unchanged"],
+)
+def test_a_bad_reassignment_is_refused_and_writes_nothing(
+    engine: Engine, approvers: list[str], fragment: str
+) -> None:
+    approval_id = awaiting(engine, "payout")
+    before = count(engine)
+
+    with pytest.raises(InvalidPayloadError, match=fragment):
+        engine.reassign(TENANT, "j", approval_id, approvers, by="ops", reason="why not")
+
+    assert count(engine) == before
+
+
+def test_a_reassignment_of_a_decided_request_is_stale(engine: Engine) -> None:
+    approval_id = awaiting(engine, "refund")
+    engine.decide(TENANT, "j", approval_id, "approve", "alice")
+
+    with pytest.raises(StaleApprovalError):
+        engine.reassign(TENANT, "j", approval_id, ["dave"], by="ops", reason="late")
+
+
+# ---- definitions and snapshots -----------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("step", "fragment"),
+    [
+        ("{kind: await_approval, approvers: [a], quorum: 2, on_approve: done}", "quorum 2"),
+        ("{kind: await_approval, quorum: 1, on_approve: done}", "quorum 1"),
+        ("{kind: await_approval, approvers: [a, a], on_approve: done}", "more than once"),
+    ],
+    ids=["too-few", "nobody-named", "repeated"],
+)
+def test_a_quorum_the_approvers_cannot_reach_is_a_definition_error(
+    step: str, fragment: str
+) -> None:
+    text = f"type: x\nversion: 1\nstart: g\nsteps:\n  g: {step}\n  done: {{kind: complete}}\n"
+    with pytest.raises(DefinitionError, match=fragment):
+        parse_definition(text, "x.yaml")
+
+
+def test_a_snapshot_keeps_the_votes_and_the_edit(engine: Engine) -> None:
+    approval_id = awaiting(engine, "payout")
+    engine.decide(TENANT, "j", approval_id, "approve", "alice", data={"po": 1})
+    job = engine.jobs.load(TENANT, "j")
+
+    restored = Job.Snapshot.take(job).mutate(None)
+
+    assert restored.pending_approval == job.pending_approval
+    assert restored.pending_approval is not None and restored.pending_approval.votes
+    edited = awaiting(engine, "refund", "k")
+    engine.decide(TENANT, "k", edited, "approve", "alice", edit={"amount": 5})
+    kept = engine.jobs.load(TENANT, "k")
+    assert Job.Snapshot.take(kept).mutate(None).approved_edit == kept.approved_edit
