@@ -28,6 +28,8 @@ STATE_FIELDS: Final[Mapping[str, tuple[str, ...]]] = {
     "Job.StepRecorded": ("output", "state_patch"),
     "Job.SignalBuffered": ("payload",),
     "Job.Resumed": ("payload",),
+    "Job.ApprovalVoted": ("data",),
+    "Job.ApprovalDecided": ("data",),
 }
 """The fields of each event type that carry job state (its paths apply inside them)."""
 

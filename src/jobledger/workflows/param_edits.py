@@ -7,8 +7,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from jobledger.domain.errors import InvalidPayloadError, JobLedgerError
+from jobledger.domain.errors import InvalidPayloadError
 from jobledger.orchestration.ports import WorkflowRegistry
+from jobledger.workflows.definition import WorkflowDefinition
+from jobledger.workflows.registries import Registries
 from jobledger.workflows.resolver import DefinitionRegistry, resolve_step
 
 
@@ -20,16 +22,14 @@ def check_edit(
     edit: Mapping[str, Any],
 ) -> None:
     """Refuse (InvalidPayloadError, saying which) an edit of a key ``step_name`` has no
-    param for, or of a step whose params only its code knows."""
-    if not isinstance(registry, DefinitionRegistry):
+    param for, or of a step whose params only code knows (a code workflow's)."""
+    definition = _definition(registry, workflow)
+    if definition is None:
         raise InvalidPayloadError(
-            f"step {step_name!r} is a code workflow's; only a declarative step's params "
-            "can be edited"
+            f"workflow {workflow[0]!r} v{workflow[1]} has no declarative definition; only "
+            "the params of a definition's step can be edited"
         )
-    try:
-        step = registry.get(*workflow).steps.get(step_name)
-    except JobLedgerError as error:
-        raise InvalidPayloadError(f"cannot check the edit: {error}") from None
+    step = definition.steps.get(step_name)
     if step is None:
         raise InvalidPayloadError(f"step {step_name!r} is not in the job's workflow definition")
     params = resolve_step(step_name, step, state).params
@@ -40,3 +40,13 @@ def check_edit(
             f"step {step_name!r} has no param {', '.join(map(repr, unknown))} to edit "
             f"(its params: {allowed})"
         )
+
+
+def _definition(registry: WorkflowRegistry, workflow: tuple[str, int]) -> WorkflowDefinition | None:
+    """The declarative definition of ``workflow`` in ``registry`` (or in one of the
+    registries it joins); None when code (or any other resolver) serves it."""
+    members = registry.registries if isinstance(registry, Registries) else (registry,)
+    for member in members:
+        if isinstance(member, DefinitionRegistry) and member.has(*workflow):
+            return member.get(*workflow)
+    return None
