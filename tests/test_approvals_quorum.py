@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from jobledger import Engine, JobStatus, StepRequest, StepResult
+from jobledger import Engine, JobStatus
 from jobledger.domain.approval_answers import answer_sha256
 from jobledger.domain.errors import (
     AlreadyVotedError,
@@ -18,49 +18,12 @@ from jobledger.domain.errors import (
     UnauthorisedDeciderError,
 )
 from jobledger.domain.job import Job
-from jobledger.workflows import DefinitionRegistry
 from jobledger.workflows.definition import DefinitionError
 from jobledger.workflows.loader import parse_definition
+from tests.support.approvals import Recorder, approvals_registry
 from tests.support.engines import EngineFactory
 
 TENANT = "t"
-PAYOUT = """
-type: payout
-version: 1
-start: draft
-steps:
-  draft: {kind: run_interaction_task, params: {task: draft}, next: review}
-  review:
-    kind: await_approval
-    approvers: [alice, bob, carol]
-    quorum: 2
-    on_approve: pay
-    on_reject: declined
-  pay: {kind: run_interaction_task, params: {task: pay, amount: 100, currency: EUR}, next: done}
-  declined: {kind: fail, reason: declined}
-  done: {kind: complete}
-"""
-SINGLE = """
-type: refund
-version: 1
-start: draft
-steps:
-  draft: {kind: run_interaction_task, params: {task: draft}, next: review}
-  review: {kind: await_approval, approvers: [alice], on_approve: pay}
-  pay: {kind: run_interaction_task, params: {task: pay, amount: 100, currency: EUR}, next: done}
-  done: {kind: complete}
-"""
-
-
-class Recorder:
-    """The executor: keeps the params each step ran with, by step name."""
-
-    def __init__(self) -> None:
-        self.params: dict[str, dict[str, Any]] = {}
-
-    def execute(self, request: StepRequest) -> StepResult:
-        self.params[str(request.resolution.step_name)] = dict(request.resolution.params)
-        return StepResult(output={"ran": request.resolution.step_name})
 
 
 @pytest.fixture
@@ -70,8 +33,7 @@ def recorder() -> Recorder:
 
 @pytest.fixture
 def engine(make_engine: EngineFactory, recorder: Recorder) -> Engine:
-    definitions = (parse_definition(text, f"d{i}.yaml") for i, text in enumerate((PAYOUT, SINGLE)))
-    return make_engine(registry=DefinitionRegistry(definitions), executor=recorder)
+    return make_engine(registry=approvals_registry(), executor=recorder)
 
 
 def awaiting(engine: Engine, workflow: str, job_id: str = "j") -> str:
