@@ -22,6 +22,7 @@ from jobledger.workflows.definition import DefinitionError
 from jobledger.workflows.loader import parse_definition
 from tests.support.approvals import Recorder, approvals_registry
 from tests.support.engines import EngineFactory
+from tests.support.notifiers import Inbox
 
 TENANT = "t"
 
@@ -251,6 +252,20 @@ def test_a_reassigned_request_is_decided_by_the_new_approver_only(engine: Engine
     moved = events(engine, "ApprovalReassigned")[0]
     assert (moved["approvers"], moved["previous_approvers"]) == (["dave"], ["alice"])
     assert (moved["reassigned_by"], moved["reason"]) == ("ops", "alice is away")
+
+
+def test_the_new_approvers_are_notified_of_a_reassigned_request(
+    make_engine: EngineFactory, recorder: Recorder
+) -> None:
+    inbox = Inbox()
+    engine = make_engine(registry=approvals_registry(), executor=recorder, notifier=inbox)
+    approval_id = awaiting(engine, "refund")
+    assert inbox.approvals["j"].approvers == ("alice",)
+
+    engine.reassign(TENANT, "j", approval_id, ["dave", "erin"], by="ops", reason="away")
+
+    request = inbox.approvals["j"]
+    assert (request.approval_id, request.approvers) == (approval_id, ("dave", "erin"))
 
 
 def test_votes_cast_before_a_reassignment_stay_counted(engine: Engine) -> None:
