@@ -18,10 +18,12 @@ from jobledger.domain.errors import (
     UnauthorisedDeciderError,
 )
 from jobledger.domain.job import Job
+from jobledger.domain.keys import ConsumedKey
+from jobledger.orchestration.ports import JobStore
 from jobledger.workflows.definition import DefinitionError
 from jobledger.workflows.loader import parse_definition
 from tests.support.approvals import Recorder, approvals_registry
-from tests.support.engines import EngineFactory
+from tests.support.engines import EngineFactory, StoreAround
 from tests.support.notifiers import Inbox
 
 TENANT = "t"
@@ -86,6 +88,7 @@ def test_two_of_three_approve_one_vote_each_and_the_job_goes_on(engine: Engine) 
     decided = events(engine, "ApprovalDecided")
     assert [(d["decision"], d["decided_by"]) for d in decided] == [("approved", "alice, carol")]
     assert engine.verify(TENANT, "j") is None
+    assert engine.replay(TENANT, "j").safe  # the quorum replays as recorded
 
 
 def test_a_second_vote_by_the_same_approver_is_refused_and_writes_nothing(
@@ -342,3 +345,67 @@ def test_a_snapshot_keeps_the_votes_and_the_edit(engine: Engine) -> None:
     engine.decide(TENANT, "k", edited, "approve", "alice", edit={"amount": 5})
     kept = engine.jobs.load(TENANT, "k")
     assert Job.Snapshot.take(kept).mutate(None).approved_edit == kept.approved_edit
+
+
+# ---- crashes -----------------------------------------------------------------------------
+
+
+class Crash(BaseException):
+    """The process dies here: not an Exception, so nothing in the engine can catch it."""
+
+
+class CrashAtVote(StoreAround):
+    """Dies at the append of the vote by ``voter``: before it commits, or right after."""
+
+    def __init__(self, inner: JobStore, voter: str, after_commit: bool) -> None:
+        super().__init__(inner)
+        self.voter = voter
+        self.after_commit = after_commit
+
+    def append(self, job: Job, *keys: ConsumedKey) -> None:
+        votes = [e for e in job.pending_events if isinstance(e, Job.ApprovalVoted)]
+        fatal = any(vote.voted_by == self.voter for vote in votes)
+        if fatal and not self.after_commit:
+            raise Crash
+        self.inner.append(job, *keys)
+        if fatal:
+            raise Crash
+
+
+@pytest.mark.parametrize("after_commit", [False, True], ids=["before-commit", "after-commit"])
+@pytest.mark.parametrize("voter", ["alice", "bob"], ids=["first-vote", "deciding-vote"])
+def test_a_crash_at_a_vote_leaves_the_vote_and_its_decision_whole_or_absent(
+    make_engine: EngineFactory, recorder: Recorder, voter: str, after_commit: bool
+) -> None:
+    engine = make_engine(registry=approvals_registry(), executor=recorder)
+    approval_id = awaiting(engine, "payout")
+    if voter == "bob":
+        engine.decide(TENANT, "j", approval_id, "approve", "alice")
+    crashing = make_engine(
+        registry=approvals_registry(),
+        executor=recorder,
+        wrap_store=lambda store: CrashAtVote(store, voter, after_commit),
+    )
+
+    with pytest.raises(Crash):
+        crashing.decide(TENANT, "j", approval_id, "approve", voter)
+
+    restarted = make_engine(registry=approvals_registry(), executor=recorder)
+    voters = [v["voted_by"] for v in events(restarted, "ApprovalVoted")]
+    decided = events(restarted, "ApprovalDecided")
+    assert voters.count(voter) == (1 if after_commit else 0)
+    # The vote that settles the request and its decision are one append.
+    assert len(decided) == (1 if voter == "bob" and after_commit else 0)
+    if not after_commit:
+        restarted.decide(TENANT, "j", approval_id, "approve", voter)  # voted again, once
+    elif voter == "alice":
+        with pytest.raises(AlreadyVotedError):
+            restarted.decide(TENANT, "j", approval_id, "approve", voter)
+    if voter == "alice":
+        restarted.decide(TENANT, "j", approval_id, "approve", "carol")
+    # The tick the crashed decision would have enqueued, as the reconciler delivers it.
+    restarted.tick(TENANT, "j", "reconcile")
+    restarted.run_until_idle()
+    assert restarted.job(TENANT, "j").status is JobStatus.COMPLETED
+    assert len(events(restarted, "ApprovalDecided")) == 1
+    assert restarted.verify(TENANT, "j") is None
