@@ -4,6 +4,12 @@ to the request's step, attempt and action hash."""
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -22,11 +28,13 @@ from jobledger.domain.keys import ConsumedKey
 from jobledger.orchestration.ports import JobStore
 from jobledger.workflows.definition import DefinitionError
 from jobledger.workflows.loader import parse_definition
+from tests.support import pythonpath
 from tests.support.approvals import Recorder, approvals_registry
 from tests.support.engines import EngineFactory, StoreAround
 from tests.support.notifiers import Inbox
 
 TENANT = "t"
+VOTER = [sys.executable, "-m", "tests.support.vote_worker"]
 
 
 @pytest.fixture
@@ -409,3 +417,40 @@ def test_a_crash_at_a_vote_leaves_the_vote_and_its_decision_whole_or_absent(
     assert restarted.job(TENANT, "j").status is JobStatus.COMPLETED
     assert len(events(restarted, "ApprovalDecided")) == 1
     assert restarted.verify(TENANT, "j") is None
+
+
+@pytest.mark.parametrize("hang", ["before", "after"])
+def test_a_voter_killed_with_sigkill_at_the_deciding_vote_leaves_it_whole_or_absent(
+    make_engine: EngineFactory, recorder: Recorder, store_url: str, tmp_path: Path, hang: str
+) -> None:
+    engine = make_engine(registry=approvals_registry(), executor=recorder)
+    approval_id = awaiting(engine, "payout")
+    engine.decide(TENANT, "j", approval_id, "approve", "alice")
+    marker = tmp_path / "hanging"
+    vote = ["--tenant", TENANT, "--job", "j", "--approval", approval_id, "--voter", "bob"]
+    voter = subprocess.Popen(
+        [*VOTER, "--store", store_url, *vote, "--hang", hang, "--marker", str(marker)],
+        env={**os.environ, "PYTHONPATH": pythonpath()},
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while not marker.exists():
+            assert voter.poll() is None, voter.communicate()[1]
+            assert time.monotonic() < deadline, "the voter never reached its append"
+            time.sleep(0.05)
+    finally:
+        voter.send_signal(signal.SIGKILL)
+        voter.wait(timeout=30)
+
+    landed = hang == "after"
+    voters = [v["voted_by"] for v in events(engine, "ApprovalVoted")]
+    assert voters == (["alice", "bob"] if landed else ["alice"])
+    assert len(events(engine, "ApprovalDecided")) == (1 if landed else 0)
+    if not landed:
+        engine.decide(TENANT, "j", approval_id, "approve", "bob")
+    engine.tick(TENANT, "j", "reconcile")
+    engine.run_until_idle()
+    assert engine.job(TENANT, "j").status is JobStatus.COMPLETED
+    assert engine.verify(TENANT, "j") is None
