@@ -47,6 +47,8 @@ def test_votes_reassign_and_the_quorum(cli: Cli) -> None:
 
     out = cli.ok("approve", "acme", "j1", "--by", "alice", "--data", '{"po": "PO-7"}')
     assert out.startswith(f"voted approved (1 of 2 approvals) {APPROVAL} as alice")
+    shown = cli.ok("show", "acme", "j1")
+    assert f"{APPROVAL} by alice, bob, carol (1 of 2 approvals)" in shown
     refused = cli.fails(1, "approve", "acme", "j1", "--by", "alice")
     assert refused == f"error: 'alice' already voted on approval '{APPROVAL}'"
     out = cli.ok("reassign", "acme", "j1", "--to", "dave", "--by", "ops", "--reason", "bob away")
