@@ -25,6 +25,7 @@ from jobledger.domain.errors import (
 )
 from jobledger.domain.job import Job
 from jobledger.domain.keys import ConsumedKey
+from jobledger.domain.steps import ApprovalSpec
 from jobledger.orchestration.ports import JobStore
 from jobledger.workflows.definition import DefinitionError
 from jobledger.workflows.loader import parse_definition
@@ -32,6 +33,7 @@ from tests.support import pythonpath
 from tests.support.approvals import Recorder, approvals_registry
 from tests.support.engines import EngineFactory, StoreAround
 from tests.support.notifiers import Inbox
+from tests.support.workflows import DONE, SEND_100, linear_registry, review
 
 TENANT = "t"
 VOTER = [sys.executable, "-m", "tests.support.vote_worker"]
@@ -245,6 +247,27 @@ def test_bad_edits_and_data_are_refused_and_write_nothing(
         engine.decide(TENANT, "j", approval_id, decision, "alice", **answer)
 
     assert count(engine) == before
+
+
+def test_an_edit_by_someone_not_named_is_refused_as_unauthorised_first(engine: Engine) -> None:
+    approval_id = awaiting(engine, "refund")
+    before = count(engine)
+
+    with pytest.raises(UnauthorisedDeciderError, match="'mallory' may not decide"):
+        engine.decide(TENANT, "j", approval_id, "approve", "mallory", edit={"iban": "X"})
+
+    assert count(engine) == before
+
+
+def test_an_edit_of_a_step_no_definition_describes_is_refused(
+    make_engine: EngineFactory,
+) -> None:
+    gate = review(ApprovalSpec(approvers=("alice",), on_approve="pay"))
+    engine = make_engine(registry=linear_registry({"coded": [gate, SEND_100, DONE]}))
+    approval_id = awaiting(engine, "coded")
+
+    with pytest.raises(InvalidPayloadError, match="step 'pay' has no declarative definition"):
+        engine.decide(TENANT, "j", approval_id, "approve", "alice", edit={"send": "$1"})
 
 
 # ---- reassign ----------------------------------------------------------------------------

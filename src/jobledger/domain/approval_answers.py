@@ -7,8 +7,12 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Collection
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
+
+from jobledger.domain.errors import InvalidPayloadError
+from jobledger.domain.substate import APPROVED, ApprovalGate
 
 if TYPE_CHECKING:  # the job imports this module, and the steps module imports the job
     from jobledger.domain.steps import Resolution
@@ -33,3 +37,37 @@ def with_edit(edit: JSON | None, resolution: Resolution) -> Resolution:
     if edit is None or edit["step"] != resolution.step_name:
         return resolution
     return replace(resolution, params={**resolution.params, **edit["params"]})
+
+
+def check_edit(
+    approval: ApprovalGate, decision: str, edit: JSON, editable: Collection[str] | None
+) -> None:
+    """An edit changes what runs next: it goes with an approval by one decider, of a
+    request that leads to a named step, and sets only params that step has
+    (``editable``; None: no definition says which: a code workflow's step). A key the
+    step lacks would be an input its author never meant."""
+    if decision != APPROVED:
+        raise InvalidPayloadError("an edit goes with an approval, not a rejection")
+    if approval.quorum is not None:
+        # Another voter would have approved params they never saw.
+        raise InvalidPayloadError(
+            f"approval {approval.approval_id!r} needs {approval.quorum} votes; "
+            "a request decided by several approvers takes no edits"
+        )
+    if approval.on_approve is None:
+        raise InvalidPayloadError(
+            f"approval {approval.approval_id!r} leads to no named step; there are no params to edit"
+        )
+    step = approval.on_approve
+    if editable is None:
+        raise InvalidPayloadError(
+            f"step {step!r} has no declarative definition here; only the params of a "
+            "definition's step can be edited"
+        )
+    unknown = sorted(set(edit) - set(editable))
+    if unknown:
+        allowed = ", ".join(sorted(editable)) or "none"
+        raise InvalidPayloadError(
+            f"step {step!r} has no param {', '.join(map(repr, unknown))} to edit "
+            f"(its params: {allowed})"
+        )

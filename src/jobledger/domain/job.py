@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from copy import deepcopy
 from dataclasses import dataclass, replace
 from datetime import datetime
@@ -14,7 +14,7 @@ from eventsourcing.domain import Aggregate
 from eventsourcing.domain import Snapshot as AggregateSnapshot
 
 from jobledger.domain import chain, erasure, identity
-from jobledger.domain.approval_answers import answer_sha256, approved_edit
+from jobledger.domain.approval_answers import answer_sha256, approved_edit, check_edit
 from jobledger.domain.errors import (
     AlreadyVotedError,
     InvalidPayloadError,
@@ -900,17 +900,19 @@ class Job(Aggregate):
         action_sha256: str | None,
         now: datetime,
         edit: JSON | None = None,
+        editable: Collection[str] | None = None,
         data: JSON | None = None,
     ) -> None:
         """Approve or reject the open request: the one named, on the action that was
         shown (when its hash is given), before it expires, by someone allowed. On a
-        quorum request the decision is one vote (``cast_vote``). ``edit``: new values for
-        params of the step the approval leads to (checked against that step by the
-        caller); ``data``: what lands in the job's state for the steps after it."""
+        quorum request the decision is one vote (``_cast_vote``). ``edit``: new values
+        for params of the step the approval leads to, among ``editable`` (that step's
+        params as its definition gives them; None: no definition says); ``data``: what
+        lands in the job's state for the steps after it."""
         approval = self._open_gate(approval_id)
         self._check_decider(approval, decided_by, action_sha256, now)
         if edit is not None:
-            _check_edit(approval, decision)
+            check_edit(approval, decision, edit, editable)
         if approval.quorum is not None:
             self._cast_vote(approval, decision, decided_by, comment, data, now)
             return
@@ -1418,23 +1420,6 @@ class Job(Aggregate):
     def _append(self, event_class: type[Job.Event], timestamp: datetime, **data: Any) -> None:
         """Trigger an event; the store hashes (and seals, and signs) it as it writes it."""
         self.trigger_event(event_class, timestamp=timestamp, chain_hash="", **data)
-
-
-def _check_edit(approval: ApprovalGate, decision: str) -> None:
-    """An edit changes what runs next: it goes with an approval by one decider, of a
-    request that leads to a named step."""
-    if decision != APPROVED:
-        raise InvalidPayloadError("an edit goes with an approval, not a rejection")
-    if approval.quorum is not None:
-        # Another voter would have approved params they never saw.
-        raise InvalidPayloadError(
-            f"approval {approval.approval_id!r} needs {approval.quorum} votes; "
-            "a request decided by several approvers takes no edits"
-        )
-    if approval.on_approve is None:
-        raise InvalidPayloadError(
-            f"approval {approval.approval_id!r} leads to no named step; there are no params to edit"
-        )
 
 
 _TIMED_WAITS = (JobStatus.WAITING_EVENT, JobStatus.AWAITING_APPROVAL, JobStatus.WAITING_CHILDREN)

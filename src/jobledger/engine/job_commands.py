@@ -53,7 +53,7 @@ from jobledger.orchestration.child_jobs import child_budget
 from jobledger.orchestration.orchestrator import Orchestrator
 from jobledger.orchestration.ports import ApprovalRequest, Tick, TokenClaims, WorkflowRegistry
 from jobledger.workflows.code import CodeWorkflow
-from jobledger.workflows.param_edits import check_edit
+from jobledger.workflows.param_edits import editable_params
 from jobledger.workflows.registries import code_workflow
 
 if TYPE_CHECKING:
@@ -610,11 +610,13 @@ class JobCommands:
         def decide(job: Job) -> list[ConsumedKey]:
             with self._refused_if_used(job, KeyKind.APPROVAL, approval_id):
                 gate = job.pending_approval
+                editable = None
                 if edited is not None and gate is not None and gate.on_approve is not None:
-                    workflow = (job.workflow_type, job.workflow_version)
-                    state = {**job.state, **(answer or {})}
-                    check_edit(
-                        self._deps.deployment.registry, workflow, gate.on_approve, state, edited
+                    editable = editable_params(
+                        self._deps.deployment.registry,
+                        (job.workflow_type, job.workflow_version),
+                        gate.on_approve,
+                        {**job.state, **(answer or {})},
                     )
                 job.decide_approval(
                     approval_id=approval_id,
@@ -624,6 +626,7 @@ class JobCommands:
                     action_sha256=action_sha256,
                     now=self._clock.now(),
                     edit=edited,
+                    editable=editable,
                     data=answer,
                 )
             if job.pending_approval is not None:
