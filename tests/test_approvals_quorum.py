@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from jobledger import Engine, JobStatus
+from jobledger import Engine, JobStatus, WorkflowContext, workflow
 from jobledger.domain.approval_answers import answer_sha256
 from jobledger.domain.errors import (
     AlreadyVotedError,
@@ -477,3 +477,28 @@ def test_a_voter_killed_with_sigkill_at_the_deciding_vote_leaves_it_whole_or_abs
     engine.run_until_idle()
     assert engine.job(TENANT, "j").status is JobStatus.COMPLETED
     assert engine.verify(TENANT, "j") is None
+
+
+# ---- code workflows ----------------------------------------------------------------------
+
+
+def test_a_code_workflows_approval_takes_a_quorum_and_hands_the_body_the_data(
+    make_engine: EngineFactory,
+) -> None:
+    @workflow("board_code", version=1)
+    async def board(wf: WorkflowContext) -> dict[str, Any]:
+        decision = await wf.approval(approvers=["ann", "bob", "cy"], quorum=2)
+        return {"by": decision.decided_by, "data": decision.data}
+
+    engine = make_engine(registry=None, workflows=[board], executor=None)
+    approval_id = awaiting(engine, "board_code")
+    engine.decide(TENANT, "j", approval_id, "approve", "ann", data={"seat": 4})
+    assert engine.job(TENANT, "j").status is JobStatus.AWAITING_APPROVAL
+    engine.decide(TENANT, "j", approval_id, "approve", "cy")
+    engine.run_until_idle()
+
+    job = engine.job(TENANT, "j")
+    assert job.status is JobStatus.COMPLETED, job.last_error
+    assert job.state["result"] == {"by": "ann, cy", "data": {"seat": 4}}
+    with pytest.raises(ValueError, match="quorum=4"):
+        WorkflowContext.approval(None, approvers=["ann"], quorum=4)  # type: ignore[arg-type]
