@@ -502,3 +502,18 @@ def test_a_code_workflows_approval_takes_a_quorum_and_hands_the_body_the_data(
     assert job.state["result"] == {"by": "ann, cy", "data": {"seat": 4}}
     with pytest.raises(ValueError, match="quorum=4"):
         WorkflowContext.approval(None, approvers=["ann"], quorum=4)  # type: ignore[arg-type]
+
+
+def test_an_edit_of_a_code_workflows_approval_is_refused(make_engine: EngineFactory) -> None:
+    @workflow("gate_code", version=1)
+    async def gate(wf: WorkflowContext) -> str:
+        return (await wf.approval(approvers=["ann"])).decision
+
+    engine = make_engine(registry=None, workflows=[gate], executor=None)
+    approval_id = awaiting(engine, "gate_code")
+    before = count(engine)
+
+    with pytest.raises(InvalidPayloadError, match="no declarative definition"):
+        engine.decide(TENANT, "j", approval_id, "approve", "ann", edit={"approvers": []})
+
+    assert count(engine) == before
