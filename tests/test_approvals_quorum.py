@@ -14,7 +14,14 @@ from typing import Any
 
 import pytest
 
-from jobledger import Engine, JobStatus, WorkflowContext, workflow
+from jobledger import (
+    Engine,
+    FunctionRegistry,
+    JobStatus,
+    Resolution,
+    WorkflowContext,
+    workflow,
+)
 from jobledger.domain.approval_answers import answer_sha256
 from jobledger.domain.errors import (
     AlreadyVotedError,
@@ -363,6 +370,21 @@ def test_a_quorum_the_approvers_cannot_reach_is_a_definition_error(
         parse_definition(text, "x.yaml")
 
 
+def test_a_quorum_its_approvers_cannot_reach_fails_a_function_registrys_job(
+    make_engine: EngineFactory,
+) -> None:
+    def unreachable(_: object) -> Resolution:
+        return review(ApprovalSpec(approvers=("alice",), quorum=2))
+
+    engine = make_engine(registry=FunctionRegistry({("odd", 1): unreachable}))
+    engine.submit(TENANT, "j", "odd")
+    engine.run_until_idle()
+
+    job = engine.job(TENANT, "j")
+    assert job.status is JobStatus.FAILED
+    assert "quorum of 2 needs 1 to 1" in (job.last_error or "")
+
+
 def test_a_snapshot_keeps_the_votes_and_the_edit(engine: Engine) -> None:
     approval_id = awaiting(engine, "payout")
     engine.decide(TENANT, "j", approval_id, "approve", "alice", data={"po": 1})
@@ -500,7 +522,7 @@ def test_a_code_workflows_approval_takes_a_quorum_and_hands_the_body_the_data(
     job = engine.job(TENANT, "j")
     assert job.status is JobStatus.COMPLETED, job.last_error
     assert job.state["result"] == {"by": "ann, cy", "data": {"seat": 4}}
-    with pytest.raises(ValueError, match="quorum=4"):
+    with pytest.raises(ValueError, match="quorum of 4 needs 1 to 1"):
         WorkflowContext.approval(None, approvers=["ann"], quorum=4)  # type: ignore[arg-type]
 
 

@@ -248,8 +248,6 @@ class WorkflowContext:
             raise TypeError("approvers must be a list of names, not one string")
         ms = None if expires is None else _millis(expires, "wf.approval(expires=)")
         who = tuple(approvers)
-        if quorum is not None and not 1 <= quorum <= len(who):
-            raise ValueError(f"wf.approval(quorum={quorum}) needs 1 to {len(who)} (the approvers)")
         # Only when set: the params of an approval without one hash as they always did.
         counted = {} if quorum is None else {"quorum": quorum}
         reason = f"await approval{' by ' + ', '.join(who) if who else ''}"
