@@ -34,6 +34,7 @@ from jobledger.domain.job import Job
 from jobledger.domain.keys import ConsumedKey
 from jobledger.domain.steps import ApprovalSpec
 from jobledger.orchestration.ports import JobStore
+from jobledger.testing import WorkflowTestEnv
 from jobledger.workflows.definition import DefinitionError
 from jobledger.workflows.loader import parse_definition
 from tests.support import pythonpath
@@ -539,3 +540,17 @@ def test_an_edit_of_a_code_workflows_approval_is_refused(make_engine: EngineFact
         engine.decide(TENANT, "j", approval_id, "approve", "ann", edit={"approvers": []})
 
     assert count(engine) == before
+
+
+def test_the_testing_kit_votes_and_answers_with_data() -> None:
+    @workflow("kit_board", version=1)
+    async def board(wf: WorkflowContext) -> Any:
+        decision = await wf.approval(approvers=["ann", "bob"], quorum=2)
+        return decision.data
+
+    with WorkflowTestEnv([board]) as env:
+        job = env.start(board, {})
+        env.approve(job, by="ann", data={"seat": 1})
+        assert job.status == "awaiting_approval"
+        env.approve(job, by="bob", data={"row": 2})
+        assert job.result() == {"seat": 1, "row": 2}
