@@ -916,15 +916,7 @@ class Job(Aggregate):
         if approval.quorum is not None:
             self._cast_vote(approval, decision, decided_by, comment, data, now)
             return
-        self._decide(
-            approval,
-            decision,
-            decided_by,
-            comment,
-            edit=edit,
-            data=data,
-            now=now,
-        )
+        self._decide(approval, decision, decided_by, comment, edit=edit, data=data, now=now)
 
     def reassign_approval(
         self,
@@ -1016,7 +1008,7 @@ class Job(Aggregate):
         self._decide(
             counted,
             outcome,
-            ", ".join(vote.voter for vote in side) or voted_by,
+            ", ".join(vote.voter for vote in side),
             comment,
             edit=None,
             data=merged if answers else None,
