@@ -51,6 +51,9 @@ def test_votes_reassign_and_the_quorum(cli: Cli) -> None:
     assert f"{APPROVAL} by alice, bob, carol (1 of 2 approvals)" in shown
     refused = cli.fails(1, "approve", "acme", "j1", "--by", "alice")
     assert refused == f"error: 'alice' already voted on approval '{APPROVAL}'"
+    back = ("reassign", "acme", "j1", "--to", "alice", "--by", "ops", "--reason", "r")
+    refused = cli.fails(1, *back)
+    assert "needs 2 approvals and has 1: 0 approver(s) yet to vote cannot reach it" in refused
     out = cli.ok("reassign", "acme", "j1", "--to", "dave", "--by", "ops", "--reason", "bob away")
     assert out.startswith(f"{APPROVAL} reassigned to dave by ops")
     refused = cli.fails(1, "approve", "acme", "j1", "--by", "bob")
