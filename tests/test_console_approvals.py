@@ -69,6 +69,8 @@ def test_a_quorum_shows_its_progress_and_takes_votes_with_data(
 
     bob = as_approver(server, "bob")
     assert quorum(page_of(bob, "pay-1")) == "1 of 2 approvals: alice approved"
+    job_page = bob.get("/console/job", params={"tenant": "acme", "job": "pay-1"})
+    assert '<span class="quorum">1 of 2 approvals</span>' in job_page.text
     form = {**decide_form(page_of(bob, "pay-1")), "decision": "approve"}
     assert bob.post("/console/approval", data=form).status_code == 303
     job = engine.job("acme", "pay-1")
