@@ -45,6 +45,15 @@ def apply(d: StoreBackend, curs: Cursor, tenant_id: str, job_id: str, event: Job
                 "requested_at": d.ts(event.timestamp),
             },
         )
+    elif isinstance(event, Job.ApprovalReassigned):
+        # The inbox shows the request to its new approvers only.
+        curs.execute(
+            d.sql(
+                f"UPDATE {t} SET approvers = :approvers "
+                "WHERE job_uuid = :job_uuid AND approval_id = :approval_id"
+            ),
+            {**key, "approval_id": event.approval_id, "approvers": ",".join(event.approvers)},
+        )
     elif isinstance(event, (Job.ApprovalDecided, Job.ApprovalExpired)):
         curs.execute(
             d.sql(f"DELETE FROM {t} WHERE job_uuid = :job_uuid AND approval_id = :approval_id"),

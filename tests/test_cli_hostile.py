@@ -178,6 +178,7 @@ ARGUMENTS: dict[tuple[str, ...], tuple[str, ...]] = {
     ("projections", "status"): (),
     ("reconcile",): ("--once",),
     ("reject",): ("acme", "t1", "--by", "lead"),
+    ("reassign",): ("acme", "t1", "--to", "dave", "--by", "ops", "--reason", "r"),
     ("replay",): ("--definition", "definitions/ticket.yaml", "--all"),
     ("resume",): ("--token", "not-a-token"),
     ("run",): (),

@@ -84,6 +84,18 @@ class ApprovalCard:
     """How it ended when not open: who decided what, or that it expired."""
     outcomes: tuple[Outcome, ...] = ()
     """What approving and what rejecting do, in that order."""
+    quorum: int | None = None
+    """How many of ``approvers`` must approve (None: one decision decides)."""
+    votes: tuple[Mapping[str, Any], ...] = ()
+    """The votes cast on a quorum request so far: voter, decision, at."""
+
+    @property
+    def progress(self) -> str | None:
+        """``1 of 2 approvals`` on a quorum request; None otherwise."""
+        if self.quorum is None:
+            return None
+        approvals = sum(1 for vote in self.votes if vote["decision"] == "approved")
+        return f"{approvals} of {self.quorum} approvals"
 
     def others(self, subject: str) -> list[str]:
         return [name for name in self.approvers if name != subject]
@@ -102,8 +114,9 @@ class ApprovalCard:
         return hashlib.sha256(encoded.encode()).hexdigest()
 
 
-NOT_SHOWN = frozenset({"hash_matches", "open", "outcome"})
-"""What ``shown_sha256`` leaves out: derived from the rest, or the request's status."""
+NOT_SHOWN = frozenset({"hash_matches", "open", "outcome", "votes"})
+"""What ``shown_sha256`` leaves out: derived from the rest, or the request's status (the
+votes other approvers cast meanwhile do not change what this one approves)."""
 
 
 def inbox(engine: Engine, views: JobViews, principal: Principal) -> list[ApprovalCard]:
@@ -172,7 +185,7 @@ def approval(engine: Engine, tenant_id: str, job_id: str, approval_id: str) -> A
         step_name=step_name,
         attempt=int(requested.data["attempt"]),
         action_sha256=str(requested.data["action_sha256"]),
-        approvers=tuple(requested.data.get("approvers") or ()),
+        approvers=_approvers(history, requested),
         expires_at=requested.data.get("expires_at"),
         requested_at=requested.timestamp,
         description=definition.description if definition is not None else None,
@@ -186,7 +199,21 @@ def approval(engine: Engine, tenant_id: str, job_id: str, approval_id: str) -> A
             _outcome(decision, requested.data.get(f"on_{decision}"), steps, view.state)
             for decision in DECISIONS
         ),
+        quorum=requested.data.get("quorum"),
+        votes=tuple(
+            {"voter": e.data["voted_by"], "decision": e.data["decision"], "at": e.timestamp}
+            for e in history[requested.version :]
+            if e.event_type == "ApprovalVoted" and e.data.get("approval_id") == approval_id
+        ),
     )
+
+
+def _approvers(history: Sequence[HistoryEntry], requested: HistoryEntry) -> tuple[str, ...]:
+    """Who may decide the request: as it was made, or as its last reassignment says."""
+    approval_id = requested.data["approval_id"]
+    moved = _last(history[requested.version :], "ApprovalReassigned", approval_id)
+    source = moved if moved is not None else requested
+    return tuple(source.data.get("approvers") or ())
 
 
 def _last(

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from datetime import datetime
 from decimal import Decimal
-from typing import Any, Literal, Self
+from typing import Annotated, Any, Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -180,6 +180,19 @@ class DecisionRequest(Body):
     comment: str | None = Field(default=None, max_length=10_000)
     action_sha256: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$")
     """The action hash the approver was shown; a decision on another action is refused."""
+    edit: dict[str, Any] | None = None
+    """New values for params of the step the approval leads to (only params it has):
+    the step runs with them. Recorded with its sha256."""
+    data: dict[str, Any] | None = None
+    """An answer merged into the job's state for the steps after the decision. Recorded
+    with its sha256."""
+
+
+class ReassignRequest(Body):
+    """Who reassigns is the authenticated caller; it is not a field."""
+
+    approvers: list[Annotated[str, Field(min_length=1, max_length=200)]] = Field(min_length=1)
+    reason: str = Field(min_length=1, max_length=10_000)
 
 
 class BudgetRequest(Body):
@@ -281,9 +294,14 @@ class Approval(BaseModel):
     attempt: int
     action_sha256: str
     approvers: list[str]
-    """Who may decide (empty: any approver of the tenant)."""
+    """Who may decide (empty: any approver of the tenant); after a reassignment, the
+    approvers it named."""
     expires_at: datetime | None
     requested_at: datetime
+    quorum: int | None = None
+    """How many of ``approvers`` must approve (null: one decision decides)."""
+    votes: list[dict[str, Any]] = []
+    """The votes cast so far on a quorum request: ``voter``, ``decision``, ``at``."""
     params: dict[str, Any] | None
     """The step's params as its definition gives them (null: not known here)."""
     state: dict[str, Any]

@@ -13,6 +13,7 @@ from jobledger.api.models import (
     CancelRequest,
     DecisionRequest,
     Job,
+    ReassignRequest,
     SignalRequest,
     SignalResult,
 )
@@ -44,9 +45,12 @@ def signal(
 def decide(
     tenant: str, job: str, approval: str, body: DecisionRequest, caller: Caller, engine: EngineDep
 ) -> Job:
-    """Approve or reject the job's open approval request (approver). The decider is
-    the authenticated subject, and must be one the request lists; a decision on another
-    attempt, or on an action other than ``action_sha256``, is refused as stale (409)."""
+    """Approve or reject the job's open approval request (approver); on a quorum request,
+    cast the caller's one vote. The decider is the authenticated subject, and must be one
+    the request lists; a decision on another attempt, or on an action other than
+    ``action_sha256``, is refused as stale (409), a second vote too. ``edit`` changes
+    params of the step approved (the step runs with them), ``data`` lands in the job's
+    state; a bad edit or data is refused (400), nothing written."""
     tenant_scope(caller, tenant, Role.APPROVER, job_id=job)
     view = engine.decide(
         tenant,
@@ -56,6 +60,26 @@ def decide(
         caller.subject,
         body.comment,
         action_sha256=body.action_sha256,
+        edit=body.edit,
+        data=body.data,
+    )
+    return Job.of(view)
+
+
+@router.post(
+    JOB + "/approvals/{approval:id}/reassign",
+    response_model=Job,
+    responses=documented(400, 403, 404, 409),
+)
+def reassign(
+    tenant: str, job: str, approval: str, body: ReassignRequest, caller: Caller, engine: EngineDep
+) -> Job:
+    """Move the job's open approval request to other approvers (operator), recorded with
+    the caller and the reason: the ones named before may no longer decide; votes already
+    cast stay counted. A list that leaves the quorum out of reach is refused (400)."""
+    tenant_scope(caller, tenant, Role.OPERATOR, job_id=job)
+    view = engine.reassign(
+        tenant, job, approval, list(body.approvers), by=caller.subject, reason=body.reason
     )
     return Job.of(view)
 

@@ -115,4 +115,5 @@ def approval_on(job: Job, report: ReplayReport, to_version: int) -> ApprovalGate
         on_approve=wait.get("on_approve"),
         on_reject=wait.get("on_reject"),
         on_expire=wait.get("on_expire"),
+        quorum=wait.get("quorum"),
     )

@@ -50,6 +50,7 @@ from uuid import UUID
 from jobledger.audit.errors import ReplayError
 from jobledger.config import TickOptions
 from jobledger.domain import erasure, transition
+from jobledger.domain.approval_answers import with_edit
 from jobledger.domain.job import Claim, Job
 from jobledger.domain.repair import superseded
 from jobledger.domain.status import JobStatus
@@ -446,6 +447,8 @@ def _recorded(
             "on_reject": approval.on_reject if approval else None,
             "on_expire": approval.on_expire if approval else None,
         }
+        if approval is not None and approval.quorum is not None:
+            wait["quorum"] = approval.quorum
     return _decision(step, wait, getattr(step, "input_sha256", None))
 
 
@@ -457,6 +460,7 @@ def _replayed(
         resolution = resolver(request)
     except Exception as error:
         return Decision("(resolution)", request.cursor, JobStatus.FAILED, None, error=str(error))
+    resolution = with_edit(job.approved_edit, resolution)
     step = transition.decide(job, resolution, at=at, default_wait_ms=default_wait_ms)
     wait: dict[str, Any] | None = None
     if step.next_status is JobStatus.WAITING_CHILDREN:
@@ -477,6 +481,8 @@ def _replayed(
             "on_reject": step.approval.on_reject,
             "on_expire": step.approval.on_expire,
         }
+        if step.approval.quorum is not None:
+            wait["quorum"] = step.approval.quorum
     return _decision(step, wait, step.input_sha256)
 
 

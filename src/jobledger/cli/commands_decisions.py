@@ -3,14 +3,23 @@ raise-budget, and a new resume token (token reissue)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from datetime import datetime
 from decimal import Decimal, InvalidOperation
 from typing import Annotated
 
 import typer
 
-from jobledger.cli.params import LARGEST, JobId, PayloadOption, Tenant, parse_moment, read_value
+from jobledger.cli.params import (
+    LARGEST,
+    DataOption,
+    EditOption,
+    JobId,
+    JsonObject,
+    PayloadOption,
+    Tenant,
+    parse_moment,
+    read_value,
+)
 from jobledger.cli.session import OneShot, one_shot
 from jobledger.domain.errors import StaleApprovalError
 from jobledger.domain.views import JobView
@@ -32,30 +41,84 @@ CommentOption = Annotated[str | None, typer.Option("--comment", metavar="TEXT")]
 token_app = typer.Typer(help="Resume tokens: reissue.", no_args_is_help=True)
 
 
-def _decision_command(decision: str, doc: str) -> Callable[..., None]:
-    """``approve`` and ``reject``: the same command but for the decision it records."""
+@one_shot
+def approve(
+    cmd: OneShot,
+    tenant: Tenant,
+    job: JobId,
+    by: ByOption,
+    approval: ApprovalOption = None,
+    comment: CommentOption = None,
+    edit: EditOption = None,
+    data: DataOption = None,
+) -> None:
+    """Approve the job's open approval request (on a quorum request: vote to approve).
 
-    def command(
-        cmd: OneShot,
-        tenant: Tenant,
-        job: JobId,
-        by: ByOption,
-        approval: ApprovalOption = None,
-        comment: CommentOption = None,
-    ) -> None:
-        with cmd.engine(purpose=decision) as engine:
-            approval_id = approval if approval is not None else _open_approval(engine, tenant, job)
-            view = engine.decide(tenant, job, approval_id, decision, by, comment)
-            verb = "approved" if decision == "approve" else "rejected"
-            _done(f"{verb} {approval_id} as {by}", engine, view, cmd.json)
-
-    command.__name__ = command.__qualname__ = decision  # typer names the command after it
-    command.__doc__ = doc
-    return one_shot(command)
+    --edit changes params of the step the approval leads to (it runs with them); --data
+    lands in the job's state. Both are recorded with their sha256.
+    """
+    _decide(cmd, tenant, job, "approve", by, approval, comment, edit=edit, data=data)
 
 
-approve = _decision_command("approve", "Approve the job's open approval request.")
-reject = _decision_command("reject", "Reject the job's open approval request.")
+@one_shot
+def reject(
+    cmd: OneShot,
+    tenant: Tenant,
+    job: JobId,
+    by: ByOption,
+    approval: ApprovalOption = None,
+    comment: CommentOption = None,
+    data: DataOption = None,
+) -> None:
+    """Reject the job's open approval request (on a quorum request: vote to reject)."""
+    _decide(cmd, tenant, job, "reject", by, approval, comment, edit=None, data=data)
+
+
+def _decide(
+    cmd: OneShot,
+    tenant: str,
+    job: str,
+    decision: str,
+    by: str,
+    approval: str | None,
+    comment: str | None,
+    *,
+    edit: JsonObject | None,
+    data: JsonObject | None,
+) -> None:
+    # An edit is checked against the step's definition: only then are definitions loaded.
+    with cmd.engine(purpose=decision, definitions=edit is not None) as engine:
+        approval_id = approval if approval is not None else _open_approval(engine, tenant, job)
+        view = engine.decide(tenant, job, approval_id, decision, by, comment, edit=edit, data=data)
+        verb = "approved" if decision == "approve" else "rejected"
+        gate = view.pending_approval
+        if gate is not None and gate.approval_id == approval_id:
+            # A vote that left the quorum request open.
+            verb = f"voted {verb} ({gate.progress})"
+        _done(f"{verb} {approval_id} as {by}", engine, view, cmd.json)
+
+
+@one_shot
+def reassign(
+    cmd: OneShot,
+    tenant: Tenant,
+    job: JobId,
+    to: Annotated[
+        list[str],
+        typer.Option("--to", metavar="USER", help="A new approver (repeat for several)."),
+    ],
+    by: Annotated[str, typer.Option("--by", metavar="USER", help="Who reassigns.")],
+    reason: Annotated[str, typer.Option("--reason", metavar="TEXT", help="Why (recorded).")],
+    approval: ApprovalOption = None,
+) -> None:
+    """Move the job's open approval request to other approvers.
+
+    The approvers named before may no longer decide; votes already cast stay counted.
+    """
+    with cmd.engine(purpose="reassign") as engine:
+        approval_id = approval if approval is not None else _open_approval(engine, tenant, job)
+        view = engine.reassign(tenant, job, approval_id, to, by=by, reason=reason)
+        _done(f"{approval_id} reassigned to {', '.join(to)} by {by}", engine, view, cmd.json)
 
 
 def _open_approval(engine: Engine, tenant: str, job: str) -> str:

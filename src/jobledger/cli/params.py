@@ -74,6 +74,14 @@ BudgetOption = Annotated[
 PayloadOption = Annotated[
     JsonObject | None, _json_option("--payload", "Merged into the job's state: JSON or @file.")
 ]
+EditOption = Annotated[
+    JsonObject | None,
+    _json_option("--edit", "New values for params of the step approved: JSON or @file."),
+]
+DataOption = Annotated[
+    JsonObject | None,
+    _json_option("--data", "An answer merged into the job's state: JSON or @file."),
+]
 VersionOption = Annotated[
     int | None,
     typer.Option("--version", min=1, max=LARGEST, help="Definition version (default: the newest)."),

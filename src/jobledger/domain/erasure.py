@@ -29,6 +29,8 @@ STATE_FIELDS: Final[Mapping[str, tuple[str, ...]]] = {
     "Job.SignalBuffered": ("payload",),
     "Job.Resumed": ("payload",),
     "Job.Reset": ("state",),
+    "Job.ApprovalVoted": ("data",),
+    "Job.ApprovalDecided": ("data",),
 }
 """The fields of each event type that carry job state (its paths apply inside them)."""
 

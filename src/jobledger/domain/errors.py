@@ -216,6 +216,10 @@ class UnauthorisedDeciderError(ApprovalError):
     pass
 
 
+class AlreadyVotedError(ApprovalError):
+    """An approver of a quorum request voted on it before: each approver votes once."""
+
+
 class ErasureError(JobLedgerError):
     """An erasure was refused; nothing was written."""
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from copy import deepcopy
 from dataclasses import dataclass, replace
 from datetime import datetime
@@ -14,7 +14,10 @@ from eventsourcing.domain import Aggregate
 from eventsourcing.domain import Snapshot as AggregateSnapshot
 
 from jobledger.domain import chain, erasure, fan_out, identity
+from jobledger.domain.approval_answers import answer_sha256, approved_edit, check_edit
 from jobledger.domain.errors import (
+    AlreadyVotedError,
+    InvalidPayloadError,
     JobFinishedError,
     JobNotWaitingError,
     StaleApprovalError,
@@ -24,7 +27,14 @@ from jobledger.domain.errors import (
 from jobledger.domain.identity import KEY_SCHEME, LEGACY_KEY_SCHEME, job_uuid
 from jobledger.domain.status import TRANSITION_STATUSES, JobStatus
 from jobledger.domain.stored_topics import keep_stored_topics
-from jobledger.domain.substate import ApprovalGate, BufferedSignal, EventWait, JobBudget
+from jobledger.domain.substate import (
+    APPROVED,
+    ApprovalGate,
+    ApprovalVote,
+    BufferedSignal,
+    EventWait,
+    JobBudget,
+)
 
 JSON = dict[str, Any]
 
@@ -120,6 +130,10 @@ class Job(Aggregate):
     forked_from: JSON | None
     """For a fork: ``{job_id, step_number}`` of the job it was forked from (``ForkedFrom``).
     Kept in a snapshot only when set."""
+    approved_edit: JSON | None
+    """An approver's edit of the params of the step the approval leads to (``{step,
+    params}``, ``jobledger.domain.approval_answers``), kept until a step is recorded.
+    Kept in a snapshot only when set."""
 
     # Version 2 holds ``key_scheme``, 3 ``personal_data``; older snapshots are upcast.
     class_version = 3
@@ -161,6 +175,8 @@ class Job(Aggregate):
             if state.get("priority") is None:
                 # Likewise a job submitted without a priority.
                 state.pop("priority", None)
+            if state.get("approved_edit") is None:
+                state.pop("approved_edit", None)
             # Likewise a job with no parent and no children, never reset or forked.
             for name, empty in _OMITTED_WHEN_EMPTY.items():
                 if state.get(name, empty) == empty:
@@ -183,6 +199,7 @@ class Job(Aggregate):
                 setattr(job, name, deepcopy(vars(job).get(name, empty)))
             job.children_cost_usd = Decimal(job.children_cost_usd)
             job.priority = vars(job).get("priority")
+            job.approved_edit = deepcopy(vars(job).get("approved_edit"))
             return job
 
     class Event(Aggregate.Event):
@@ -274,6 +291,7 @@ class Job(Aggregate):
             job.visits = {}
             job.pending_approval = None
             job.inbox = ()
+            job.approved_edit = None
 
     class Claimed(Event):
         """A worker took a lease on the job to execute its next step."""
@@ -336,6 +354,8 @@ class Job(Aggregate):
             job.total_steps_executed += 1
             job.total_cost_usd += self.cost_usd
             job.attempt = 0
+            # An approver's edit is for the step right after the approval: this one.
+            job.approved_edit = None
             job.release_lease()
             # Read from the state: a step stored before the fold has no such fields.
             claim = Claim.folded_into(self)
@@ -403,6 +423,9 @@ class Job(Aggregate):
         on_approve: str | None
         on_reject: str | None
         on_expire: str | None
+        quorum: int | None = None
+        """How many of ``approvers`` must approve; None: one decision decides."""
+        stored_when_set = frozenset({"quorum"})
 
         def evolve(self, job: Job) -> None:
             job.pending_approval = ApprovalGate(
@@ -415,7 +438,29 @@ class Job(Aggregate):
                 on_approve=self.on_approve,
                 on_reject=self.on_reject,
                 on_expire=self.on_expire,
+                quorum=self.quorum,
             )
+
+    class ApprovalVoted(Event):
+        """One approver's vote on a quorum request, bound to its step, attempt and action
+        hash; the request is decided (an ``ApprovalDecided`` in the same append) once the
+        quorum approved or can no longer be reached."""
+
+        approval_id: str
+        step_number: int
+        attempt: int
+        action_sha256: str
+        decision: str
+        voted_by: str
+        comment: str | None
+        data: JSON | None
+        data_sha256: str | None
+
+        def evolve(self, job: Job) -> None:
+            assert job.pending_approval is not None, "a vote is cast on an open request"
+            vote = ApprovalVote(self.voted_by, self.decision, deepcopy(self.data))
+            gate = job.pending_approval
+            job.pending_approval = replace(gate, votes=(*gate.votes, vote))
 
     class ApprovalDecided(Event):
         approval_id: str
@@ -423,9 +468,34 @@ class Job(Aggregate):
         decided_by: str
         comment: str | None
         next_step: str | None
+        edit: JSON | None = None
+        """The approver's edit of the params of step ``next_step``; it runs with them."""
+        edit_sha256: str | None = None
+        data: JSON | None = None
+        """The data the decision answered with: it lands in the job's state."""
+        data_sha256: str | None = None
+        stored_when_set = frozenset({"edit", "edit_sha256", "data", "data_sha256"})
 
         def evolve(self, job: Job) -> None:
             job.leave_wait(self.next_step)
+            if self.data is not None:
+                job.state = {**job.state, **deepcopy(self.data)}
+            if self.edit is not None and self.next_step is not None:
+                job.approved_edit = approved_edit(self.next_step, deepcopy(self.edit))
+
+    class ApprovalReassigned(Event):
+        """The open request moved to other approvers (who moved it, and why): from here
+        on only they may decide; the votes cast before stay counted."""
+
+        approval_id: str
+        approvers: list[str]
+        previous_approvers: list[str]
+        reassigned_by: str
+        reason: str
+
+        def evolve(self, job: Job) -> None:
+            assert job.pending_approval is not None, "an open request is reassigned"
+            job.pending_approval = replace(job.pending_approval, approvers=tuple(self.approvers))
 
     class ApprovalExpired(Event):
         approval_id: str
@@ -653,6 +723,8 @@ class Job(Aggregate):
         def evolve(self, job: Job) -> None:
             job.workflow_version = self.to_version
             job.epoch = self.epoch
+            # An approver's edit belongs to the decision the reset undoes.
+            job.approved_edit = None
             job.current_step = self.step_number
             job.cursor = self.cursor
             job.visits = dict(self.visits)
@@ -890,6 +962,7 @@ class Job(Aggregate):
         on_reject: str | None,
         on_expire: str | None,
         now: datetime,
+        quorum: int | None = None,
     ) -> None:
         if self.status is not JobStatus.AWAITING_APPROVAL:
             raise ValueError("an approval is requested by a step that awaits approval")
@@ -905,6 +978,7 @@ class Job(Aggregate):
             on_approve=on_approve,
             on_reject=on_reject,
             on_expire=on_expire,
+            quorum=quorum,
         )
 
     def decide_approval(
@@ -916,10 +990,65 @@ class Job(Aggregate):
         comment: str | None,
         action_sha256: str | None,
         now: datetime,
+        edit: JSON | None = None,
+        editable: Collection[str] | None = None,
+        data: JSON | None = None,
     ) -> None:
         """Approve or reject the open request: the one named, on the action that was
-        shown (when its hash is given), before it expires, by someone allowed."""
+        shown (when its hash is given), before it expires, by someone allowed. On a
+        quorum request the decision is one vote (``_cast_vote``). ``edit``: new values
+        for params of the step the approval leads to, among ``editable`` (that step's
+        params as its definition gives them; None: no definition says); ``data``: what
+        lands in the job's state for the steps after it."""
         approval = self._open_gate(approval_id)
+        self._check_decider(approval, decided_by, action_sha256, now)
+        if edit is not None:
+            check_edit(approval, decision, edit, editable)
+        if approval.quorum is not None:
+            self._cast_vote(approval, decision, decided_by, comment, data, now)
+            return
+        self._decide(approval, decision, decided_by, comment, edit=edit, data=data, now=now)
+
+    def reassign_approval(
+        self,
+        *,
+        approval_id: str,
+        approvers: list[str],
+        reassigned_by: str,
+        reason: str,
+        now: datetime,
+    ) -> None:
+        """Move the open request to ``approvers``: the ones listed before may no longer
+        decide. The votes already cast stay counted; a list that leaves a quorum out of
+        reach is refused."""
+        approval = self._open_gate(approval_id)
+        if not approvers:
+            raise InvalidPayloadError("a request is reassigned to one approver or more")
+        if len(set(approvers)) != len(approvers):
+            raise InvalidPayloadError(f"approvers listed more than once: {', '.join(approvers)}")
+        if list(approvers) == list(approval.approvers):
+            raise InvalidPayloadError(f"approval {approval_id!r} is already theirs")
+        moved = replace(approval, approvers=tuple(approvers))
+        if approval.quorum is not None and moved.outcome() is not None:
+            raise InvalidPayloadError(
+                f"approval {approval_id!r} needs {approval.quorum} approvals and has "
+                f"{len(approval.tally(APPROVED))}: {len(moved.yet_to_vote())} approver(s) "
+                "yet to vote cannot reach it"
+            )
+        self._append(
+            Job.ApprovalReassigned,
+            now,
+            approval_id=approval_id,
+            approvers=list(approvers),
+            previous_approvers=list(approval.approvers),
+            reassigned_by=reassigned_by,
+            reason=reason,
+        )
+
+    def _check_decider(
+        self, approval: ApprovalGate, name: str, action_sha256: str | None, now: datetime
+    ) -> None:
+        approval_id = approval.approval_id
         if action_sha256 is not None and action_sha256 != approval.action_sha256:
             raise StaleApprovalError("the action to approve changed since it was shown")
         expires_at = approval.expires_at
@@ -927,12 +1056,68 @@ class Job(Aggregate):
             raise StaleApprovalError(
                 f"approval {approval_id!r} expired at {expires_at.isoformat()}"
             )
-        if approval.approvers and decided_by not in approval.approvers:
+        if approval.approvers and name not in approval.approvers:
             raise UnauthorisedDeciderError(
-                f"{decided_by!r} may not decide approval {approval_id!r}; allowed: "
+                f"{name!r} may not decide approval {approval_id!r}; allowed: "
                 f"{', '.join(approval.approvers)}"
             )
-        next_step = approval.next_step(decision == "approved")
+        if approval.voted(name):
+            raise AlreadyVotedError(f"{name!r} already voted on approval {approval_id!r}")
+
+    def _cast_vote(
+        self,
+        approval: ApprovalGate,
+        decision: str,
+        voted_by: str,
+        comment: str | None,
+        data: JSON | None,
+        now: datetime,
+    ) -> None:
+        """One vote; the decision follows in the same append once the votes settle it,
+        by the voters of the side that won, with their data merged in vote order."""
+        self._append(
+            Job.ApprovalVoted,
+            now,
+            approval_id=approval.approval_id,
+            step_number=approval.step_number,
+            attempt=approval.attempt,
+            action_sha256=approval.action_sha256,
+            decision=decision,
+            voted_by=voted_by,
+            comment=comment,
+            data=data,
+            data_sha256=None if data is None else answer_sha256(data),
+        )
+        counted = self.pending_approval
+        assert counted is not None
+        outcome = counted.outcome()
+        if outcome is None:
+            return
+        side = counted.tally(outcome)
+        answers = [vote.data for vote in side if vote.data is not None]
+        merged = {key: value for answer in answers for key, value in answer.items()}
+        self._decide(
+            counted,
+            outcome,
+            ", ".join(vote.voter for vote in side),
+            comment,
+            edit=None,
+            data=merged if answers else None,
+            now=now,
+        )
+
+    def _decide(
+        self,
+        approval: ApprovalGate,
+        decision: str,
+        decided_by: str,
+        comment: str | None,
+        *,
+        edit: JSON | None,
+        data: JSON | None,
+        now: datetime,
+    ) -> None:
+        next_step = approval.next_step(decision == APPROVED)
         self._append(
             Job.ApprovalDecided,
             now,
@@ -941,8 +1126,12 @@ class Job(Aggregate):
             decided_by=decided_by,
             comment=comment,
             next_step=next_step,
+            edit=edit,
+            edit_sha256=None if edit is None else answer_sha256(edit),
+            data=data,
+            data_sha256=None if data is None else answer_sha256(data),
         )
-        if decision != "approved" and next_step is None:
+        if decision != APPROVED and next_step is None:
             self.fail(
                 error=f"rejected by {decided_by}: {comment or 'no comment'}",
                 cause="rejected",

@@ -82,6 +82,16 @@ class ApprovalSpec:
     """None fails the job on rejection."""
     on_expire: str | None = None
     """None fails the job when the request expires."""
+    quorum: int | None = None
+    """How many of ``approvers`` must approve; None: one decision decides."""
+
+    def __post_init__(self) -> None:
+        # A quorum the named approvers cannot reach would reject on the first vote.
+        if self.quorum is not None and not 1 <= self.quorum <= len(self.approvers):
+            raise ValueError(
+                f"an approval quorum of {self.quorum} needs 1 to {len(self.approvers)} "
+                "(the approvers named)"
+            )
 
 
 @dataclass(frozen=True)

@@ -123,6 +123,11 @@ class ApprovalGate:
     on_approve: str | None
     on_reject: str | None
     on_expire: str | None
+    quorum: int | None = None
+    """How many of ``approvers`` must approve; None: one decision decides (as before
+    quorums existed)."""
+    votes: tuple[ApprovalVote, ...] = ()
+    """The votes cast so far on a quorum request, in order."""
 
     @classmethod
     def from_dict(cls, stored: Mapping[str, Any]) -> ApprovalGate:
@@ -136,10 +141,12 @@ class ApprovalGate:
             on_approve=stored["on_approve"],
             on_reject=stored["on_reject"],
             on_expire=stored["on_expire"],
+            quorum=stored.get("quorum"),
+            votes=tuple(ApprovalVote.from_dict(v) for v in stored.get("votes", ())),
         )
 
     def to_dict(self) -> JSON:
-        return {
+        stored: JSON = {
             "approval_id": self.approval_id,
             "step_number": self.step_number,
             "attempt": self.attempt,
@@ -150,9 +157,65 @@ class ApprovalGate:
             "on_reject": self.on_reject,
             "on_expire": self.on_expire,
         }
+        # Only when used: a request without a quorum keeps the bytes it always had.
+        if self.quorum is not None:
+            stored["quorum"] = self.quorum
+        if self.votes:
+            stored["votes"] = [vote.to_dict() for vote in self.votes]
+        return stored
 
     def next_step(self, approved: bool) -> str | None:
         return self.on_approve if approved else self.on_reject
+
+    def voted(self, name: str) -> bool:
+        return any(vote.voter == name for vote in self.votes)
+
+    def tally(self, decision: str) -> tuple[ApprovalVote, ...]:
+        return tuple(vote for vote in self.votes if vote.decision == decision)
+
+    def outcome(self) -> str | None:
+        """``approved`` once the quorum approved, ``rejected`` once it no longer can be
+        reached (the approvals so far and every listed approver yet to vote fall short),
+        else None: still open."""
+        needed = self.quorum or 1
+        approvals = len(self.tally(APPROVED))
+        if approvals >= needed:
+            return APPROVED
+        if approvals + len(self.yet_to_vote()) < needed:
+            return REJECTED
+        return None
+
+    def yet_to_vote(self) -> tuple[str, ...]:
+        return tuple(name for name in self.approvers if not self.voted(name))
+
+    @property
+    def progress(self) -> str:
+        """``1 of 2 approvals`` (the quorum's progress), for people reading."""
+        return f"{len(self.tally(APPROVED))} of {self.quorum or 1} approvals"
+
+
+APPROVED = "approved"
+REJECTED = "rejected"
+
+
+@dataclass(frozen=True)
+class ApprovalVote:
+    """One approver's vote on a quorum request, and the data they answered with."""
+
+    voter: str
+    decision: str
+    """``approved`` or ``rejected``."""
+    data: JSON | None = None
+
+    @classmethod
+    def from_dict(cls, stored: Mapping[str, Any]) -> ApprovalVote:
+        return cls(stored["voter"], stored["decision"], deepcopy(stored.get("data")))
+
+    def to_dict(self) -> JSON:
+        stored: JSON = {"voter": self.voter, "decision": self.decision}
+        if self.data is not None:
+            stored["data"] = deepcopy(self.data)
+        return stored
 
 
 @dataclass(frozen=True)

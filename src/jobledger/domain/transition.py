@@ -72,6 +72,7 @@ def decide(job: Job, resolution: Resolution, *, at: datetime, default_wait_ms: i
             on_approve=spec.on_approve or resolution.next_step,
             on_reject=spec.on_reject,
             on_expire=spec.on_expire,
+            quorum=spec.quorum,
         )
     return Transition(
         step_number=step_number,
@@ -247,6 +248,7 @@ def _open_approval(job: Job, transition: Transition, at: datetime) -> None:
         on_reject=spec.on_reject,
         on_expire=spec.on_expire,
         now=at,
+        quorum=spec.quorum,
     )
 
 

@@ -144,6 +144,7 @@ class Engine:
     reissue_token = _to("commands", JobCommands.reissue_token)
     signal = _to("commands", JobCommands.signal)
     decide = _to("commands", JobCommands.decide)
+    reassign = _to("commands", JobCommands.reassign)
     raise_budget = _to("commands", JobCommands.raise_budget)
     cancel = _to("commands", JobCommands.cancel)
     migrate = _to("commands", JobCommands.migrate)

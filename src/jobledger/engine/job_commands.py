@@ -52,8 +52,9 @@ from jobledger.engine.job_finder import JobFinder
 from jobledger.orchestration import retry, tracing
 from jobledger.orchestration.child_jobs import child_budget
 from jobledger.orchestration.orchestrator import Orchestrator
-from jobledger.orchestration.ports import Tick, TokenClaims, WorkflowRegistry
+from jobledger.orchestration.ports import ApprovalRequest, Tick, TokenClaims, WorkflowRegistry
 from jobledger.workflows.code import CodeWorkflow
+from jobledger.workflows.param_edits import editable_params
 from jobledger.workflows.registries import code_workflow
 
 if TYPE_CHECKING:
@@ -587,17 +588,37 @@ class JobCommands:
         comment: str | None = None,
         *,
         action_sha256: str | None = None,
+        edit: Mapping[str, Any] | None = None,
+        data: Mapping[str, Any] | None = None,
     ) -> JobView:
-        """Approve or reject the job's open approval request, once, by someone allowed."""
+        """Approve or reject the job's open approval request, once, by someone allowed;
+        on a quorum request, cast this decider's one vote. ``edit``: new values for params
+        of the step the approval leads to (it runs with them); ``data``: a JSON object
+        that lands in the job's state for the steps after it. Both are recorded with
+        their sha256."""
         verdict = _DECISIONS.get(decision)
         if verdict is None:
             raise InvalidPayloadError(f"decision must be approve or reject, got {decision!r}")
         check_id("decided_by", decided_by)
+        limit = self._config.limits.max_payload_bytes
         if comment is not None:
-            text(comment, what="approval comment", max_bytes=self._config.limits.max_payload_bytes)
+            text(comment, what="approval comment", max_bytes=limit)
+        edited = None if edit is None else json_object(edit, what="approval edit", max_bytes=limit)
+        if edited == {}:
+            raise InvalidPayloadError("an approval edit changes one param or more; it is empty")
+        answer = None if data is None else json_object(data, what="approval data", max_bytes=limit)
 
         def decide(job: Job) -> list[ConsumedKey]:
             with self._refused_if_used(job, KeyKind.APPROVAL, approval_id):
+                gate = job.pending_approval
+                editable = None
+                if edited is not None and gate is not None and gate.on_approve is not None:
+                    editable = editable_params(
+                        self._deps.deployment.registry,
+                        (job.workflow_type, job.workflow_version),
+                        gate.on_approve,
+                        {**job.state, **(answer or {})},
+                    )
                 job.decide_approval(
                     approval_id=approval_id,
                     decision=verdict,
@@ -605,7 +626,12 @@ class JobCommands:
                     comment=comment,
                     action_sha256=action_sha256,
                     now=self._clock.now(),
+                    edit=edited,
+                    editable=editable,
+                    data=answer,
                 )
+            if job.pending_approval is not None:
+                return []  # a vote that left the request open: no decision to guard yet
             return [self._key(job, KeyKind.APPROVAL, approval_id)]
 
         job = self.apply(
@@ -616,6 +642,11 @@ class JobCommands:
                 f"approval {approval_id!r} was already decided"
             ),
         )
+        if job.pending_approval is not None:
+            self._orchestrator.report(
+                job, "job.approval.voted", approvalId=approval_id, vote=verdict, votedBy=decided_by
+            )
+            return JobView.of(job)
         self._wake(job, "approval_decided")
         self._orchestrator.report(
             job,
@@ -624,6 +655,47 @@ class JobCommands:
             decision=verdict,
             decidedBy=decided_by,
         )
+        return JobView.of(job)
+
+    def reassign(
+        self,
+        tenant_id: str,
+        job_id: str,
+        approval_id: str,
+        approvers: list[str],
+        *,
+        by: str,
+        reason: str,
+    ) -> JobView:
+        """Move the job's open approval request to ``approvers`` (who and why recorded):
+        the ones listed before may no longer decide; votes already cast stay counted."""
+        check_id("by", by)
+        for name in approvers:
+            check_id("approver", name)
+        text(reason, what="reassign reason", max_bytes=self._config.limits.max_payload_bytes)
+
+        def reassign(job: Job) -> list[ConsumedKey]:
+            job.reassign_approval(
+                approval_id=approval_id,
+                approvers=list(approvers),
+                reassigned_by=by,
+                reason=reason,
+                now=self._clock.now(),
+            )
+            return []
+
+        job = self.apply(tenant_id, job_id, reassign)
+        self._orchestrator.report(
+            job,
+            "job.approval.reassigned",
+            approvalId=approval_id,
+            approvers=",".join(approvers),
+            reassignedBy=by,
+        )
+        notifier = self._orchestrator.notifier
+        if notifier is not None and job.pending_approval is not None:
+            # The new approvers are told as the first ones were.
+            notifier.approval_requested(JobView.of(job), ApprovalRequest.of(job.pending_approval))
         return JobView.of(job)
 
     def raise_budget(

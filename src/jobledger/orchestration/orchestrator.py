@@ -25,6 +25,7 @@ from uuid import uuid4
 from jobledger.config import EngineConfig
 from jobledger.domain import fan_out, transition
 from jobledger.domain.admission import DEFAULT_PRIORITY, Policy, Queued, rank
+from jobledger.domain.approval_answers import with_edit
 from jobledger.domain.budget import exceeded_limit
 from jobledger.domain.errors import (
     DeploymentError,
@@ -575,7 +576,8 @@ class Orchestrator:
         request = self._request(job, run, now)
         registry = self.deployment.registry  # one throughout, should a reload swap it
         try:
-            return registry.resolve(request)
+            # The step an approver edited runs with the edit (replay applies it alike).
+            return with_edit(job.approved_edit, registry.resolve(request))
         except StoreUnavailableError:
             raise  # a registry that reads a store: its outage is no definition bug
         except NonDeterminismError as error:

@@ -111,6 +111,8 @@ def _failed(d: Mapping[str, Any]) -> AuditLine:
 def _approval_requested(d: Mapping[str, Any]) -> AuditLine:
     who = ", ".join(d["approvers"]) or "any trusted caller"
     text = f"approval {d['approval_id']} (attempt {d['attempt']}) for {who}"
+    if d.get("quorum") is not None:
+        text += f", {d['quorum']} of {len(d['approvers'])} must approve"
     if d.get("expires_at") is not None:
         text += f", expires {when(d['expires_at'])}"
     return AuditLine("engine", f"#{d['step_number']}", text)
@@ -120,7 +122,32 @@ def _approval_decided(d: Mapping[str, Any]) -> AuditLine:
     text = f"{d['decision']} {d['approval_id']} {_arrow('queued', d.get('next_step'))}"
     if d.get("comment"):
         text += f": {d['comment']!r}"
+    text += _answers(d)
     return AuditLine(f"decided_by {d['decided_by']}", "", text)
+
+
+def _answers(d: Mapping[str, Any]) -> str:
+    """The edit and data a decision or vote answered with, by their hashes."""
+    text = ""
+    if d.get("edit") is not None:
+        keys = ", ".join(sorted(d["edit"]))
+        text += f"; edited {d.get('next_step')} params {keys} (sha256 {d['edit_sha256'][:12]})"
+    if d.get("data") is not None:
+        text += f"; data {', '.join(sorted(d['data']))} (sha256 {d['data_sha256'][:12]})"
+    return text
+
+
+def _approval_voted(d: Mapping[str, Any]) -> AuditLine:
+    text = f"voted {d['decision']} on {d['approval_id']} (attempt {d['attempt']})"
+    if d.get("comment"):
+        text += f": {d['comment']!r}"
+    return AuditLine(f"voted_by {d['voted_by']}", f"#{d['step_number']}", text + _answers(d))
+
+
+def _reassigned(d: Mapping[str, Any]) -> AuditLine:
+    before = ", ".join(d["previous_approvers"]) or "anyone trusted"
+    text = f"{d['approval_id']} moved from {before} to {', '.join(d['approvers'])}"
+    return AuditLine(f"reassigned_by {d['reassigned_by']}", "", f"{text} ({d['reason']})")
 
 
 def _approval_expired(d: Mapping[str, Any]) -> AuditLine:
@@ -253,6 +280,8 @@ _DESCRIBERS = {
     "Failed": _failed,
     "ApprovalRequested": _approval_requested,
     "ApprovalDecided": _approval_decided,
+    "ApprovalVoted": _approval_voted,
+    "ApprovalReassigned": _reassigned,
     "ApprovalExpired": _approval_expired,
     "SignalBuffered": _signal_buffered,
     "Resumed": _resumed,

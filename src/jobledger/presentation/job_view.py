@@ -161,6 +161,8 @@ def _approval(approval: ApprovalGate) -> str:
     text = approval.approval_id
     if approval.approvers:
         text += f" by {', '.join(approval.approvers)}"
+    if approval.quorum is not None:
+        text += f" ({approval.progress})"
     if approval.expires_at:
         text += f", expires {when(approval.expires_at)}"
     return text

@@ -353,19 +353,43 @@ class WorkflowTestEnv:
         self.engine.signal(handle.tenant_id, handle.job_id, event_name, payload, signal_id=signal)
         self.run()
 
-    def approve(self, handle: JobHandle, *, by: str, comment: str | None = None) -> None:
-        """Approve the job's open approval request as ``by``, and run what follows."""
-        self._decide(handle, "approved", by, comment)
+    def approve(
+        self,
+        handle: JobHandle,
+        *,
+        by: str,
+        comment: str | None = None,
+        data: Mapping[str, Any] | None = None,
+    ) -> None:
+        """Approve the job's open approval request as ``by`` (on a quorum request: vote),
+        answering with ``data``, and run what follows."""
+        self._decide(handle, "approved", by, comment, data)
 
-    def reject(self, handle: JobHandle, *, by: str, comment: str | None = None) -> None:
-        """Reject the job's open approval request as ``by``, and run what follows."""
-        self._decide(handle, "rejected", by, comment)
+    def reject(
+        self,
+        handle: JobHandle,
+        *,
+        by: str,
+        comment: str | None = None,
+        data: Mapping[str, Any] | None = None,
+    ) -> None:
+        """Reject the job's open approval request as ``by`` (on a quorum request: vote),
+        answering with ``data``, and run what follows."""
+        self._decide(handle, "rejected", by, comment, data)
 
-    def _decide(self, handle: JobHandle, decision: str, by: str, comment: str | None) -> None:
+    def _decide(
+        self,
+        handle: JobHandle,
+        decision: str,
+        by: str,
+        comment: str | None,
+        data: Mapping[str, Any] | None,
+    ) -> None:
         approval_id = handle.view.pending_approval_id
         if approval_id is None:
             raise WorkflowTestError(f"no approval is open: {handle.describe()}")
-        self.engine.decide(handle.tenant_id, handle.job_id, approval_id, decision, by, comment)
+        job = (handle.tenant_id, handle.job_id)
+        self.engine.decide(*job, approval_id, decision, by, comment, data=data)
         self.run()
 
     # ---- fakes ------------------------------------------------------------------------

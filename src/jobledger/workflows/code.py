@@ -61,6 +61,8 @@ class Approval:
     decision: Decision
     decided_by: str | None = None
     comment: str | None = None
+    data: dict[str, Any] | None = None
+    """The data the decision answered with (``decide(..., data=)``); None: none."""
 
     @property
     def approved(self) -> bool:
@@ -236,14 +238,18 @@ class WorkflowContext:
         expires: Duration | None = None,
         action: Mapping[str, Any] | None = None,
         name: str = APPROVAL,
+        quorum: int | None = None,
     ) -> Command:
         """Wait for a person's decision (an :class:`Approval`). ``approvers``: who may decide
         (empty: anyone the deployment trusts); ``expires``: after which it ends ``expired``;
-        ``action``: what is being approved, bound into the request's action hash."""
+        ``action``: what is being approved, bound into the request's action hash;
+        ``quorum``: how many of ``approvers`` must approve, each voting once."""
         if isinstance(approvers, str):
             raise TypeError("approvers must be a list of names, not one string")
         ms = None if expires is None else _millis(expires, "wf.approval(expires=)")
         who = tuple(approvers)
+        # Only when set: the params of an approval without one hash as they always did.
+        counted = {} if quorum is None else {"quorum": quorum}
         reason = f"await approval{' by ' + ', '.join(who) if who else ''}"
         return Command(
             Resolution(
@@ -258,8 +264,14 @@ class WorkflowContext:
                     on_approve=APPROVED,
                     on_reject=REJECTED,
                     on_expire=EXPIRED,
+                    quorum=quorum,
                 ),
-                params={"approvers": list(who), "expires_ms": ms, "action": dict(action or {})},
+                params={
+                    "approvers": list(who),
+                    "expires_ms": ms,
+                    "action": dict(action or {}),
+                    **counted,
+                },
             )
         )
 

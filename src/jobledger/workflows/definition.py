@@ -267,11 +267,26 @@ class AwaitApproval(_Step):
     """None fails the job on rejection."""
     on_expire: StepRef | None = None
     """None fails the job when the request expires."""
+    quorum: PositiveInt | None = None
+    """How many of ``approvers`` must approve (each votes once); None: one decides."""
 
     @model_validator(mode="after")
     def _expiry_for_on_expire(self) -> AwaitApproval:
         if self.on_expire is not None and self.expires is None:
             raise FieldError("on_expire needs an expires duration", "on_expire")
+        return self
+
+    @model_validator(mode="after")
+    def _reachable_quorum(self) -> AwaitApproval:
+        repeated = sorted({name for name in self.approvers if self.approvers.count(name) > 1})
+        if repeated:
+            raise FieldError(f"{', '.join(map(repr, repeated))} listed more than once", "approvers")
+        if self.quorum is not None and self.quorum > len(self.approvers):
+            raise FieldError(
+                f"quorum {self.quorum} needs that many named approvers; "
+                f"{len(self.approvers)} listed",
+                "quorum",
+            )
         return self
 
     def targets(self) -> tuple[tuple[str, str], ...]:

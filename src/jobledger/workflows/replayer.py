@@ -104,7 +104,8 @@ class Journal:
             self._end(event.timestamp, None)
         elif isinstance(event, Job.ApprovalDecided):
             decision = APPROVED if event.decision == APPROVED else REJECTED
-            self._end(event.timestamp, Approval(decision, event.decided_by, event.comment))
+            answer = Approval(decision, event.decided_by, event.comment, event.data)
+            self._end(event.timestamp, answer)
         elif isinstance(event, Job.ApprovalExpired):
             self._end(event.timestamp, Approval(EXPIRED))
         elif isinstance(event, Job.JoinEnded):

@@ -143,6 +143,8 @@ def _await_approval(name: str, step: AwaitApproval) -> Resolution:
     reason = f"step {name!r}: await approval"
     if step.approvers:
         reason += f" by {', '.join(step.approvers)}"
+    if step.quorum is not None:
+        reason += f" ({step.quorum} of {len(step.approvers)})"
     if step.expires is not None:
         reason += f" (expires in {step.expires.describe()})"
     approval = ApprovalSpec(
@@ -151,6 +153,7 @@ def _await_approval(name: str, step: AwaitApproval) -> Resolution:
         on_approve=step.on_approve,
         on_reject=step.on_reject,
         on_expire=step.on_expire,
+        quorum=step.quorum,
     )
     return Resolution(
         step_type=step.kind,

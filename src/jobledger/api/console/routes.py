@@ -54,6 +54,7 @@ from jobledger.domain.errors import (
 )
 from jobledger.domain.identity import job_uuid
 from jobledger.domain.job import Job
+from jobledger.domain.payloads import parse_json
 from jobledger.domain.status import JobStatus, UnknownStatusError, parse_statuses
 from jobledger.engine.bulk_query import BulkQuery
 from jobledger.engine.engine import Engine
@@ -347,6 +348,8 @@ def _add_approvals(api: APIRouter) -> None:
         shown_sha256: str = Form(""),
         decision: str = Form(),
         comment: str = Form(""),
+        data: str = Form(""),
+        edit: str = Form(""),
         csrf: str = Form(""),
     ) -> Response:
         session = c.session(request)
@@ -371,6 +374,8 @@ def _add_approvals(api: APIRouter) -> None:
                 session.principal.subject,
                 comment.strip() or None,
                 action_sha256=action_sha256,
+                edit=_json_field(edit, "the edit"),
+                data=_json_field(data, "the data"),
             )
         except UnknownJobError:
             return c.not_found(request, session)
@@ -378,6 +383,19 @@ def _add_approvals(api: APIRouter) -> None:
             fresh = _card(c, session, tenant, job, approval) or card
             return _refused(c, request, session, fresh, str(error))
         return c.redirect(f"{PREFIX}/job?{urlencode({'tenant': tenant, 'job': job})}")
+
+
+def _json_field(text: str, what: str) -> dict[str, Any] | None:
+    """A form's JSON object field; blank: none given."""
+    if not text.strip():
+        return None
+    try:
+        value = parse_json(text)
+    except json.JSONDecodeError as error:
+        raise InvalidPayloadError(f"{what} is not JSON: {error.msg}") from None
+    if not isinstance(value, dict):
+        raise InvalidPayloadError(f"{what} must be a JSON object")
+    return value
 
 
 def _card(
