@@ -272,3 +272,27 @@ class ScheduleExistsError(JobLedgerError):
 class ScheduleStateError(JobLedgerError):
     """The command does not apply to the schedule as it is (pausing a paused schedule,
     anything but reading a deleted one)."""
+
+
+class RetentionError(JobLedgerError):
+    """An archive or a restore that cannot be done as asked."""
+
+
+class JobArchivedError(UnknownJobError):
+    """The job was archived: its events left the store, its tombstone stayed. An
+    UnknownJobError too, so every caller that handles a missing job handles it; the API
+    answers 410 Gone with the tombstone."""
+
+    def __init__(self, tenant_id: str, job_id: str, archive_ref: str, archived_at: str) -> None:
+        JobLedgerError.__init__(
+            self,
+            f"job {job_id!r} of tenant {tenant_id!r} was archived to {archive_ref} at "
+            f"{archived_at} (jobledger restore brings it back)",
+        )
+        self.tenant_id = tenant_id
+        self.job_id = job_id
+        self.archive_ref = archive_ref
+
+
+class ArchiveMismatchError(RetentionError):
+    """An archive does not hold what its tombstone says (another file, edited, cut off)."""

@@ -85,6 +85,8 @@ class StoreBackend(ABC):
     greatest: ClassVar[str]
     """The SQL function of the larger of two values."""
     skip_locked: ClassVar[str]
+    position_column: ClassVar[str]
+    """The column of an events table holding a row's position in the log."""
     """What a SELECT that claims rows ends with so that concurrent claimers pass each
     other's rows by (empty where one writer at a time already serialises them)."""
 
@@ -209,6 +211,11 @@ class StoreBackend(ABC):
         """The recorder of a partition's events table: the library's (``default``) unless
         this database has a faster one that keeps its guarantees."""
         return default
+
+    @abstractmethod
+    def before_insert(self, curs: Cursor, table: str) -> None:
+        """What a transaction that inserts rows into events table ``table`` itself (a
+        restore) does first, as the recorder's appends do."""
 
     def append_functions(self, curs: Cursor) -> Sequence[Any]:
         """The statements that create the server-side code the recorder of

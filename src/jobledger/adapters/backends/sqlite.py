@@ -41,6 +41,7 @@ class SQLiteBackend(StoreBackend):
     timestamp_type = "TEXT"
     big_int = "INTEGER"
     greatest = "max"
+    position_column = "rowid"
     skip_locked = ""
     old_tracking_table = "tracking"
 
@@ -152,6 +153,9 @@ class SQLiteBackend(StoreBackend):
 
     def serialise(self, curs: Cursor, name: str) -> None:
         """Nothing: its BEGIN IMMEDIATE already serialises every writer."""
+
+    def before_insert(self, curs: Cursor, table: str) -> None:
+        """Nothing: one writer at a time already commits ids in the order drawn."""
 
     def reader(self) -> AbstractContextManager[Any]:
         return self.datastore.transaction(commit=False)

@@ -1,0 +1,188 @@
+"""Retention and archival on SQLite and PostgreSQL: finished jobs past their retention
+are exported (the verified export format) to an archive, removed from the store with a
+tombstone in the same transaction, and restored byte for byte."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+
+from jobledger.adapters.clock import FakeClock
+from jobledger.audit import verifier
+from jobledger.audit.archive import DirectoryArchive, archive_job, read_directory_ref
+from jobledger.audit.tamper import verify_store
+from jobledger.domain import chain
+from jobledger.domain.errors import (
+    ArchiveMismatchError,
+    InvalidPayloadError,
+    JobArchivedError,
+    RetentionError,
+    UnknownJobError,
+)
+from jobledger.domain.identity import job_uuid
+from jobledger.domain.retention import RetentionPolicy
+from jobledger.projections.job_views import JobViews
+from jobledger.projections.retention import Scope
+from tests.support.engines import EngineFactory, store_of
+from tests.support.retention import POLICY, archiver, due_later, finished_jobs, raw_rows
+
+
+@pytest.fixture
+def archive_dir(tmp_path: Path) -> Path:
+    return tmp_path / "archive"
+
+
+def test_archive_then_restore_gives_back_the_same_rows(
+    make_engine: EngineFactory, clock: FakeClock, archive_dir: Path
+) -> None:
+    engine = make_engine()
+    ids = finished_jobs(engine, 3)
+    before = {job_id: raw_rows(engine, "acme", job_id) for job_id in ids}
+    views = JobViews(store_of(engine))
+    views.catch_up()
+    spend_before = views.status_counts("acme"), views.spend_days("acme")
+
+    run = archiver(engine).run(DirectoryArchive(archive_dir), due_later(engine, clock), clock.now())
+
+    assert sorted(t.job_id for t in run.archived) == ids and not run.skipped
+    for job_id in ids:
+        assert raw_rows(engine, "acme", job_id) == []
+        with pytest.raises(JobArchivedError, match="was archived to dir:"):
+            engine.job("acme", job_id)
+    assert [r.job_id for r in views.jobs(tenant_id="acme")] == []
+    tombstone = store_of(engine).tombstone(job_uuid("acme", "j0"))
+    assert tombstone is not None and tombstone.version == len(before["j0"])
+    archive_file = Path(tombstone.archive_ref.removeprefix("dir:"))
+    assert archive_file.parent == archive_dir.resolve()
+    assert verifier.verify(archive_file).verified
+
+    for job_id in ids:
+        archiver(engine).restore("acme", job_id, read_directory_ref, None)
+        assert raw_rows(engine, "acme", job_id) == before[job_id]
+        assert chain.verify(engine.store.events(job_uuid("acme", job_id))) is None
+        assert engine.job("acme", job_id).status == "completed"
+    assert store_of(engine).tombstones.all() == []
+    views.catch_up()
+    # The restored jobs are listed again, and their spend is not counted twice.
+    assert (views.status_counts("acme"), views.spend_days("acme")) == spend_before
+    assert verify_store(store_of(engine)).intact
+
+
+def test_only_finished_jobs_past_their_retention_are_due(
+    make_engine: EngineFactory, clock: FakeClock
+) -> None:
+    engine = make_engine()
+    finished_jobs(engine, 2, tenant="acme")
+    finished_jobs(engine, 1, tenant="brief", prefix="b")
+    engine.submit("acme", "sleeping", "timer")  # not finished: never due
+    engine.run_until_idle()
+    policy = RetentionPolicy(default_days=30, tenants={"brief": 60}, workflows={"timer": 1})
+    rows = due_later(engine, clock, Scope(policy))
+    assert sorted((r.tenant_id, r.job_id) for r in rows) == [("acme", "j0"), ("acme", "j1")]
+    # The workflow's days beat the tenant's, the tenant's the default.
+    assert policy.days("brief", "timer") == 1 and policy.days("brief", "agent3") == 60
+    assert policy.days("acme", "agent3") == 30
+    assert [r.job_id for r in due_later(engine, clock, Scope(policy, tenant_id="brief"))] == []
+    assert len(due_later(engine, clock, Scope(RetentionPolicy(), older_than_days=31))) == 3
+    assert due_later(engine, clock, Scope(RetentionPolicy(), older_than_days=32)) == []
+
+
+def test_no_retention_and_no_older_than_is_refused() -> None:
+    with pytest.raises(InvalidPayloadError, match="no retention is configured"):
+        Scope(RetentionPolicy())
+    with pytest.raises(InvalidPayloadError, match="0 days or more"):
+        Scope(POLICY, older_than_days=-1)
+
+
+def test_a_job_that_moved_or_is_running_is_not_archived(
+    make_engine: EngineFactory, clock: FakeClock, archive_dir: Path
+) -> None:
+    engine = make_engine()
+    engine.submit("acme", "sleeping", "timer")
+    engine.run_until_idle()
+    store, archive = store_of(engine), DirectoryArchive(archive_dir)
+    with pytest.raises(RetentionError, match="only a finished job is archived"):
+        archive_job(store, archive, "acme", "sleeping", clock.now())
+    assert list(archive_dir.iterdir()) == []
+    with pytest.raises(UnknownJobError):
+        archive_job(store, archive, "acme", "nope", clock.now())
+
+
+def test_a_tampered_archive_is_not_restored(
+    make_engine: EngineFactory, clock: FakeClock, archive_dir: Path
+) -> None:
+    engine = make_engine()
+    finished_jobs(engine, 1)
+    run = archiver(engine).run(DirectoryArchive(archive_dir), due_later(engine, clock), clock.now())
+    path = Path(run.archived[0].archive_ref.removeprefix("dir:"))
+    path.write_bytes(path.read_bytes().replace(b'"acme"', b'"acmf"', 1))
+    with pytest.raises(ArchiveMismatchError, match="sha256"):
+        archiver(engine).restore("acme", "j0", read_directory_ref, None)
+    assert raw_rows(engine, "acme", "j0") == []
+    assert store_of(engine).tombstone(job_uuid("acme", "j0")) is not None
+
+
+def test_the_views_must_have_folded_the_job(
+    make_engine: EngineFactory, clock: FakeClock, archive_dir: Path
+) -> None:
+    engine = make_engine()
+    finished_jobs(engine, 1)
+    rows = due_later(engine, clock)
+    engine.submit("acme", "late", "agent3")
+    engine.run_until_idle()
+    late = [r for r in due_later(engine, clock) if r.job_id == "late"]
+    store = store_of(engine)
+    # A reader rewound behind the job (a view not yet folded to its end): refused.
+    with store.backend.transaction() as curs:
+        store.backend.forget(curs, [p.name for p in store.partitions])
+    run = archiver(engine).run(DirectoryArchive(archive_dir), [*rows, *late], clock.now())
+    assert run.archived == [] and len(run.skipped) == 2
+    assert "not folded job" in run.skipped[0][2]
+    assert raw_rows(engine, "acme", "j0") != []
+
+
+def test_stray_archive_files_are_reconciled(
+    make_engine: EngineFactory, clock: FakeClock, archive_dir: Path
+) -> None:
+    engine = make_engine()
+    finished_jobs(engine, 2)
+    archive = DirectoryArchive(archive_dir)
+    # A run that died after writing j1's file, before its transaction.
+    archive.write(job_uuid("acme", "j1"), "acme/j1", b"unfinished")
+    (archive_dir / f".{job_uuid('acme', 'j1')}.x.tmp").write_bytes(b"half")
+    foreign = archive_dir / "00000000-0000-0000-0000-000000000001.jsonl"
+    foreign.write_bytes(b"another store's")
+    rows = [r for r in due_later(engine, clock) if r.job_id == "j0"]
+    run = archiver(engine).run(archive, rows, clock.now())
+    assert len(run.strays_removed) == 2 and run.foreign == [str(foreign.resolve())]
+    names = {p.name for p in archive_dir.iterdir()}
+    assert names == {f"{job_uuid('acme', 'j0')}.jsonl", foreign.name}
+
+
+def test_archived_at_is_the_run_time(
+    make_engine: EngineFactory, clock: FakeClock, archive_dir: Path
+) -> None:
+    engine = make_engine()
+    finished_jobs(engine, 1)
+    now = datetime(2031, 1, 1, tzinfo=UTC)
+    run = archiver(engine).run(DirectoryArchive(archive_dir), due_later(engine, clock), now)
+    assert run.archived[0].archived_at == now
+    (listed,) = store_of(engine).tombstones.all()
+    assert listed == run.archived[0]
+
+
+def test_the_job_holding_the_newest_event_waits(
+    make_engine: EngineFactory, clock: FakeClock, archive_dir: Path
+) -> None:
+    engine = make_engine()
+    engine.submit("acme", "last", "agent3")
+    engine.run_until_idle()
+    run = archiver(engine).run(DirectoryArchive(archive_dir), due_later(engine, clock), clock.now())
+    assert run.archived == [] and "holds the newest event of its log" in run.skipped[0][2]
+    # Its archive file, written before the refusal, is reconciled away.
+    assert run.strays_removed and list(archive_dir.iterdir()) == []
+    engine.submit("acme", "next", "timer")
+    run = archiver(engine).run(DirectoryArchive(archive_dir), due_later(engine, clock), clock.now())
+    assert [t.job_id for t in run.archived] == ["last"]
