@@ -10,9 +10,10 @@ from pathlib import Path
 import pytest
 
 from jobledger.adapters.clock import FakeClock
-from jobledger.audit import verifier
+from jobledger.audit import tamper, verifier
+from jobledger.audit.anchors import FileAnchorSink, read_anchors
 from jobledger.audit.archive import DirectoryArchive, archive_job, read_directory_ref
-from jobledger.audit.tamper import verify_store
+from jobledger.audit.archived import with_tombstones
 from jobledger.domain import chain
 from jobledger.domain.errors import (
     ArchiveMismatchError,
@@ -67,7 +68,7 @@ def test_archive_then_restore_gives_back_the_same_rows(
     views.catch_up()
     # The restored jobs are listed again, and their spend is not counted twice.
     assert (views.status_counts("acme"), views.spend_days("acme")) == spend_before
-    assert verify_store(store_of(engine)).intact
+    assert tamper.verify_store(store_of(engine)).intact
 
 
 def test_only_finished_jobs_past_their_retention_are_due(
@@ -186,3 +187,60 @@ def test_the_job_holding_the_newest_event_waits(
     engine.submit("acme", "next", "timer")
     run = archiver(engine).run(DirectoryArchive(archive_dir), due_later(engine, clock), clock.now())
     assert [t.job_id for t in run.archived] == ["last"]
+
+
+def test_verify_accounts_for_archived_jobs_and_anchors_still_hold(
+    make_engine: EngineFactory, clock: FakeClock, archive_dir: Path, tmp_path: Path
+) -> None:
+    engine = make_engine()
+    finished_jobs(engine, 2)
+    store, anchors = store_of(engine), tmp_path / "anchors.jsonl"
+    tamper.take_anchor(store, FileAnchorSink(anchors), clock.now())
+    archiver(engine).run(DirectoryArchive(archive_dir), due_later(engine, clock), clock.now())
+
+    # The tombstones stand for the jobs: the anchors taken before still verify, and a
+    # new anchor (which pins the tombstones' heads) can be taken.
+    report = tamper.verify_store(store, read_anchors(anchors))
+    assert report.intact
+    archived = {c.label: c for c in report.jobs if c.archived is not None}
+    assert set(archived) == {"acme/j0", "acme/j1"}
+    tamper.take_anchor(store, FileAnchorSink(anchors), clock.now(), read_anchors(anchors))
+    assert tamper.verify_store(store, read_anchors(anchors)).intact
+
+    # Read, each archive is verified link by link against its tombstone and the anchors.
+    full = with_tombstones(store, report, read_anchors(anchors), read_directory_ref)
+    notes = {c.label: c.archived for c in full.jobs if c.archived is not None}
+    assert full.intact and all("archive verified" in n for n in notes.values() if n)
+    first = store.tombstone(job_uuid("acme", "j0"))
+    assert first is not None
+    assert {c.label: c.events for c in full.jobs}["acme/j0"] == first.version
+
+    # An archive edited, or gone: broken, or the tombstone alone.
+    path = Path(first.archive_ref.removeprefix("dir:"))
+    path.write_bytes(path.read_bytes() + b"\n")
+    broken = with_tombstones(store, report, None, read_directory_ref)
+    assert [c.label for c in broken.broken] == ["acme/j0"]
+    assert broken.broken[0].broken is not None and "sha256" in broken.broken[0].broken.reason
+    path.unlink()
+    gone = with_tombstones(store, report, None, read_directory_ref)
+    assert gone.intact
+    assert "archive not read" in str({c.label: c.archived for c in gone.jobs}["acme/j0"])
+
+
+def test_a_job_gone_without_a_tombstone_is_still_deleted(
+    make_engine: EngineFactory, clock: FakeClock, tmp_path: Path
+) -> None:
+    engine = make_engine()
+    finished_jobs(engine, 1)
+    store, anchors = store_of(engine), tmp_path / "anchors.jsonl"
+    tamper.take_anchor(store, FileAnchorSink(anchors), clock.now())
+    uuid = job_uuid("acme", "j0")
+    with store.backend.transaction() as curs:
+        table = store.backend.table(store.partition(uuid).events_table)
+        curs.execute(
+            store.backend.sql(f"DELETE FROM {table} WHERE originator_id = :id"),
+            {"id": store.backend.uuid(uuid)},
+        )
+    report = tamper.verify_store(store, read_anchors(anchors))
+    (check,) = report.broken
+    assert check.broken is not None and check.broken.kind == "deleted"

@@ -478,6 +478,12 @@ class EventSourcedJobStore:
             return None
         return self.tombstones.get(job_uuid)
 
+    @store_errors("reading the tombstones")
+    def tombstones_of(self, tenant_id: str | None = None) -> list[Tombstone]:
+        if self.read_only and not self.backend.has_tables(TOMBSTONE_TABLE):
+            return []
+        return self.tombstones.all(tenant_id)
+
     @store_errors("archiving a job")
     def remove_archived(self, tombstone: Tombstone, also: InTransaction | None = None) -> None:
         partition = self.partition(tombstone.job_uuid)
