@@ -24,7 +24,7 @@ def finished_jobs(engine: Engine, n: int, *, tenant: str = "acme", prefix: str =
         engine.submit(tenant, job_id, "agent3", input={"n": job_id})
     engine.run_until_idle()
     # A job submitted after them holds the newest event of the log (never archived).
-    engine.submit("tail", f"{tenant}-{prefix}", "timer")
+    engine.submit("tail", f"{tenant}-{prefix}", "agent3")
     return ids
 
 

@@ -283,15 +283,16 @@ class JobArchivedError(UnknownJobError):
     UnknownJobError too, so every caller that handles a missing job handles it; the API
     answers 410 Gone with the tombstone."""
 
-    def __init__(self, tenant_id: str, job_id: str, archive_ref: str, archived_at: str) -> None:
+    def __init__(self, tenant_id: str, job_id: str, tombstone: dict[str, Any]) -> None:
         JobLedgerError.__init__(
             self,
-            f"job {job_id!r} of tenant {tenant_id!r} was archived to {archive_ref} at "
-            f"{archived_at} (jobledger restore brings it back)",
+            f"job {job_id!r} of tenant {tenant_id!r} was archived to {tombstone['archive']} "
+            f"at {tombstone['archived_at']} (jobledger restore brings it back)",
         )
         self.tenant_id = tenant_id
         self.job_id = job_id
-        self.archive_ref = archive_ref
+        self.tombstone = tombstone
+        """The tombstone's document (``Tombstone.document``)."""
 
 
 class ArchiveMismatchError(RetentionError):

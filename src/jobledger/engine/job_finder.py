@@ -30,9 +30,7 @@ class JobFinder:
         """A job not in the store may have been archived: say so, and where to."""
         tombstone = self._store.tombstone(job_uuid(tenant_id, job_id))
         if tombstone is not None:
-            raise JobArchivedError(
-                tenant_id, job_id, tombstone.archive_ref, tombstone.archived_at.isoformat()
-            )
+            raise JobArchivedError(tenant_id, job_id, tombstone.document())
 
     def fetch(self, tenant_id: str, job_id: str) -> Job | None:
         try:
