@@ -75,10 +75,9 @@ def test_only_finished_jobs_past_their_retention_are_due(
     make_engine: EngineFactory, clock: FakeClock
 ) -> None:
     engine = make_engine()
-    finished_jobs(engine, 2, tenant="acme")
-    finished_jobs(engine, 1, tenant="brief", prefix="b")
     engine.submit("acme", "sleeping", "timer")  # not finished: never due
-    engine.run_until_idle()
+    finished_jobs(engine, 2, tenant="acme", tail=False)
+    finished_jobs(engine, 1, tenant="brief", prefix="b")
     policy = RetentionPolicy(default_days=30, tenants={"brief": 60}, workflows={"timer": 1})
     rows = due_later(engine, clock, Scope(policy))
     assert sorted((r.tenant_id, r.job_id) for r in rows) == [("acme", "j0"), ("acme", "j1")]
