@@ -6,14 +6,17 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 from pathlib import Path
+from uuid import uuid4
 
 import pytest
 
 from jobledger.adapters.clock import FakeClock
+from jobledger.adapters.kafka.settings import KafkaSettings
 from jobledger.audit import tamper, verifier
 from jobledger.audit.anchors import FileAnchorSink, read_anchors
 from jobledger.audit.archive import DirectoryArchive, archive_job, read_directory_ref
 from jobledger.audit.archived import with_tombstones
+from jobledger.audit.kafka_archive import KafkaArchive, archive_reader
 from jobledger.domain import chain
 from jobledger.domain.errors import (
     ArchiveMismatchError,
@@ -243,3 +246,47 @@ def test_a_job_gone_without_a_tombstone_is_still_deleted(
     report = tamper.verify_store(store, read_anchors(anchors))
     (check,) = report.broken
     assert check.broken is not None and check.broken.kind == "deleted"
+
+
+def test_a_job_the_outbox_has_not_published_stays(
+    make_engine: EngineFactory, clock: FakeClock, archive_dir: Path
+) -> None:
+    engine = make_engine()
+    finished_jobs(engine, 1)
+    store = store_of(engine)
+    outbox = f"{store.partitions[0].name}.outbox"
+    with store.backend.transaction() as curs:  # an outbox that has published nothing yet
+        store.backend.track(curs, outbox, old=0, new=1)
+    run = archiver(engine).run(DirectoryArchive(archive_dir), due_later(engine, clock), clock.now())
+    assert run.archived == [] and "the outbox has not published" in run.skipped[0][2]
+    assert raw_rows(engine, "acme", "j0") != [] and list(archive_dir.iterdir()) == []
+    newest = store.partitions[0].recorder.max_notification_id() or 0
+    with store.backend.transaction() as curs:  # published since
+        store.backend.track(curs, outbox, old=1, new=newest)
+    run = archiver(engine).run(DirectoryArchive(archive_dir), due_later(engine, clock), clock.now())
+    assert [t.job_id for t in run.archived] == ["j0"]
+
+
+def test_archive_to_a_kafka_topic_and_restore_from_it(
+    make_engine: EngineFactory, clock: FakeClock, kafka_bootstrap: str
+) -> None:
+    engine = make_engine()
+    ids = finished_jobs(engine, 2)
+    before = {job_id: raw_rows(engine, "acme", job_id) for job_id in ids}
+    settings = KafkaSettings(bootstrap_servers=kafka_bootstrap, topic_partitions=2)
+    topic = f"jobledger.archive.{uuid4().hex[:12]}"
+    sink = KafkaArchive(settings, topic)
+    try:
+        run = archiver(engine).run(sink, due_later(engine, clock), clock.now())
+    finally:
+        sink.close()
+    assert sorted(t.job_id for t in run.archived) == ids
+    assert all(t.archive_ref.startswith(f"kafka:{topic}/") for t in run.archived)
+    read = archive_reader(settings)
+    store = store_of(engine)
+    report = with_tombstones(store, tamper.verify_store(store), None, read)
+    notes = [c.archived for c in report.jobs if c.archived is not None]
+    assert report.intact and len(notes) == 2 and all("archive verified" in n for n in notes)
+    for job_id in ids:
+        archiver(engine).restore("acme", job_id, read, None)
+        assert raw_rows(engine, "acme", job_id) == before[job_id]
