@@ -12,6 +12,7 @@ left alone and reported (``foreign``): it may be another store's.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -130,6 +131,16 @@ class Archiver:
     ) -> ArchiveRun:
         """Archive each of ``rows``; a job that cannot be (it moved, a reader is behind
         it, its chain is broken) is skipped with the reason, and the run goes on."""
+        with self._alone():
+            return self._run(sink, rows, now, progress)
+
+    def _run(
+        self,
+        sink: ArchiveSink,
+        rows: list[StatusRow],
+        now: datetime,
+        progress: Progress | None,
+    ) -> ArchiveRun:
         report = ArchiveRun(due=len(rows))
         for done, row in enumerate(rows, start=1):
             try:
@@ -172,7 +183,23 @@ class Archiver:
         def fold(events: list[Job.Event]) -> Callable[[Any], None]:
             return lambda curs: self.views.fold_job(curs, events)
 
-        return restore_job(self.store, tenant_id, job_id, read, ref, fold)
+        with self._alone():
+            return restore_job(self.store, tenant_id, job_id, read, ref, fold)
+
+    @contextmanager
+    def _alone(self) -> Iterator[None]:
+        """One archive run or restore at a time per store: two runs writing the same job's
+        file could leave it holding the other's bytes, not the ones its tombstone names."""
+        lock = self.store.backend.lock("archive")
+        if not lock.try_acquire():
+            raise RetentionError(
+                "another archive run or restore is under way on this store: try again when "
+                "it has ended"
+            )
+        try:
+            yield
+        finally:
+            lock.release()
 
 
 

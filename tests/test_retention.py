@@ -9,7 +9,9 @@ from pathlib import Path
 from uuid import uuid4
 
 import pytest
+from pydantic import ValidationError
 
+from jobledger import EngineConfig
 from jobledger.adapters.clock import FakeClock
 from jobledger.adapters.kafka.settings import KafkaSettings
 from jobledger.audit import tamper, verifier
@@ -290,3 +292,44 @@ def test_archive_to_a_kafka_topic_and_restore_from_it(
     for job_id in ids:
         archiver(engine).restore("acme", job_id, read, None)
         assert raw_rows(engine, "acme", job_id) == before[job_id]
+
+
+def test_one_archive_run_at_a_time(
+    make_engine: EngineFactory, clock: FakeClock, archive_dir: Path
+) -> None:
+    engine = make_engine()
+    finished_jobs(engine, 1)
+    other = store_of(engine).backend.lock("archive")  # another run holds it
+    rows, archive = due_later(engine, clock), DirectoryArchive(archive_dir)
+    assert other.try_acquire()
+    try:
+        with pytest.raises(RetentionError, match="another archive run or restore"):
+            archiver(engine).run(archive, rows, clock.now())
+    finally:
+        other.release()
+    assert raw_rows(engine, "acme", "j0") != []
+
+
+def test_an_archived_job_is_not_made_again_under_its_idempotency_key(
+    make_engine: EngineFactory, clock: FakeClock, archive_dir: Path
+) -> None:
+    engine = make_engine()
+    engine.submit("acme", "keyed", "agent3", idempotency_key="k-1")
+    engine.run_until_idle()
+    engine.submit("acme", "after", "agent3")
+    run = archiver(engine).run(DirectoryArchive(archive_dir), due_later(engine, clock), clock.now())
+    assert [t.job_id for t in run.archived] == ["keyed"]
+    with pytest.raises(JobArchivedError):
+        engine.submit("acme", None, "agent3", idempotency_key="k-1")
+    assert raw_rows(engine, "acme", "keyed") == []
+
+
+def test_the_retention_settings() -> None:
+    config = EngineConfig(
+        retention_default_days=90, retention_tenants={"acme": 365}, retention_workflows={"w": 7}
+    )
+    assert config.retention.default_days == 90 and config.retention.tenants == {"acme": 365}
+    with pytest.raises(ValidationError, match="retention of 'acme' is -1 days"):
+        EngineConfig(retention_tenants={"acme": -1})
+    with pytest.raises(ValidationError, match="retention_default_days"):
+        EngineConfig(retention_default_days=-1)
