@@ -52,9 +52,7 @@ class Scope:
     def __post_init__(self) -> None:
         if self.older_than_days is not None and self.older_than_days < 0:
             raise InvalidPayloadError(f"--older-than is {self.older_than_days}: 0 days or more")
-        rules = [self.policy.default_days, *(self.policy.tenants or {}).values()]
-        rules += (self.policy.workflows or {}).values()
-        if self.older_than_days is None and all(days is None for days in rules):
+        if self.older_than_days is None and self.policy.shortest_days() is None:
             raise InvalidPayloadError(
                 "no retention is configured (retention_default_days, retention_tenants, "
                 "retention_workflows): give --older-than DAYS"
@@ -62,11 +60,11 @@ class Scope:
 
     def cutoff(self, now: datetime) -> datetime:
         """No job that ended after this is due under any rule."""
-        if self.older_than_days is not None:
-            return now - timedelta(days=self.older_than_days)
-        days = [self.policy.default_days, *(self.policy.tenants or {}).values()]
-        days += (self.policy.workflows or {}).values()
-        return now - timedelta(days=min(d for d in days if d is not None))
+        days = self.older_than_days
+        if days is None:
+            days = self.policy.shortest_days()
+        assert days is not None  # checked when made
+        return now - timedelta(days=days)
 
     def due(self, row: StatusRow, now: datetime) -> bool:
         if self.older_than_days is not None:

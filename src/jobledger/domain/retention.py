@@ -65,6 +65,12 @@ class RetentionPolicy:
             return self.tenants[tenant_id]
         return self.default_days
 
+    def shortest_days(self) -> int | None:
+        """The fewest days any rule keeps a job (None: no rule at all)."""
+        rules = [self.default_days, *(self.tenants or {}).values()]
+        rules += (self.workflows or {}).values()
+        return min((days for days in rules if days is not None), default=None)
+
     def due(self, tenant_id: str, workflow_type: str, ended_at: datetime, now: datetime) -> bool:
         """Whether a job that ended at ``ended_at`` is past its retention at ``now``."""
         days = self.days(tenant_id, workflow_type)
