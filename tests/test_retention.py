@@ -9,11 +9,13 @@ from pathlib import Path
 from uuid import uuid4
 
 import pytest
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from pydantic import ValidationError
 
 from jobledger import EngineConfig
 from jobledger.adapters.clock import FakeClock
 from jobledger.adapters.kafka.settings import KafkaSettings
+from jobledger.adapters.signing import Ed25519Signer, Keyring, SigningKey, Window
 from jobledger.audit import tamper, verifier
 from jobledger.audit.anchors import FileAnchorSink, read_anchors
 from jobledger.audit.archive import DirectoryArchive, archive_job, read_directory_ref
@@ -333,3 +335,37 @@ def test_the_retention_settings() -> None:
         EngineConfig(retention_tenants={"acme": -1})
     with pytest.raises(ValidationError, match="retention_default_days"):
         EngineConfig(retention_default_days=-1)
+
+
+def test_a_job_submitted_anew_under_an_archived_id_blocks_its_restore(
+    make_engine: EngineFactory, clock: FakeClock, archive_dir: Path
+) -> None:
+    engine = make_engine()
+    finished_jobs(engine, 1)
+    archiver(engine).run(DirectoryArchive(archive_dir), due_later(engine, clock), clock.now())
+    engine.submit("acme", "j0", "agent3", input={"anew": True})
+    anew = raw_rows(engine, "acme", "j0")
+    with pytest.raises(RetentionError, match="is in the store again"):
+        archiver(engine).restore("acme", "j0", read_directory_ref, None)
+    assert raw_rows(engine, "acme", "j0") == anew
+    assert store_of(engine).tombstone(job_uuid("acme", "j0")) is not None
+
+
+def test_a_signed_archive_is_checked_against_the_keyring(
+    make_engine: EngineFactory, clock: FakeClock, archive_dir: Path
+) -> None:
+    key = SigningKey("k1", Ed25519PrivateKey.generate(), Window(clock.now()))
+    engine = make_engine(signer=Ed25519Signer([key]))
+    ids = finished_jobs(engine, 1)
+    before = raw_rows(engine, "acme", "j0")
+    archiver(engine).run(DirectoryArchive(archive_dir), due_later(engine, clock), clock.now())
+    store = store_of(engine)
+    report = tamper.verify_store(store)
+    ours = tamper.Signatures(Keyring(Ed25519Signer([key]).public_keys()))
+    assert with_tombstones(store, report, None, read_directory_ref, ours).intact
+    stranger = SigningKey("k1", Ed25519PrivateKey.generate(), Window(clock.now()))
+    theirs = tamper.Signatures(Keyring(Ed25519Signer([stranger]).public_keys()))
+    refused = with_tombstones(store, report, None, read_directory_ref, theirs)
+    assert [c.label for c in refused.broken] == ["acme/j0"]
+    archiver(engine).restore("acme", "j0", read_directory_ref, None)
+    assert raw_rows(engine, "acme", "j0") == before and ids == ["j0"]

@@ -60,7 +60,10 @@ def test_archive_an_erased_job_then_restore_it_redacted(cli: Cli, tmp_path: Path
     one = cli.json("verify", "acme", "anon")
     assert "archive verified" in one["job"]["archived"]
 
-    restored = cli.json("restore", "acme", "anon")
+    moved = tmp_path / "moved.jsonl"  # the archive moved: --from says where it is now
+    archived.rename(moved)
+    assert "cannot read the archive" in cli.fails(1, "restore", "acme", "anon")
+    restored = cli.json("restore", "acme", "anon", "--from", str(moved))
     assert restored["job"] == "anon"
     shown = cli.json("show", "acme", "anon")
     assert shown["status"] == "completed"

@@ -167,6 +167,11 @@ class Tombstones:
                     f"job {tombstone.job_id!r} of tenant {tombstone.tenant_id!r} has no "
                     "tombstone (restored already?): nothing restored"
                 )
+            if self._head(curs, table, tombstone.job_uuid)[0]:
+                raise RetentionError(
+                    f"job {tombstone.job_id!r} of tenant {tombstone.tenant_id!r} is in the "
+                    "store again (submitted anew since it was archived): nothing restored"
+                )
             curs.execute(
                 b.sql(f"DELETE FROM {b.table(TOMBSTONE_TABLE)} WHERE job_uuid = :job"), job
             )

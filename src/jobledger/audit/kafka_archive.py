@@ -124,11 +124,12 @@ def read_kafka_ref(settings: KafkaSettings, ref: str) -> bytes:
 
 
 def archive_reader(settings: KafkaSettings) -> Reader:
-    """Reads a directory's or a topic's archive, by its reference."""
+    """Reads a directory's or a topic's archive, by its reference (or a file's path)."""
 
     def read(ref: str) -> bytes:
-        if ref.startswith(DIR_PREFIX):
-            return read_directory_ref(ref)
-        return read_kafka_ref(settings, ref)
+        if ref.startswith(PREFIX):
+            return read_kafka_ref(settings, ref)
+        # A directory's reference, or the file's path as it is.
+        return read_directory_ref(ref if ref.startswith(DIR_PREFIX) else DIR_PREFIX + ref)
 
     return read
