@@ -10,6 +10,8 @@ from uuid import uuid4
 
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from kafka import KafkaAdminClient
+from kafka.admin import ConfigResource, ConfigResourceType
 from pydantic import ValidationError
 
 from jobledger import EngineConfig
@@ -60,6 +62,7 @@ def test_archive_then_restore_gives_back_the_same_rows(
         with pytest.raises(JobArchivedError, match="was archived to dir:"):
             engine.job("acme", job_id)
     assert [r.job_id for r in views.jobs(tenant_id="acme")] == []
+    assert views.spend_days("acme") == spend_before[1]  # spent is spent
     tombstone = store_of(engine).tombstone(job_uuid("acme", "j0"))
     assert tombstone is not None and tombstone.version == len(before["j0"])
     archive_file = Path(tombstone.archive_ref.removeprefix("dir:"))
@@ -286,6 +289,13 @@ def test_archive_to_a_kafka_topic_and_restore_from_it(
         sink.close()
     assert sorted(t.job_id for t in run.archived) == ids
     assert all(t.archive_ref.startswith(f"kafka:{topic}/") for t in run.archived)
+    admin = KafkaAdminClient(bootstrap_servers=kafka_bootstrap)
+    try:  # the topic keeps its messages for ever
+        described = admin.describe_configs([ConfigResource(ConfigResourceType.TOPIC, topic)])
+    finally:
+        admin.close()
+    kept = described["topic"][topic]
+    assert kept["retention.ms"]["value"] == kept["retention.bytes"]["value"] == "-1"
     read = archive_reader(settings)
     store = store_of(engine)
     report = with_tombstones(store, tamper.verify_store(store), None, read)

@@ -89,10 +89,13 @@ def test_the_api_answers_410_gone_with_the_tombstone(
     api: ApiServer, engine: Engine, clock: FakeClock, tmp_path: Path
 ) -> None:
     finished_jobs(engine, 1)
+    engine.submit("acme", "kept", "agent3")  # not finished: stays listed
     archiver(engine).run(DirectoryArchive(tmp_path / "a"), due_later(engine, clock), clock.now())
     with api.as_role(Role.AUDITOR) as http:
         body = problem(http.get("/v1/jobs/acme/j0"), 410)
         missing = problem(http.get("/v1/jobs/acme/nope"), 404)
+        listed = http.get("/v1/jobs/acme").json()["jobs"]
     assert body["error"] == "JobArchivedError" and "was archived to dir:" in body["detail"]
     assert body["tombstone"]["job"] == "j0" and body["tombstone"]["archive"].startswith("dir:")
     assert missing["error"] == "UnknownJobError"
+    assert [row["job_id"] for row in listed] == ["kept"]
