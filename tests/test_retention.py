@@ -379,3 +379,25 @@ def test_a_signed_archive_is_checked_against_the_keyring(
     assert [c.label for c in refused.broken] == ["acme/j0"]
     archiver(engine).restore("acme", "j0", read_directory_ref, None)
     assert raw_rows(engine, "acme", "j0") == before and ids == ["j0"]
+
+
+def test_archive_and_restore_across_partitions(
+    make_engine: EngineFactory, clock: FakeClock, archive_dir: Path
+) -> None:
+    engine = make_engine(config={"partitions": 3})
+    ids = finished_jobs(engine, 6, tail=False)
+    store = store_of(engine)
+    later: set[str] = set()
+    while len(later) < len(store.partitions):  # a newer event in every partition's log
+        job_id = f"l{len(later)}-{uuid4().hex[:6]}"
+        engine.submit("later", job_id, "agent3")
+        later.add(store.partition(job_uuid("later", job_id)).name)
+    assert len({store.partition(job_uuid("acme", j)).name for j in ids}) > 1
+    before = {job_id: raw_rows(engine, "acme", job_id) for job_id in ids}
+    run = archiver(engine).run(DirectoryArchive(archive_dir), due_later(engine, clock), clock.now())
+    assert not run.skipped, run.skipped
+    assert sorted(t.job_id for t in run.archived) == ids
+    for job_id in ids:
+        archiver(engine).restore("acme", job_id, read_directory_ref, None)
+        assert raw_rows(engine, "acme", job_id) == before[job_id]
+    assert tamper.verify_store(store).intact
