@@ -183,13 +183,16 @@ def test_archived_at_is_the_run_time(
     assert listed == run.archived[0]
 
 
-def test_the_job_holding_the_newest_event_waits(
-    make_engine: EngineFactory, clock: FakeClock, archive_dir: Path
+def test_the_job_holding_the_newest_event_waits_on_sqlite(
+    make_engine: EngineFactory, clock: FakeClock, archive_dir: Path, store_url: str
 ) -> None:
     engine = make_engine()
     engine.submit("acme", "last", "agent3")
     engine.run_until_idle()
     run = archiver(engine).run(DirectoryArchive(archive_dir), due_later(engine, clock), clock.now())
+    if store_url.startswith("postgresql"):  # its positions are never handed out again
+        assert [t.job_id for t in run.archived] == ["last"]
+        return
     assert run.archived == [] and "holds the newest event of its log" in run.skipped[0][2]
     # Its archive file, written before the refusal, is reconciled away.
     assert run.strays_removed and list(archive_dir.iterdir()) == []

@@ -111,7 +111,7 @@ class Tombstones:
                     f"v{version}, not v{tombstone.version} as archived: archive it again"
                 )
             self._check_read(curs, readers, last, tombstone)
-            if last == self._newest(curs, events):
+            if b.reuses_positions and last == self._newest(curs, events):
                 # SQLite gives a new row the position after the newest one: deleting the
                 # newest would hand its position again, to an event readers have passed.
                 raise RetentionError(

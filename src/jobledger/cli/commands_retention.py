@@ -82,7 +82,8 @@ def archive(
     the store, leaving a tombstone (its chain head, the archive and its sha256).
 
     A job is left in the store, with the reason, when it moved since it was read, when
-    the outbox has not published its events, or while it holds its log's newest event.
+    the outbox has not published its events, or (SQLite) while it holds its log's newest
+    event.
     A directory's files that no tombstone names (a run that crashed before removing its
     job, a job restored since) are removed when their job is in the store.
     """

@@ -87,6 +87,9 @@ class StoreBackend(ABC):
     skip_locked: ClassVar[str]
     position_column: ClassVar[str]
     """The column of an events table holding a row's position in the log."""
+    reuses_positions: ClassVar[bool]
+    """Whether a row appended after the newest rows were deleted may take their positions
+    again (SQLite's rowid: the newest plus one)."""
     """What a SELECT that claims rows ends with so that concurrent claimers pass each
     other's rows by (empty where one writer at a time already serialises them)."""
 

@@ -43,6 +43,7 @@ class PostgresBackend(StoreBackend):
     big_int = "BIGINT"
     greatest = "GREATEST"
     position_column = "notification_id"
+    reuses_positions = False
     skip_locked = "FOR UPDATE SKIP LOCKED"
     old_tracking_table = "jobledger_view_tracking"
 

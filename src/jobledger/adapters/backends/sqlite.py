@@ -42,6 +42,7 @@ class SQLiteBackend(StoreBackend):
     big_int = "INTEGER"
     greatest = "max"
     position_column = "rowid"
+    reuses_positions = True
     skip_locked = ""
     old_tracking_table = "tracking"
 
