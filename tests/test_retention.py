@@ -404,3 +404,22 @@ def test_archive_and_restore_across_partitions(
         archiver(engine).restore("acme", job_id, read_directory_ref, None)
         assert raw_rows(engine, "acme", job_id) == before[job_id]
     assert tamper.verify_store(store).intact
+
+
+def test_an_archived_jobs_snapshots_go_with_it(
+    make_engine: EngineFactory, clock: FakeClock, archive_dir: Path
+) -> None:
+    engine = make_engine(config={"snapshot_interval": 2})
+    finished_jobs(engine, 1)
+    store, uuid = store_of(engine), job_uuid("acme", "j0")
+    table = store.backend.table(f"{store.partition(uuid).table_prefix}_snapshots")
+
+    def snapshots() -> int:
+        statement = f"SELECT COUNT(*) AS n FROM {table} WHERE originator_id = :id"
+        return int(store.backend.fetch(statement, {"id": store.backend.uuid(uuid)})[0]["n"])
+
+    assert snapshots() > 0
+    archiver(engine).run(DirectoryArchive(archive_dir), due_later(engine, clock), clock.now())
+    assert snapshots() == 0
+    archiver(engine).restore("acme", "j0", read_directory_ref, None)
+    assert engine.job("acme", "j0").status == "completed"
