@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from uuid import uuid4
 
 import pytest
 
@@ -99,3 +100,21 @@ def test_the_api_answers_410_gone_with_the_tombstone(
     assert body["tombstone"]["job"] == "j0" and body["tombstone"]["archive"].startswith("dir:")
     assert missing["error"] == "UnknownJobError"
     assert [row["job_id"] for row in listed] == ["kept"]
+
+
+def test_archive_to_a_topic_from_the_command_line(
+    tmp_path: Path, store_url: str, kafka_bootstrap: str
+) -> None:
+    cli = make_cli(tmp_path, store_url, settings=f'kafka_bootstrap_servers = "{kafka_bootstrap}"\n')
+    (tmp_path / "definitions" / "profile.yaml").write_text(PROFILE)
+    cli.ok("submit", "acme", "p1", "profile", "--input", INPUT)
+    cli.json("tick", "acme", "p1")
+    cli.ok("submit", "acme", "later", "profile", "--input", INPUT)
+    topic = f"jobledger.archive.{uuid4().hex[:12]}"
+    run = cli.json("archive", "--older-than", "0", "--tenant", "acme", "--to-topic", topic)
+    (archived,) = run["archived"]
+    assert archived["job"] == "p1" and archived["archive"].startswith(f"kafka:{topic}/")
+    assert "archive verified" in cli.json("verify", "acme", "p1")["job"]["archived"]
+    cli.ok("restore", "acme", "p1")
+    assert cli.json("show", "acme", "p1")["status"] == "completed"
+    assert cli.json("verify", "--all")["intact"] is True
