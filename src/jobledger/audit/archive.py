@@ -1,6 +1,6 @@
 """Archives of finished jobs: one job's export (``jobledger.export/2``, the format
 ``jobledger export`` writes and ``jobledger-verify`` reads) kept in a directory, one
-file a job, or on a Kafka topic, one message a job (``adapters.kafka.archive``).
+file a job, or on a Kafka topic, one message a job (``audit.kafka_archive``).
 
 Archiving one job: its export is written durably and read back (the digest compared),
 THEN one store transaction deletes the job's rows and writes its tombstone (naming the
@@ -28,12 +28,12 @@ from typing import Any, Protocol
 from uuid import UUID
 
 from jobledger.adapters.event_store import EventSourcedJobStore
+from jobledger.adapters.tombstones import InTransaction
 from jobledger.audit.errors import ImportRefusedError
 from jobledger.audit.export import Selection, export_lines, read_histories
 from jobledger.domain import chain
 from jobledger.domain.errors import (
     ArchiveMismatchError,
-    JobLedgerError,
     RetentionError,
     UnknownJobError,
 )
@@ -44,7 +44,6 @@ from jobledger.domain.status import TERMINAL_STATUSES
 
 DIR_PREFIX = "dir:"
 SUFFIX = ".jsonl"
-InTransaction = Callable[[Any], None]
 
 
 class ArchiveUnreachableError(RetentionError):
@@ -259,29 +258,3 @@ def restore_job(
     events = archived_events(tombstone, read(ref or tombstone.archive_ref))
     store.restore_archived(tombstone, events, also(events) if also is not None else None)
     return tombstone
-
-
-# ---- verifying tombstones -------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class TombstoneCheck:
-    tombstone: Tombstone
-    outcome: str
-    """``verified`` (the archive read, intact, ending at the tombstone's head),
-    ``unreachable`` (not read: the tombstone alone stands for the job) or ``mismatch``."""
-    reason: str = ""
-
-    @property
-    def broken(self) -> bool:
-        return self.outcome == "mismatch"
-
-
-def check_tombstone(tombstone: Tombstone, read: Reader) -> TombstoneCheck:
-    try:
-        archived_events(tombstone, read(tombstone.archive_ref))
-    except ArchiveUnreachableError as error:
-        return TombstoneCheck(tombstone, "unreachable", str(error))
-    except JobLedgerError as error:
-        return TombstoneCheck(tombstone, "mismatch", str(error))
-    return TombstoneCheck(tombstone, "verified")
