@@ -104,6 +104,7 @@ class Tombstones:
         b = self.backend
         events, snapshots = tables
         with b.transaction() as curs:
+            b.hold_appends(curs, events)  # nothing appended to the job after its head is read
             version, last = self._head(curs, events, tombstone.job_uuid)
             if version != tombstone.version:
                 raise VersionConflict(
@@ -175,7 +176,7 @@ class Tombstones:
             curs.execute(
                 b.sql(f"DELETE FROM {b.table(TOMBSTONE_TABLE)} WHERE job_uuid = :job"), job
             )
-            b.before_insert(curs, table)
+            b.hold_appends(curs, table)
             for row in stored:
                 curs.execute(
                     b.sql(

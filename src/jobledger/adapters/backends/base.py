@@ -216,9 +216,10 @@ class StoreBackend(ABC):
         return default
 
     @abstractmethod
-    def before_insert(self, curs: Cursor, table: str) -> None:
-        """What a transaction that inserts rows into events table ``table`` itself (a
-        restore) does first, as the recorder's appends do."""
+    def hold_appends(self, curs: Cursor, table: str) -> None:
+        """Hold off every other append to events table ``table`` until this transaction
+        ends (the recorder's own lock): a transaction that deletes a job's rows or inserts
+        rows itself (an archive, a restore) takes it first."""
 
     def append_functions(self, curs: Cursor) -> Sequence[Any]:
         """The statements that create the server-side code the recorder of

@@ -213,9 +213,10 @@ class PostgresBackend(StoreBackend):
     def application_recorder_class(self, default: type[Any]) -> type[Any]:
         return OneTripRecorder
 
-    def before_insert(self, curs: Cursor, table: str) -> None:
+    def hold_appends(self, curs: Cursor, table: str) -> None:
         """The recorder's lock (ids committed in the order drawn, so a reader of the log
-        never passes one a slower transaction commits later) and its notification."""
+        never passes one a slower transaction commits later; and no event appended to a
+        job between an archive's check of its head and its delete) and its notification."""
         curs.execute(SQL("LOCK TABLE {} IN EXCLUSIVE MODE").format(SQL(self.table(table))))
         curs.execute(SQL("NOTIFY {}").format(Identifier(table.replace(".", "_"))))
 

@@ -155,8 +155,8 @@ class SQLiteBackend(StoreBackend):
     def serialise(self, curs: Cursor, name: str) -> None:
         """Nothing: its BEGIN IMMEDIATE already serialises every writer."""
 
-    def before_insert(self, curs: Cursor, table: str) -> None:
-        """Nothing: one writer at a time already commits ids in the order drawn."""
+    def hold_appends(self, curs: Cursor, table: str) -> None:
+        """Nothing: BEGIN IMMEDIATE already holds every other writer off."""
 
     def reader(self) -> AbstractContextManager[Any]:
         return self.datastore.transaction(commit=False)
