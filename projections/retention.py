@@ -28,6 +28,7 @@ from jobledger.audit.archive import (
     job_of_file,
     restore_job,
 )
+from jobledger.config import MAX_RETENTION_DAYS
 from jobledger.domain.errors import ConcurrencyError, InvalidPayloadError, RetentionError
 from jobledger.domain.job import Job
 from jobledger.domain.retention import RetentionPolicy, Tombstone
@@ -50,8 +51,9 @@ class Scope:
     workflow_type: str | None = None
 
     def __post_init__(self) -> None:
-        if self.older_than_days is not None and self.older_than_days < 0:
-            raise InvalidPayloadError(f"--older-than is {self.older_than_days}: 0 days or more")
+        older = self.older_than_days
+        if older is not None and not 0 <= older <= MAX_RETENTION_DAYS:
+            raise InvalidPayloadError(f"--older-than is {older}: 0 to {MAX_RETENTION_DAYS} days")
         if self.older_than_days is None and self.policy.shortest_days() is None:
             raise InvalidPayloadError(
                 "no retention is configured (retention_default_days, retention_tenants, "

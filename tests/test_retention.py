@@ -102,8 +102,10 @@ def test_only_finished_jobs_past_their_retention_are_due(
 def test_no_retention_and_no_older_than_is_refused() -> None:
     with pytest.raises(InvalidPayloadError, match="no retention is configured"):
         Scope(RetentionPolicy())
-    with pytest.raises(InvalidPayloadError, match="0 days or more"):
+    with pytest.raises(InvalidPayloadError, match="0 to 36500 days"):
         Scope(POLICY, older_than_days=-1)
+    with pytest.raises(InvalidPayloadError, match="0 to 36500 days"):
+        Scope(POLICY, older_than_days=36_501)
 
 
 def test_a_job_that_moved_or_is_running_is_not_archived(
@@ -346,6 +348,8 @@ def test_the_retention_settings() -> None:
     assert config.retention.default_days == 90 and config.retention.tenants == {"acme": 365}
     with pytest.raises(ValidationError, match="retention of 'acme' is -1 days"):
         EngineConfig(retention_tenants={"acme": -1})
+    with pytest.raises(ValidationError, match="retention of 'w' is 36501 days: it must be 0 to"):
+        EngineConfig(retention_workflows={"w": 36_501})
     with pytest.raises(ValidationError, match="retention_default_days"):
         EngineConfig(retention_default_days=-1)
 

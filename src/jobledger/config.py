@@ -225,6 +225,10 @@ class MetricsOptions(Options):
     """The most tenants given a label of their own; the ones seen after fold into ``other``."""
 
 
+MAX_RETENTION_DAYS: Final = 36_500
+"""A century: the longest retention (and ``--older-than``) a date can be counted back."""
+
+
 class RetentionOptions(Options):
     """How long finished jobs stay in the store before ``jobledger archive`` takes them
     (``retention: {default_days, tenants: {t: days}, workflows: {w: days}}``): the
@@ -232,15 +236,17 @@ class RetentionOptions(Options):
 
     prefix: ClassVar[str] = "retention_"
 
-    default_days: int | None = Field(default=None, ge=0)
+    default_days: int | None = Field(default=None, ge=0, le=MAX_RETENTION_DAYS)
     tenants: dict[str, int] = Field(default_factory=dict)
     workflows: dict[str, int] = Field(default_factory=dict)
 
     @model_validator(mode="after")
-    def _no_negative_days(self) -> Self:
+    def _days_in_range(self) -> Self:
         for scope, days in (*self.tenants.items(), *self.workflows.items()):
-            if days < 0:
-                raise ValueError(f"retention of {scope!r} is {days} days: it must be 0 or more")
+            if not 0 <= days <= MAX_RETENTION_DAYS:
+                raise ValueError(
+                    f"retention of {scope!r} is {days} days: it must be 0 to {MAX_RETENTION_DAYS}"
+                )
         return self
 
 

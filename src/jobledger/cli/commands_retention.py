@@ -16,8 +16,9 @@ from jobledger.adapters.event_store import EventSourcedJobStore
 from jobledger.adapters.kafka.settings import KafkaSettings
 from jobledger.audit.archive import ArchiveSink, DirectoryArchive
 from jobledger.audit.kafka_archive import KafkaArchive, archive_reader
-from jobledger.cli.params import LARGEST, JobId, Tenant
+from jobledger.cli.params import JobId, Tenant
 from jobledger.cli.session import OneShot, one_shot, one_shot_with
+from jobledger.config import MAX_RETENTION_DAYS
 from jobledger.domain.retention import RetentionPolicy, Tombstone
 from jobledger.engine.engine import Engine
 from jobledger.presentation.figures import when
@@ -43,7 +44,7 @@ def archive(
             "--older-than",
             metavar="DAYS",
             min=0,
-            max=LARGEST,
+            max=MAX_RETENTION_DAYS,
             help="Finished jobs that ended more than DAYS ago (else: past their configured "
             "retention).",
             show_default=False,
