@@ -118,3 +118,16 @@ def test_archive_to_a_topic_from_the_command_line(
     cli.ok("restore", "acme", "p1")
     assert cli.json("show", "acme", "p1")["status"] == "completed"
     assert cli.json("verify", "--all")["intact"] is True
+
+
+def test_erasing_a_subject_reaches_its_archived_job(cli: Cli, tmp_path: Path) -> None:
+    cli.ok("submit", "acme", "s1", "profile", "--input", INPUT, "--subject", "ada")
+    cli.json("tick", "acme", "s1")
+    cli.ok("submit", "acme", "later", "profile", "--input", INPUT)
+    cli.json("archive", "--older-than", "0", "--to", str(tmp_path / "archive"))
+    erased = cli.json("erase", "acme", "--subject", "ada", "--reason", "asked", "--by", "dpo")
+    assert erased["erased"] == [] and len(erased["keys"]) == 1  # the key is destroyed
+    cli.ok("restore", "acme", "s1")
+    shown = cli.json("show", "acme", "s1")
+    assert shown["state"]["customer"] == {"email": "[erased]", "plan": "gold"}
+    assert cli.json("verify", "--all")["intact"] is True
