@@ -226,6 +226,27 @@ class JobViews(TrackedReader):
             curs.execute(b.sql(f"DELETE FROM {b.table(table)}"))
         b.forget(curs, [partition.name for partition in self.store.partitions])
 
+    # ---- archived jobs (projections.retention) ----------------------------------------
+
+    def forget_job(self, curs: Cursor, job_uuid: UUID) -> None:
+        """An archived job's rows, deleted in its archive's transaction: it leaves the
+        listings. Its spend stays in the tenant's days: it was spent."""
+        b = self.backend
+        for table in ("jobledger_job_status", "jobledger_pending_approvals", blocked.TABLE):
+            curs.execute(
+                b.sql(f"DELETE FROM {b.table(table)} WHERE job_uuid = :job"), {"job": str(job_uuid)}
+            )
+
+    def fold_job(self, curs: Cursor, events: Sequence[Job.Event]) -> None:
+        """A restored job's status row, folded in its restore's transaction: when the
+        follower reaches the events again it finds them folded and skips them, so the
+        tenant's spend is not counted twice."""
+        row: StatusRow | None = None
+        for event in events:
+            row = status.fold(row, event)
+        if row is not None:
+            status.save(self.backend, curs, row)
+
     def lag(self) -> list[Lag]:
         return self.follower.lag()
 

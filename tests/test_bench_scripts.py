@@ -253,3 +253,12 @@ def test_bench_instructions_counts_a_positive_cost_per_step() -> None:
     # A no-op step is hundreds of thousands of instructions at least: a positive count of
     # that order shows the two runs differed by their steps, not by noise.
     assert report["one"] > 100_000
+
+
+def test_bench_retention_quick_reports_every_figure(tmp_path: Path) -> None:
+    report = run_script("bench_retention.py", tmp_path)
+    figures = report["sqlite"]
+    assert report["quick"] is True and figures["jobs"] == 20 and figures["skipped"] == 0
+    assert figures["events"] == 120 and figures["archive_bytes"] > 0
+    for name in ("archive_jobs_per_second", "restore_jobs_per_second"):
+        assert figures[name] > 0

@@ -68,6 +68,9 @@ VARIABLES: dict[str, tuple[str, Any]] = {
     "METRICS_HOST": ("0.0.0.0", "0.0.0.0"),
     "METRICS_TENANT_LABEL": ("true", True),
     "METRICS_TENANT_CAP": ("17", 17),
+    "RETENTION_DEFAULT_DAYS": ("90", 90),
+    "RETENTION_TENANTS": ('{"acme": 365}', {"acme": 365}),
+    "RETENTION_WORKFLOWS": ('{"nightly": 7}', {"nightly": 7}),
 }
 
 

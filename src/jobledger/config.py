@@ -225,6 +225,31 @@ class MetricsOptions(Options):
     """The most tenants given a label of their own; the ones seen after fold into ``other``."""
 
 
+MAX_RETENTION_DAYS: Final = 36_500
+"""A century: the longest retention (and ``--older-than``) a date can be counted back."""
+
+
+class RetentionOptions(Options):
+    """How long finished jobs stay in the store before ``jobledger archive`` takes them
+    (``retention: {default_days, tenants: {t: days}, workflows: {w: days}}``): the
+    workflow's days, else the tenant's, else the default; none set keeps jobs for ever."""
+
+    prefix: ClassVar[str] = "retention_"
+
+    default_days: int | None = Field(default=None, ge=0, le=MAX_RETENTION_DAYS)
+    tenants: dict[str, int] = Field(default_factory=dict)
+    workflows: dict[str, int] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _days_in_range(self) -> Self:
+        for scope, days in (*self.tenants.items(), *self.workflows.items()):
+            if not 0 <= days <= MAX_RETENTION_DAYS:
+                raise ValueError(
+                    f"retention of {scope!r} is {days} days: it must be 0 to {MAX_RETENTION_DAYS}"
+                )
+        return self
+
+
 class EngineConfig(BaseSettings):
     """The seed's knobs plus what an event-sourced store needs: where the store is, who
     this worker is and where ticks go, then each concern's group of settings."""
@@ -248,6 +273,7 @@ class EngineConfig(BaseSettings):
     """Where ticks go: ``local`` (the in-process queue) or ``kafka`` (the ticks topic)."""
     kafka: KafkaOptions = Field(default_factory=KafkaOptions)
     metrics: MetricsOptions = Field(default_factory=MetricsOptions)
+    retention: RetentionOptions = Field(default_factory=RetentionOptions)
 
     @classmethod
     def settings_customise_sources(

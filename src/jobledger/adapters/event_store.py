@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import re
 from collections.abc import Iterable, Sequence
@@ -28,6 +29,7 @@ from jobledger.adapters.mapper import SealedMapper
 from jobledger.adapters.sealing import SealingPipeline
 from jobledger.adapters.store_errors import damaged, store_error, store_error_types, store_errors
 from jobledger.adapters.store_url import StoreLocation
+from jobledger.adapters.tombstones import TOMBSTONE_TABLE, InTransaction, Tombstones
 from jobledger.domain.batch import Batch
 from jobledger.domain.errors import (
     BrokenHistoryError,
@@ -39,6 +41,7 @@ from jobledger.domain.errors import (
 )
 from jobledger.domain.job import Job
 from jobledger.domain.keys import ConsumedKey, KeyKind
+from jobledger.domain.retention import Tombstone
 from jobledger.domain.schedule import Schedule
 from jobledger.orchestration.ports import Append, EventSigner, FieldSealer, Refusal
 
@@ -167,6 +170,7 @@ class EventSourcedJobStore:
                     self.backend.migrate(COMPONENT, STORE_MIGRATIONS)
                 # The heartbeat-renewed leases: one table per store, in its own database.
                 self.leases = LeaseTable(self.backend)
+                self.tombstones = Tombstones(self.backend)
         except store_error_types() as error:
             if damaged(error):
                 raise store_error(error, f"opening the {location.kind} store") from None
@@ -476,6 +480,48 @@ class EventSourcedJobStore:
             log.warning(
                 "snapshot of job %s at version %s failed", job.id, job.version, exc_info=True
             )
+
+    # ---- archived jobs (see adapters.tombstones) ----------------------------------------
+
+    @store_errors("reading a tombstone")
+    def tombstone(self, job_uuid: UUID) -> Tombstone | None:
+        # A store of a release before tombstones, opened to read, has no table of them.
+        if self.read_only and not self.backend.has_tables(TOMBSTONE_TABLE):
+            return None
+        return self.tombstones.get(job_uuid)
+
+    @store_errors("reading the tombstones")
+    def tombstones_of(self, tenant_id: str | None = None) -> list[Tombstone]:
+        if self.read_only and not self.backend.has_tables(TOMBSTONE_TABLE):
+            return []
+        return self.tombstones.all(tenant_id)
+
+    @store_errors("archiving a job")
+    def remove_archived(self, tombstone: Tombstone, also: InTransaction | None = None) -> None:
+        partition = self.partition(tombstone.job_uuid)
+        tables = (partition.events_table, f"{partition.table_prefix}_snapshots")
+        readers = (partition.name, f"{partition.name}.outbox")
+        self.tombstones.bury(tombstone, tables, readers, also)
+        self._forget(partition, tombstone.job_uuid)
+
+    @store_errors("restoring a job")
+    def restore_archived(
+        self,
+        tombstone: Tombstone,
+        events: Sequence[Job.Event],
+        also: InTransaction | None = None,
+    ) -> None:
+        partition = self.partition(tombstone.job_uuid)
+        self.tombstones.raise_up(tombstone, events, partition.mapper, partition.events_table, also)
+        self._forget(partition, tombstone.job_uuid)
+
+    def _forget(self, partition: LedgerPartition, job_uuid: UUID) -> None:
+        """This process's copies of a job that left (or came back to) the store."""
+        self.kept.drop(job_uuid)
+        cache = partition.repository.cache
+        if cache is not None:
+            with contextlib.suppress(KeyError):
+                cache.get(job_uuid, evict=True)
 
     @store_errors("reading the store's clock")
     def clock(self) -> datetime:

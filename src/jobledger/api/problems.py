@@ -3,8 +3,9 @@
 The engine's errors map to statuses by the same classes as the CLI's exit codes
 (:func:`jobledger.cli.session.exit_code`): *refused or invalid* (exit 1) is a 4xx that
 says which (400 bad input, 403 not the approver, 404 no such job, data subject or
-schedule, 409 a conflict with the job or schedule as it is, or an erasure refused, 422 an
-idempotency key reused for a different request);
+schedule, 410 a job archived (its ``tombstone`` in the body), 409 a conflict with the
+job or schedule as it is, or an erasure refused, 422 an idempotency key reused for a
+different request);
 *store or configuration* (exit 3) and *temporary, try again* (exit 4) are 503, the
 latter with ``Retry-After``. Every problem names the engine's error class in ``error``
 (``type`` is a URN of it) so clients can branch on it."""
@@ -37,6 +38,7 @@ TITLES = {
     404: "Not Found",
     405: "Method Not Allowed",
     409: "Conflict",
+    410: "Gone",
     413: "Content Too Large",
     415: "Unsupported Media Type",
     422: "Unprocessable Content",
@@ -47,6 +49,7 @@ TITLES = {
 
 # Refused or invalid (the CLI's exit 1), most specific first: the status that says which.
 _REFUSED: tuple[tuple[type[Exception], int], ...] = (
+    (errors.JobArchivedError, 410),
     (errors.UnknownJobError, 404),
     (errors.UnknownSubjectError, 404),
     (errors.UnknownScheduleError, 404),
@@ -175,7 +178,10 @@ def of_error(error: errors.JobLedgerError | PersistenceError) -> Problem:
         errors.DuplicateKeyError | errors.StoreUnreachableError | errors.StoreCorruptError,
     )
     headers = {"Retry-After": str(RETRY_AFTER_SECONDS)} if temporary else None
-    return Problem(status, detail, error=type(error).__name__, headers=headers)
+    extensions: dict[str, Any] = {}
+    if isinstance(error, errors.JobArchivedError):
+        extensions["tombstone"] = error.tombstone
+    return Problem(status, detail, error=type(error).__name__, headers=headers, **extensions)
 
 
 def install(app: FastAPI) -> None:

@@ -153,12 +153,13 @@ def _statuses(raw: str | None) -> list[str]:
         raise Problem(400, detail, error="InvalidPayloadError") from None
 
 
-@router.get(JOB, response_model=JobWithFamily, responses=NOT_FOUND)
+@router.get(JOB, response_model=JobWithFamily, responses=documented(403, 404, 410))
 def get_job(
     tenant: str, job: str, caller: Caller, engine: EngineDep, request: Request
 ) -> JobWithFamily:
     """The job now, with its open approval request and wait, its parent and children,
-    and why a worker left it untouched (``blocked``), if that still applies."""
+    and why a worker left it untouched (``blocked``), if that still applies. An archived
+    job is 410 Gone, its ``tombstone`` in the problem."""
     tenant_scope(caller, tenant, None, job_id=job)
     view = engine.job(tenant, job)
     views: JobViews = request.app.state.views

@@ -228,6 +228,16 @@ def import_file(
     return ImportSummary(jobs, events, keys)
 
 
+def read_histories(source: Path) -> dict[UUID, list[Job.Event]]:
+    """Every job's events in a file that verifies (checked as import checks it), rebuilt
+    with their stored forms: an archive read back to be restored."""
+    _check_file(source)
+    return {
+        lines.job_uuid: [_event(doc, source, lines.first_line) for doc in lines.documents]
+        for lines in _job_groups(source)
+    }
+
+
 def _check_file(source: Path) -> tuple[int, int]:
     """Pass one: the file verifies as jobledger-verify checks it (every line canonical,
     every job's lines, versions and chain, the manifest, the family), and each history

@@ -35,6 +35,7 @@ from jobledger.audit.errors import AnchorRefusedError
 from jobledger.audit.log import StoredRecord, job_uuids, read_job, read_jobs
 from jobledger.domain import chain
 from jobledger.domain.job import Job
+from jobledger.domain.retention import Tombstone
 from jobledger.orchestration.ports import KeyringCheck
 
 Progress = Callable[[int, int], None]
@@ -62,6 +63,9 @@ class JobCheck:
     """The newest stored link (None when the job has no events left)."""
     broken: Finding | None
     anchored_version: int | None = None
+    archived: str | None = None
+    """For an archived job (``audit.archived``): where its archive is, and whether it
+    was read and verified."""
 
     @property
     def intact(self) -> bool:
@@ -149,10 +153,15 @@ def verify_store(
     anchored head); one that neither places is reported for every tenant, since hiding a
     tampered history is worse than showing an unplaceable one."""
     anchored = anchors.latest_heads() if anchors is not None else {}
-    uuids = sorted(set(job_uuids(store)) | set(anchored))
+    buried = {t.job_uuid: t for t in store.tombstones_of()}
+    uuids = sorted(set(job_uuids(store)) | set(anchored) | set(buried))
     checks = []
     for done, (job_uuid, records) in enumerate(read_jobs(store, uuids), start=1):
-        check = check_job(job_uuid, records, anchored.get(job_uuid), signatures)
+        tombstone = buried.get(job_uuid) if not records else None
+        if tombstone is not None:
+            check = tombstone_check(tombstone, anchored.get(job_uuid))
+        else:
+            check = check_job(job_uuid, records, anchored.get(job_uuid), signatures)
         if tenant_id is None or check.tenant_id in (tenant_id, None):
             checks.append(check)
         if progress is not None:
@@ -167,8 +176,49 @@ def verify_one(
     signatures: Signatures | None = None,
 ) -> VerifyReport:
     anchored = anchors.latest_heads() if anchors is not None else {}
-    check = check_job(job_uuid, read_job(store, job_uuid), anchored.get(job_uuid), signatures)
+    records = read_job(store, job_uuid)
+    tombstone = store.tombstone(job_uuid) if not records else None
+    if tombstone is not None:
+        check = tombstone_check(tombstone, anchored.get(job_uuid))
+    else:
+        check = check_job(job_uuid, records, anchored.get(job_uuid), signatures)
     return _report((check,), anchors, signatures)
+
+
+def tombstone_check(tombstone: Tombstone, anchored: tuple[Head, Anchor] | None) -> JobCheck:
+    """An archived job, by its tombstone alone (``audit.archived`` reads its archive):
+    its head stands for the job's, and must be at or past, and agree with, the newest
+    anchored one. Anchors taken after the archive keep pinning it."""
+    head = Head(
+        tombstone.job_uuid,
+        tombstone.tenant_id,
+        tombstone.job_id,
+        tombstone.version,
+        tombstone.chain_hash,
+    )
+    broken = None
+    if anchored is not None:
+        pinned, _ = anchored
+        if pinned.version > tombstone.version or (
+            pinned.version == tombstone.version and pinned.chain_hash != tombstone.chain_hash
+        ):
+            broken = Finding(
+                pinned.version,
+                "(archived)",
+                "rewritten",
+                f"anchored at v{pinned.version} {pinned.chain_hash}, but the job's tombstone "
+                f"holds v{tombstone.version} {tombstone.chain_hash}",
+            )
+    return JobCheck(
+        job_uuid=tombstone.job_uuid,
+        tenant_id=tombstone.tenant_id,
+        job_id=tombstone.job_id,
+        events=0,
+        head=head,
+        broken=broken,
+        anchored_version=anchored[0].version if anchored else None,
+        archived=f"archived to {tombstone.archive_ref}",
+    )
 
 
 def _report(

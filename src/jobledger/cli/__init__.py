@@ -31,6 +31,7 @@ from jobledger.cli import (
     commands_keys,
     commands_ops,
     commands_repair,
+    commands_retention,
     commands_schedules,
 )
 from jobledger.cli.session import Exit, report_error
@@ -106,6 +107,9 @@ app.command()(commands_audit.export)
 app.command("import")(commands_audit.import_)
 app.add_typer(commands_keys.app, name="keys")
 app.command()(commands_erasure.erase)
+app.command()(commands_retention.archive)
+app.command()(commands_retention.restore)
+app.add_typer(commands_retention.tombstones_app, name="tombstones")
 app.add_typer(commands_definitions.app, name="definitions")
 app.add_typer(commands_config.app, name="config")
 app.command()(commands_demo.demo)

@@ -19,10 +19,13 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 from rich.table import Table
 
+from jobledger.adapters.kafka.settings import KafkaSettings
 from jobledger.adapters.signing import Keyring
 from jobledger.audit import export as exporting
 from jobledger.audit.anchors import DEFAULT_ANCHOR_FILE, AnchorLog, AnchorSink, parse_anchors
+from jobledger.audit.archived import with_tombstones
 from jobledger.audit.destinations import Destination, open_sink, read_log
+from jobledger.audit.kafka_archive import archive_reader
 from jobledger.audit.tamper import (
     JobCheck,
     Signatures,
@@ -507,7 +510,17 @@ def verify(
         else:
             assert tenant is not None and job is not None
             report = verify_one(engine.deps.store, job_uuid(tenant, job), anchor_log, signatures)
-            if report.jobs[0].events == 0 and report.jobs[0].anchored_version is None:
+        # Archived jobs: checked against their archives (audit.archived).
+        report = with_tombstones(
+            engine.deps.store,
+            report,
+            anchor_log,
+            archive_reader(KafkaSettings.of(engine.config)),
+            signatures,
+        )
+        if tenant is not None and job is not None:
+            first = report.jobs[0]
+            if first.events == 0 and first.anchored_version is None and first.archived is None:
                 engine.job(tenant, job)  # raises: no such job
     if cmd.json:
         print_json(_verify_document(report, anchor_log, keyring, cutoff))
@@ -681,6 +694,7 @@ def _check_document(check: JobCheck) -> dict[str, Any]:
         "event_type": broken.event_type if broken else None,
         "kind": broken.kind if broken else None,
         "reason": broken.reason if broken else None,
+        "archived": check.archived,
     }
 
 
@@ -709,6 +723,9 @@ def _print_verify(report: VerifyReport, anchor_log: AnchorLog | None, keyring: P
                 check.broken.reason,
             )
         out.print(table)
+    for check in report.jobs:
+        if check.archived is not None:
+            out.print(f"{check.label}: {check.archived}", soft_wrap=True)
     for problem in report.anchor_problems:
         out.print(f"anchors: {problem}", soft_wrap=True)
     state = "all intact" if report.intact else f"{len(report.broken)} broken"

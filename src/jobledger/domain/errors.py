@@ -324,3 +324,28 @@ class RepairStepError(RepairError):
 class RepairDivergesError(RepairError):
     """Replay of the steps kept against the version asked for diverges: that version would
     not have recorded them."""
+
+
+class RetentionError(JobLedgerError):
+    """An archive or a restore that cannot be done as asked."""
+
+
+class JobArchivedError(UnknownJobError):
+    """The job was archived: its events left the store, its tombstone stayed. An
+    UnknownJobError too, so every caller that handles a missing job handles it; the API
+    answers 410 Gone with the tombstone."""
+
+    def __init__(self, tenant_id: str, job_id: str, tombstone: dict[str, Any]) -> None:
+        JobLedgerError.__init__(
+            self,
+            f"job {job_id!r} of tenant {tenant_id!r} was archived to {tombstone['archive']} "
+            f"at {tombstone['archived_at']} (jobledger restore brings it back)",
+        )
+        self.tenant_id = tenant_id
+        self.job_id = job_id
+        self.tombstone = tombstone
+        """The tombstone's document (``Tombstone.document``)."""
+
+
+class ArchiveMismatchError(RetentionError):
+    """An archive does not hold what its tombstone says (another file, edited, cut off)."""

@@ -194,6 +194,8 @@ class JobCommands:
                 if existing is not None:
                     self._check_same_key(existing, asked, idempotency_key)
                     return Submission(JobView.of(existing), created=False)
+                # An archived job is not made again under its key (restore brings it back).
+                self._jobs.raise_if_archived(tenant_id, marker.job_id)
                 # The key was reserved by a submit that died before creating its job.
                 if asked.job_id not in (None, marker.job_id):
                     raise _key_reused(

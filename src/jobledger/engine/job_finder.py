@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from jobledger.domain.errors import BrokenHistoryError, UnknownJobError
+from jobledger.domain.errors import BrokenHistoryError, JobArchivedError, UnknownJobError
 from jobledger.domain.identity import job_uuid
 from jobledger.domain.job import Job
 from jobledger.domain.status import JobStatus
@@ -22,8 +22,15 @@ class JobFinder:
     def load(self, tenant_id: str, job_id: str) -> Job:
         job = self.fetch(tenant_id, job_id)
         if job is None:
+            self.raise_if_archived(tenant_id, job_id)
             raise UnknownJobError(tenant_id, job_id)
         return job
+
+    def raise_if_archived(self, tenant_id: str, job_id: str) -> None:
+        """A job not in the store may have been archived: say so, and where to."""
+        tombstone = self._store.tombstone(job_uuid(tenant_id, job_id))
+        if tombstone is not None:
+            raise JobArchivedError(tenant_id, job_id, tombstone.document())
 
     def fetch(self, tenant_id: str, job_id: str) -> Job | None:
         try:

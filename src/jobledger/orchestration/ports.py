@@ -6,7 +6,7 @@ The core (job, orchestrator, engine) imports no adapter. Adapters live in
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from decimal import Decimal
@@ -18,6 +18,7 @@ from jobledger.domain.batch import Batch
 from jobledger.domain.errors import DuplicateKeyError, VersionConflict
 from jobledger.domain.job import Job
 from jobledger.domain.keys import ConsumedKey
+from jobledger.domain.retention import Tombstone
 from jobledger.domain.schedule import Schedule
 from jobledger.domain.status import JobStatus
 from jobledger.domain.steps import (
@@ -194,6 +195,24 @@ class JobStore(Protocol):
         ``append``). Raises
         StoreUnavailableError if a commit failed: which appends landed is then unknown
         (none of a partition's, unless only the acknowledgement was lost)."""
+
+    def tombstone(self, job_uuid: UUID) -> Tombstone | None:
+        """The tombstone of an archived job (its events gone to an archive), or None."""
+
+    def remove_archived(self, tombstone: Tombstone, also: Callable[[Any], None] | None) -> None:
+        """In ONE transaction: delete the job's events, snapshots, lease and admission rows,
+        run ``also`` with the transaction's cursor (the views' rows of the job), write the
+        tombstone. Raises VersionConflict if the job is no longer at the tombstone's head,
+        RetentionError if a reader of the log (the views, the outbox) is behind the job."""
+
+    def restore_archived(
+        self,
+        tombstone: Tombstone,
+        events: Sequence[Job.Event],
+        also: Callable[[Any], None] | None,
+    ) -> None:
+        """In ONE transaction: write the archived ``events`` back as they were stored, run
+        ``also``, delete the tombstone. Raises RetentionError if there is none."""
 
     def reserve_key(self, key: ConsumedKey) -> None:
         """Append a key on its own, in the partition its id hashes to (for keys that must

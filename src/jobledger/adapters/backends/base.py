@@ -85,6 +85,11 @@ class StoreBackend(ABC):
     greatest: ClassVar[str]
     """The SQL function of the larger of two values."""
     skip_locked: ClassVar[str]
+    position_column: ClassVar[str]
+    """The column of an events table holding a row's position in the log."""
+    reuses_positions: ClassVar[bool]
+    """Whether a row appended after the newest rows were deleted may take their positions
+    again (SQLite's rowid: the newest plus one)."""
     """What a SELECT that claims rows ends with so that concurrent claimers pass each
     other's rows by (empty where one writer at a time already serialises them)."""
 
@@ -209,6 +214,12 @@ class StoreBackend(ABC):
         """The recorder of a partition's events table: the library's (``default``) unless
         this database has a faster one that keeps its guarantees."""
         return default
+
+    @abstractmethod
+    def hold_appends(self, curs: Cursor, table: str) -> None:
+        """Hold off every other append to events table ``table`` until this transaction
+        ends (the recorder's own lock): a transaction that deletes a job's rows or inserts
+        rows itself (an archive, a restore) takes it first."""
 
     def append_functions(self, curs: Cursor) -> Sequence[Any]:
         """The statements that create the server-side code the recorder of

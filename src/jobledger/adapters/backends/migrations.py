@@ -8,6 +8,7 @@ store made by an earlier release adopts it; every later change is a new number.
 
 from __future__ import annotations
 
+from jobledger.adapters import tombstones
 from jobledger.adapters.backends.base import (
     ADMISSION_TABLE,
     LEASE_TABLE,
@@ -94,4 +95,5 @@ STORE_MIGRATIONS = (
     Migration(2, "the readers' tracking table, positions carried over", _tracking),
     Migration(3, "the partitions' one-round-trip append functions", _append_functions),
     Migration(4, "the admission gate's queue and the step-rate buckets", _admission),
+    Migration(5, "the tombstones of archived jobs", tombstones.create),
 )

@@ -42,6 +42,8 @@ class PostgresBackend(StoreBackend):
     timestamp_type = "TIMESTAMPTZ"
     big_int = "BIGINT"
     greatest = "GREATEST"
+    position_column = "notification_id"
+    reuses_positions = False
     skip_locked = "FOR UPDATE SKIP LOCKED"
     old_tracking_table = "jobledger_view_tracking"
 
@@ -210,6 +212,13 @@ class PostgresBackend(StoreBackend):
 
     def application_recorder_class(self, default: type[Any]) -> type[Any]:
         return OneTripRecorder
+
+    def hold_appends(self, curs: Cursor, table: str) -> None:
+        """The recorder's lock (ids committed in the order drawn, so a reader of the log
+        never passes one a slower transaction commits later; and no event appended to a
+        job between an archive's check of its head and its delete) and its notification."""
+        curs.execute(SQL("LOCK TABLE {} IN EXCLUSIVE MODE").format(SQL(self.table(table))))
+        curs.execute(SQL("NOTIFY {}").format(Identifier(table.replace(".", "_"))))
 
     def append_functions(self, curs: Cursor) -> list[Composed]:
         """One append function per partition events table of the schema (their number is

@@ -41,6 +41,8 @@ class SQLiteBackend(StoreBackend):
     timestamp_type = "TEXT"
     big_int = "INTEGER"
     greatest = "max"
+    position_column = "rowid"
+    reuses_positions = True
     skip_locked = ""
     old_tracking_table = "tracking"
 
@@ -152,6 +154,9 @@ class SQLiteBackend(StoreBackend):
 
     def serialise(self, curs: Cursor, name: str) -> None:
         """Nothing: its BEGIN IMMEDIATE already serialises every writer."""
+
+    def hold_appends(self, curs: Cursor, table: str) -> None:
+        """Nothing: BEGIN IMMEDIATE already holds every other writer off."""
 
     def reader(self) -> AbstractContextManager[Any]:
         return self.datastore.transaction(commit=False)
