@@ -19,6 +19,7 @@ from jobledger import Engine, FunctionRegistry, JobStatus, StepError, StepReques
 from jobledger.domain.batch import Batch, Outcome
 from jobledger.domain.errors import InvalidPayloadError
 from jobledger.domain.job import Job
+from jobledger.domain.keys import ConsumedKey
 from jobledger.orchestration.ports import JobStore
 from jobledger.orchestration.registry import linear_workflow
 from tests.support.engines import CountingExecutor, EngineFactory, StoreAround, agent_steps
@@ -150,6 +151,26 @@ def test_a_repair_replay_refuses_is_skipped_with_the_divergence(
     assert engine.job(T, job_id).status is JobStatus.FAILED
 
 
+def test_a_version_the_jobs_workflow_lacks_is_skipped_naming_it(
+    engine: Engine, executor: CountingExecutor
+) -> None:
+    [failed] = failed_jobs(engine, executor, 1)
+    done = completed(engine, "c0")
+    retried = engine.bulk.bulk(
+        T, "retry", {"job_ids": [failed]}, {"to_version": 9}, by="o", reason="r"
+    )
+    reset = engine.bulk.bulk(
+        T, "reset", {"job_ids": [done]}, {"step": 1, "to_version": 9}, by="o", reason="r"
+    )
+    for batch in (retried, reset):
+        [outcome] = batch.outcomes
+        assert (
+            outcome.outcome is Outcome.SKIPPED and "unknown workflow 'agent3' v9" in outcome.detail
+        )
+    assert engine.job(T, failed).status is JobStatus.FAILED
+    assert count(engine, done, Job.Reset) == 0
+
+
 @pytest.mark.parametrize(
     ("action", "params", "message"),
     [
@@ -184,25 +205,36 @@ class Crash(BaseException):
 
 
 class DiesAtRepair(StoreAround):
-    """Dies at the ``nth`` append holding the repair event ``kind``: before it is written
-    (``before``), or right after it committed, its outcome not recorded (``after``)."""
+    """Dies the ``nth`` time a write point of the batch is reached: ``before`` (the job's
+    repair event not written), ``after`` (written, its outcome not), ``outcome-before``
+    (the repair written, its outcome not), ``outcome-after`` (the outcome written, the
+    next job not repaired)."""
 
     def __init__(self, inner: JobStore, kind: type[Job.Event], point: str, nth: int) -> None:
         super().__init__(inner)
         self.kind, self.point, self.left = kind, point, nth
 
-    def append(self, job: Job, *keys: object) -> None:
-        fatal = any(isinstance(e, self.kind) for e in job.pending_events)
-        if fatal:
+    def _reached(self, point: str) -> None:
+        if point == self.point:
             self.left -= 1
-        if fatal and self.left == 0 and self.point == "before":
-            raise Crash
-        self.inner.append(job, *keys)  # type: ignore[arg-type]
-        if fatal and self.left == 0:
-            raise Crash
+            if self.left == 0:
+                raise Crash(point)
+
+    def append(self, job: Job, *keys: ConsumedKey) -> None:
+        repaired = any(isinstance(e, self.kind) for e in job.pending_events)
+        if repaired:
+            self._reached("before")
+        self.inner.append(job, *keys)
+        if repaired:
+            self._reached("after")
 
     def append_batch(self, batch: Batch) -> None:
+        outcome = any(isinstance(e, Batch.JobDone) for e in batch.pending_events)
+        if outcome:
+            self._reached("outcome-before")
         self.inner.append_batch(batch)
+        if outcome:
+            self._reached("outcome-after")
 
 
 def repairable(engine: Engine, executor: CountingExecutor, action: str) -> list[str]:
@@ -223,7 +255,11 @@ def requeue(engine: Engine, job_ids: list[str]) -> None:
     engine.run_until_idle()
 
 
-@pytest.mark.parametrize("point", ["before", "after"])
+# Where the second job's run dies: (outcomes recorded, repairs written) at the crash.
+LEFT = {"before": (1, 1), "after": (1, 2), "outcome-before": (1, 2), "outcome-after": (2, 2)}
+
+
+@pytest.mark.parametrize("point", list(LEFT))
 @pytest.mark.parametrize("action", ["retry", "reset"])
 def test_a_batch_that_dies_at_a_jobs_repair_resumes_and_repairs_each_job_once(
     make_engine: EngineFactory, executor: CountingExecutor, action: str, point: str
@@ -239,8 +275,9 @@ def test_a_batch_that_dies_at_a_jobs_repair_resumes_and_repairs_each_job_once(
     with pytest.raises(Crash):
         dying.bulk.run(T, started.batch_id)
     dead = engine.bulk.batch(T, started.batch_id)
-    assert (dead.done, dead.finished) == (1, False)
-    assert sum(count(engine, j, kind) for j in jobs) == (2 if point == "after" else 1)
+    outcomes, repairs = LEFT[point]
+    assert (dead.done, dead.finished) == (outcomes, False)
+    assert sum(count(engine, j, kind) for j in jobs) == repairs
 
     fresh = make_engine(registry=registry())
     resumed = fresh.bulk.run(T, started.batch_id)
