@@ -13,7 +13,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 from rich.table import Table
 
-from jobledger.cli.commands_repair import StepOption, ToVersionOption
+from jobledger.cli.commands_repair import StepOption
 from jobledger.cli.params import LARGEST, PayloadOption, Tenant, parse_moment
 from jobledger.cli.session import OneShot, WorkflowsOption, one_shot_with
 from jobledger.domain.batch import BatchView
@@ -69,6 +69,17 @@ AllJobs = Annotated[
 ]
 DryRun = Annotated[
     bool, typer.Option("--dry-run", help="Print the count and the first 10; write nothing.")
+]
+RepairVersion = Annotated[
+    int | None,
+    typer.Option(
+        "--to-version",
+        metavar="V",
+        min=1,
+        max=LARGEST,
+        help="Each job on this definition version, where the steps it keeps replay the "
+        "same on it (else it is skipped, with the diff).",
+    ),
 ]
 By = Annotated[str, typer.Option("--by", metavar="USER", help="Who acts (recorded).")]
 Reason = Annotated[str, typer.Option("--reason", metavar="TEXT", help="Why (recorded).")]
@@ -316,7 +327,7 @@ def retry(
     tenant: Tenant,
     by: By,
     reason: Reason,
-    to_version: ToVersionOption = None,
+    to_version: RepairVersion = None,
     workflows: WorkflowsOption = None,
     workflow: Workflow = None,
     version: Version = None,
@@ -357,7 +368,7 @@ def reset(
     step: StepOption,
     by: By,
     reason: Reason,
-    to_version: ToVersionOption = None,
+    to_version: RepairVersion = None,
     workflows: WorkflowsOption = None,
     workflow: Workflow = None,
     version: Version = None,
