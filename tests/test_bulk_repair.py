@@ -281,6 +281,7 @@ def test_a_batch_that_dies_at_a_jobs_repair_resumes_and_repairs_each_job_once(
 
     fresh = make_engine(registry=registry())
     resumed = fresh.bulk.run(T, started.batch_id)
+    assert {fresh.job(T, j).status for j in jobs} == {JobStatus.QUEUED}
     requeue(fresh, jobs)
 
     assert (resumed.applied, resumed.skipped, resumed.failed, resumed.finished) == (4, 0, 0, True)
