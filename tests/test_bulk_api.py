@@ -10,10 +10,10 @@ from typing import Any
 
 import httpx
 
-from jobledger import JobStatus
+from jobledger import JobStatus, StepError, StepRequest
 from jobledger.api.auth import Role
 from jobledger.engine.engine import Engine
-from tests.support.engines import writes
+from tests.support.engines import CountingExecutor, writes
 from tests.support.http import ApiServer, problem, start_api
 
 TENANT = "acme"
@@ -97,6 +97,8 @@ def test_bad_input_is_400_naming_what_was_wrong_and_writes_nothing(
         ({"action": "delete", "query": WAITING}, "action"),
         ({"action": "signal", "query": WAITING, "params": {}}, "event name"),
         ({"action": "raise-budget", "query": WAITING, "params": {"max_steps": 0}}, "max_steps"),
+        ({"action": "reset", "query": WAITING, "params": {}}, "reset needs step"),
+        ({"action": "retry", "query": WAITING, "params": {"step": 1}}, "no parameter step"),
     ]
     with api.as_role(Role.ADMIN) as http:
         for body, words in cases:
@@ -141,3 +143,34 @@ def test_an_unfinished_batch_is_taken_up_when_the_api_starts(
         resumed = problem(http.post(f"{BASE}/{left.batch_id}/resume"), 403)
         assert "the operator role" in resumed["detail"]
     assert {engine.job(TENANT, j).status for j in ids} == {JobStatus.CANCELLED}
+
+
+def test_an_operator_retries_the_failed_jobs_and_resets_the_others_by_step(
+    api: ApiServer, engine: Engine, executor: CountingExecutor
+) -> None:
+    def fail(request: StepRequest) -> Exception | None:
+        return StepError("bug", retryable=False) if request.step_number == 3 else None
+
+    executor.fail_with = fail
+    for job_id in ("f0", "f1"):
+        engine.submit(TENANT, job_id, "agent3")
+    engine.run_until_idle()
+    executor.fail_with = None
+    waiting(engine, 1)
+    retry = {"action": "retry", "query": {"workflow_type": "agent3"}, "reason": "fixed"}
+    reset = {"action": "reset", "query": WAITING, "params": {"step": 1}, "reason": "again"}
+    with api.as_role(Role.OPERATOR, sub="olga") as http:
+        started = http.post(BASE, json=retry)
+        assert started.status_code == 202, started.text
+        retried = finished(http, started.headers["location"])
+        rewound = finished(http, http.post(BASE, json=reset).headers["location"])
+    assert (retried["applied"], retried["skipped"], retried["params"]) == (
+        2,
+        0,
+        {"to_version": None},
+    )
+    assert (rewound["applied"], rewound["params"]) == (1, {"step": 1, "to_version": None})
+    engine.run_until_idle()
+    assert {engine.job(TENANT, j).status for j in ("f0", "f1")} == {JobStatus.COMPLETED}
+    assert engine.job(TENANT, "w0").status is JobStatus.WAITING_EVENT
+    assert [e.event_type for e in engine.history(TENANT, "w0")].count("Reset") == 1

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from tests.support.cli import Cli, make_cli
+from tests.support.cli import FAIL_VARIABLE, Cli, make_cli
 
 T = "acme"
 
@@ -91,3 +91,39 @@ def test_bulk_raise_budget_and_migrate_check_their_parameters(tmp_path: Path) ->
     moved = cli.json("bulk", "migrate", T, "--to-version", "1", "--dry-run", *query)
     assert (moved["dry_run"], moved["count"]) == (True, 1)
     assert cli.json("batches", "list", T)[0]["action"] == "raise-budget"
+
+
+def test_bulk_retry_reopens_the_failed_jobs_and_bulk_reset_skips_a_step_out_of_range(
+    tmp_path: Path,
+) -> None:
+    cli = make_cli(tmp_path, f"sqlite:///{tmp_path}/jobs.db")
+    cli.env[FAIL_VARIABLE] = "triage"
+    for job in ("a", "b"):
+        cli.ok("submit", T, job, "ticket")
+        cli.ok("tick", T, job)
+        assert status(cli, job) == "failed"
+    del cli.env[FAIL_VARIABLE]
+    waiting(cli, "c")
+    query = ("--workflow", "ticket", "--by", "ops", "--reason", "fixed")
+
+    preview = cli.json("bulk", "retry", T, "--status", "failed", "--dry-run", *query)
+    assert (preview["action"], preview["count"]) == ("retry", 2)
+    assert "--step" in cli.fails(2, "bulk", "reset", T, *query)
+    retried = cli.json("bulk", "retry", T, *query)
+    assert (retried["applied"], retried["skipped"], retried["total"]) == (2, 1, 3)
+    [skipped] = [o for o in retried["outcomes"] if o["outcome"] == "skipped"]
+    assert skipped["job_id"] == "c" and "only a failed job is retried" in skipped["detail"]
+    for job in ("a", "b"):
+        cli.ok("tick", T, job)  # triage again, under the same key, then the wait
+        assert status(cli, job) == "waiting_event"
+    assert cli.effects()[f"{T}/a:step:1"] == 2
+
+    out = cli.ok("bulk", "reset", T, "--step", "9", *query)
+    assert "0 applied, 3 skipped, 0 failed" in out
+    reset = cli.json("bulk", "reset", T, "--step", "0", *query)
+    assert (reset["applied"], reset["params"]) == (3, {"step": 0, "to_version": None})
+    assert [b["action"] for b in cli.json("batches", "list", T)][:2] == ["reset", "reset"]
+
+
+def status(cli: Cli, job: str) -> str:
+    return str(json.loads(cli.ok("show", T, job, "--json"))["status"])

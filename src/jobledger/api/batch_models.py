@@ -16,14 +16,16 @@ from jobledger.engine.bulk_query import BulkQuery
 from jobledger.presentation.json_output import jsonable
 from jobledger.projections.batches import BatchRow
 
-Action = Literal["cancel", "signal", "raise-budget", "migrate"]
+Action = Literal["cancel", "signal", "raise-budget", "migrate", "retry", "reset"]
 
 
 class BatchRequest(Body):
     """One action over the jobs ``query`` matches, by the caller, for ``reason``.
     ``params``: ``signal`` takes ``event_name`` and ``payload``; ``raise-budget``
     ``max_steps``, ``max_cost_usd``, ``deadline_at``; ``migrate`` ``to_version`` and
-    ``force``; ``cancel`` none."""
+    ``force``; ``retry`` ``to_version`` (optional); ``reset`` ``step`` (the step number to
+    run again after, the same for every job) and ``to_version`` (optional); ``cancel``
+    none."""
 
     action: Action
     query: BulkQuery

@@ -2,7 +2,8 @@
 the background; then its progress and each job's outcome.
 
 Acting takes the role the single-job action takes (operator: cancel, signal,
-raise-budget; admin: migrate, which has no single-job route); every role reads batches."""
+raise-budget, retry, reset; admin: migrate, which has no single-job route); every role
+reads batches."""
 
 from __future__ import annotations
 

@@ -13,6 +13,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 from rich.table import Table
 
+from jobledger.cli.commands_repair import StepOption
 from jobledger.cli.params import LARGEST, PayloadOption, Tenant, parse_moment
 from jobledger.cli.session import OneShot, WorkflowsOption, one_shot_with
 from jobledger.domain.batch import BatchView
@@ -27,7 +28,8 @@ from jobledger.projections.batches import BatchRow
 
 app = typer.Typer(
     help="One action over the jobs a query matches (cancel, signal, raise-budget, "
-    "migrate), recorded as a batch that resumes after a crash and acts on each job once.",
+    "migrate, retry, reset), recorded as a batch that resumes after a crash and acts on "
+    "each job once.",
     no_args_is_help=True,
 )
 batches_app = typer.Typer(
@@ -67,6 +69,17 @@ AllJobs = Annotated[
 ]
 DryRun = Annotated[
     bool, typer.Option("--dry-run", help="Print the count and the first 10; write nothing.")
+]
+RepairVersion = Annotated[
+    int | None,
+    typer.Option(
+        "--to-version",
+        metavar="V",
+        min=1,
+        max=LARGEST,
+        help="Each job on this definition version, where the steps it keeps replay the "
+        "same on it (else it is skipped, with the diff).",
+    ),
 ]
 By = Annotated[str, typer.Option("--by", metavar="USER", help="Who acts (recorded).")]
 Reason = Annotated[str, typer.Option("--reason", metavar="TEXT", help="Why (recorded).")]
@@ -305,6 +318,87 @@ def migrate(
     opened = cmd.engine(purpose="bulk migrate", definitions=True, workflows=workflows)
     with opened as engine:
         _act(cmd, engine, tenant, "migrate", query, params, dry_run=dry_run, by=by, reason=reason)
+
+
+@app.command("retry")
+@one_shot_with("store", "config", "json")
+def retry(
+    cmd: OneShot,
+    tenant: Tenant,
+    by: By,
+    reason: Reason,
+    to_version: RepairVersion = None,
+    workflows: WorkflowsOption = None,
+    workflow: Workflow = None,
+    version: Version = None,
+    status: Status = None,
+    submitted_after: SubmittedAfter = None,
+    submitted_before: SubmittedBefore = None,
+    finished_after: FinishedAfter = None,
+    finished_before: FinishedBefore = None,
+    mission: Mission = None,
+    correlation: Correlation = None,
+    error: Error = None,
+    all_jobs: AllJobs = False,
+    dry_run: DryRun = False,
+) -> None:
+    """Retry every failed job the query matches at the step that failed, as `jobledger
+    retry` does (the others are skipped, with why)."""
+    query = _query(
+        workflow,
+        version,
+        status,
+        (submitted_after, submitted_before),
+        (finished_after, finished_before),
+        (mission, correlation),
+        error,
+        all_jobs,
+    )
+    params = {"to_version": to_version}
+    opened = cmd.engine(purpose="bulk retry", definitions=True, workflows=workflows)
+    with opened as engine:
+        _act(cmd, engine, tenant, "retry", query, params, dry_run=dry_run, by=by, reason=reason)
+
+
+@app.command("reset")
+@one_shot_with("store", "config", "json")
+def reset(
+    cmd: OneShot,
+    tenant: Tenant,
+    step: StepOption,
+    by: By,
+    reason: Reason,
+    to_version: RepairVersion = None,
+    workflows: WorkflowsOption = None,
+    workflow: Workflow = None,
+    version: Version = None,
+    status: Status = None,
+    submitted_after: SubmittedAfter = None,
+    submitted_before: SubmittedBefore = None,
+    finished_after: FinishedAfter = None,
+    finished_before: FinishedBefore = None,
+    mission: Mission = None,
+    correlation: Correlation = None,
+    error: Error = None,
+    all_jobs: AllJobs = False,
+    dry_run: DryRun = False,
+) -> None:
+    """Run every job the query matches again from after its step N (0: from the start),
+    as `jobledger reset` does; a job N does not fit is skipped, with why."""
+    query = _query(
+        workflow,
+        version,
+        status,
+        (submitted_after, submitted_before),
+        (finished_after, finished_before),
+        (mission, correlation),
+        error,
+        all_jobs,
+    )
+    params = {"step": step, "to_version": to_version}
+    opened = cmd.engine(purpose="bulk reset", definitions=True, workflows=workflows)
+    with opened as engine:
+        _act(cmd, engine, tenant, "reset", query, params, dry_run=dry_run, by=by, reason=reason)
 
 
 # ---- batches -----------------------------------------------------------------------------

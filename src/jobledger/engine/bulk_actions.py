@@ -1,6 +1,10 @@
 """The actions a batch can take, by name: each checks its parameters before anything is
 written (they are stored in the batch as JSON) and acts on one job through the job
-commands. A new action (retry, reset) is one entry here."""
+commands or the repair commands. A new action is one entry here.
+
+``reset`` names its step by number, the same for every job of the batch: the job runs
+again from after its step N (0: from the start), as ``jobledger reset`` does; a job with
+fewer steps recorded is refused by the reset and so skipped, with why."""
 
 from __future__ import annotations
 
@@ -12,8 +16,17 @@ from typing import Any
 
 from jobledger.domain.errors import InvalidPayloadError
 from jobledger.engine.job_commands import JobCommands
+from jobledger.engine.repair_commands import RepairCommands
 
 Params = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Commands:
+    """What an action acts through: the commands on jobs, and the repairs (retry, reset)."""
+
+    jobs: JobCommands
+    repairs: RepairCommands
 
 
 @dataclass(frozen=True)
@@ -30,7 +43,7 @@ class BulkAction:
     name: str
     check: Callable[[Params], Params]
     """The parameters as stored (JSON), or InvalidPayloadError saying what is wrong."""
-    act: Callable[[JobCommands, str, str, Params, Who], None]
+    act: Callable[[Commands, str, str, Params, Who], None]
     """Act on one job (tenant, job id): raises what the job command raises."""
 
 
@@ -96,29 +109,54 @@ def _moment(value: object) -> datetime:
     return moment
 
 
+def _version(params: Params, action: str, *, required: bool) -> int | None:
+    version = params.get("to_version")
+    if version is None and not required:
+        return None
+    if isinstance(version, bool) or not isinstance(version, int) or version < 1:
+        need = "needs to_version," if required else "takes to_version as"
+        raise InvalidPayloadError(f"{action} {need} a version >= 1, got {version!r}")
+    return version
+
+
 def _migrate_params(params: Params) -> Params:
     _fields(params, {"to_version", "force"}, "migrate")
-    version, force = params.get("to_version"), params.get("force", False)
-    if isinstance(version, bool) or not isinstance(version, int) or version < 1:
-        raise InvalidPayloadError(f"migrate needs to_version, a version >= 1, got {version!r}")
+    force = params.get("force", False)
+    version = _version(params, "migrate", required=True)
     if not isinstance(force, bool):
         raise InvalidPayloadError(f"force must be true or false, got {force!r}")
     return {"to_version": version, "force": force}
 
 
-def _cancel(c: JobCommands, tenant_id: str, job_id: str, p: Params, who: Who) -> None:
-    c.cancel(tenant_id, job_id, who.reason, who.by)
+def _retry_params(params: Params) -> Params:
+    _fields(params, {"to_version"}, "retry")
+    return {"to_version": _version(params, "retry", required=False)}
 
 
-def _signal(c: JobCommands, tenant_id: str, job_id: str, p: Params, who: Who) -> None:
+def _reset_params(params: Params) -> Params:
+    _fields(params, {"step", "to_version"}, "reset")
+    step = params.get("step")
+    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+        raise InvalidPayloadError(
+            f"reset needs step, the step number to run again after (0: from the start), "
+            f"got {step!r}"
+        )
+    return {"step": step, "to_version": _version(params, "reset", required=False)}
+
+
+def _cancel(c: Commands, tenant_id: str, job_id: str, p: Params, who: Who) -> None:
+    c.jobs.cancel(tenant_id, job_id, who.reason, who.by)
+
+
+def _signal(c: Commands, tenant_id: str, job_id: str, p: Params, who: Who) -> None:
     # The batch's own signal id: a job takes the batch's signal once, as any signal.
     signal_id = f"batch:{who.batch_id}"
-    c.signal(tenant_id, job_id, p["event_name"], p["payload"], signal_id=signal_id)
+    c.jobs.signal(tenant_id, job_id, p["event_name"], p["payload"], signal_id=signal_id)
 
 
-def _raise_budget(c: JobCommands, tenant_id: str, job_id: str, p: Params, who: Who) -> None:
+def _raise_budget(c: Commands, tenant_id: str, job_id: str, p: Params, who: Who) -> None:
     deadline = p.get("deadline_at")
-    c.raise_budget(
+    c.jobs.raise_budget(
         tenant_id,
         job_id,
         raised_by=who.by,
@@ -129,8 +167,20 @@ def _raise_budget(c: JobCommands, tenant_id: str, job_id: str, p: Params, who: W
     )
 
 
-def _migrate(c: JobCommands, tenant_id: str, job_id: str, p: Params, who: Who) -> None:
-    c.migrate(tenant_id, job_id, p["to_version"], by=who.by, reason=who.reason, force=p["force"])
+def _migrate(c: Commands, tenant_id: str, job_id: str, p: Params, who: Who) -> None:
+    c.jobs.migrate(
+        tenant_id, job_id, p["to_version"], by=who.by, reason=who.reason, force=p["force"]
+    )
+
+
+def _retry(c: Commands, tenant_id: str, job_id: str, p: Params, who: Who) -> None:
+    c.repairs.retry(tenant_id, job_id, by=who.by, reason=who.reason, to_version=p["to_version"])
+
+
+def _reset(c: Commands, tenant_id: str, job_id: str, p: Params, who: Who) -> None:
+    c.repairs.reset(
+        tenant_id, job_id, p["step"], by=who.by, reason=who.reason, to_version=p["to_version"]
+    )
 
 
 ACTIONS: dict[str, BulkAction] = {
@@ -140,6 +190,8 @@ ACTIONS: dict[str, BulkAction] = {
         BulkAction("signal", _signal_params, _signal),
         BulkAction("raise-budget", _budget_params, _raise_budget),
         BulkAction("migrate", _migrate_params, _migrate),
+        BulkAction("retry", _retry_params, _retry),
+        BulkAction("reset", _reset_params, _reset),
     )
 }
 

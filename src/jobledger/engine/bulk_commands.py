@@ -32,10 +32,11 @@ from jobledger.domain.keys import KeyKind
 from jobledger.domain.payloads import text
 from jobledger.engine import batch_marks
 from jobledger.engine.bootstrap import Deps
-from jobledger.engine.bulk_actions import BulkAction, Params, Who, action_named
+from jobledger.engine.bulk_actions import BulkAction, Commands, Params, Who, action_named
 from jobledger.engine.bulk_query import BulkQuery
 from jobledger.engine.ids import check_id
 from jobledger.engine.job_commands import JobCommands
+from jobledger.engine.repair_commands import RepairCommands
 from jobledger.projections.batches import BatchRow
 from jobledger.projections.job_views import JobViews
 
@@ -58,11 +59,11 @@ class BulkPreview:
 
 
 class BulkCommands:
-    def __init__(self, deps: Deps, commands: JobCommands) -> None:
+    def __init__(self, deps: Deps, commands: JobCommands, repairs: RepairCommands) -> None:
         self._deps = deps
         self._store = deps.store
         self._clock = deps.clock
-        self._commands = commands
+        self._commands = Commands(commands, repairs)
 
     def _views(self) -> JobViews:
         views = JobViews(self._store)

@@ -100,7 +100,7 @@ class Engine:
         self.reads = JobReader(deps, self.jobs)
         self.schedules = ScheduleCommands(deps, self.jobs, self.commands)
         """Create, pause, resume, delete and trigger schedules (``engine.schedule_commands``)."""
-        self.bulk = BulkCommands(deps, self.commands)
+        self.bulk = BulkCommands(deps, self.commands, self.repairs)
         """Bulk actions over a query, as durable batches (``engine.bulk_commands``)."""
 
     @classmethod

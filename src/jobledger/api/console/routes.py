@@ -461,32 +461,20 @@ def _add_jobs(api: APIRouter) -> None:
         csrf: str = Form(""),
     ) -> Response:
         """The selected jobs cancelled as one batch, by the signed-in operator."""
-        session = c.session(request)
-        if session is None:
-            return c.redirect(f"{PREFIX}/sign-in")
-        if not session.csrf_matches(csrf):
-            return _bad_form(c, request, session, "Not cancelled")
-        if not session.principal.may_read(tenant):
-            return c.not_found(request, session)
-        if not session.principal.may(Role.OPERATOR, tenant):
-            message = "Cancelling jobs takes the operator role in this tenant; nothing was done."
-            return c.render(
-                "message.html", request, session, 403, title="Not cancelled", message=message
-            )
-        if not job:
-            message = "No job was selected; nothing was done."
-            return c.render(
-                "message.html", request, session, 400, title="Not cancelled", message=message
-            )
-        done = c.engine.bulk.bulk(
-            tenant,
-            "cancel",
-            BulkQuery(job_ids=tuple(job)),
-            by=session.principal.subject,
-            reason=reason.strip() or "cancelled from the console",
-        )
-        query = urlencode({"tenant": tenant, "batch": done.batch_id})
-        return c.redirect(f"{PREFIX}/jobs?{query}")
+        return _act_on_selected(c, request, SELECTED["cancel"], tenant, job, reason, csrf)
+
+    @api.post("/jobs/retry")
+    def retry_selected(
+        request: Request,
+        c: Of,
+        tenant: str = Form(),
+        job: Annotated[list[str] | None, Form()] = None,
+        reason: str = Form(""),
+        csrf: str = Form(""),
+    ) -> Response:
+        """The selected jobs retried as one batch (those not failed are skipped, with why),
+        by the signed-in operator."""
+        return _act_on_selected(c, request, SELECTED["retry"], tenant, job, reason, csrf)
 
     @api.get("/job")
     def job_page(
@@ -580,6 +568,57 @@ def _add_schedules(api: APIRouter) -> None:
             return {"rows": [ScheduleSummary.of(row) for row in c.views.tenant_schedules(chosen)]}
 
         return c.tenant_listing(request, tenant, "schedules.html", rows, {"rows": []})
+
+
+@dataclass(frozen=True)
+class _Selected:
+    """How the jobs page words one action on the selected jobs."""
+
+    action: str
+    refused: str
+    doing: str
+    default_reason: str
+
+
+SELECTED = {
+    "cancel": _Selected("cancel", "Not cancelled", "Cancelling", "cancelled from the console"),
+    "retry": _Selected("retry", "Not retried", "Retrying", "retried from the console"),
+}
+
+
+def _act_on_selected(
+    c: Console,
+    request: Request,
+    what: _Selected,
+    tenant: str,
+    job: list[str] | None,
+    reason: str,
+    csrf: str,
+) -> Response:
+    """The selected jobs acted on as one batch by the signed-in operator; back to the
+    jobs page, which says what the batch did."""
+    session = c.session(request)
+    if session is None:
+        return c.redirect(f"{PREFIX}/sign-in")
+    if not session.csrf_matches(csrf):
+        return _bad_form(c, request, session, what.refused)
+    if not session.principal.may_read(tenant):
+        return c.not_found(request, session)
+    if not session.principal.may(Role.OPERATOR, tenant):
+        message = f"{what.doing} jobs takes the operator role in this tenant; nothing was done."
+        return c.render("message.html", request, session, 403, title=what.refused, message=message)
+    if not job:
+        message = "No job was selected; nothing was done."
+        return c.render("message.html", request, session, 400, title=what.refused, message=message)
+    done = c.engine.bulk.bulk(
+        tenant,
+        what.action,
+        BulkQuery(job_ids=tuple(job)),
+        by=session.principal.subject,
+        reason=reason.strip() or what.default_reason,
+    )
+    query = urlencode({"tenant": tenant, "batch": done.batch_id})
+    return c.redirect(f"{PREFIX}/jobs?{query}")
 
 
 def _batch(c: Console, tenant: str, batch_id: str) -> BatchView | None:
