@@ -31,8 +31,8 @@ from jobledger.adapters.backends.migrations import COMPONENT, STORE_MIGRATIONS
 from jobledger.adapters.event_store import EventSourcedJobStore, LedgerPartition
 from jobledger.adapters.follower import Lag, LogFollower, Progress, TrackedReader
 from jobledger.adapters.store_errors import store_errors
-from jobledger.domain.errors import InvalidPayloadError, StoreUnavailableError
 from jobledger.domain.batch import Batch
+from jobledger.domain.errors import InvalidPayloadError, StoreUnavailableError
 from jobledger.domain.job import Job
 from jobledger.domain.schedule import Schedule
 from jobledger.domain.status import TERMINAL_STATUSES, JobStatus

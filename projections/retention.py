@@ -12,7 +12,7 @@ left alone and reported (``foreign``): it may be another store's.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -202,10 +202,6 @@ class Archiver:
             lock.release()
 
 
-
-
 def _unlink(path: Path) -> None:
-    try:
+    with suppress(FileNotFoundError):
         path.unlink()
-    except FileNotFoundError:
-        pass
