@@ -48,7 +48,7 @@ class KafkaAnchorSink:
             admin = KafkaAdminClient(
                 bootstrap_servers=self.settings.servers,
                 client_id=f"{self.settings.client_id}-anchors",
-                **_timeouts(self.settings),
+                **clients.reach_timeouts(self.settings),
             )
         except KafkaError as error:
             raise _unreachable(self.settings, error) from error
@@ -163,7 +163,7 @@ class _Consumer:
                 enable_auto_commit=False,
                 # Reading a mistyped topic must not create it.
                 allow_auto_create_topics=False,
-                **_timeouts(self.settings),
+                **clients.reach_timeouts(self.settings),
             )
             known = self.client.partitions_for_topic(self.partition.topic)
         except KafkaError as error:
@@ -178,11 +178,6 @@ class _Consumer:
 
     def __exit__(self, *exc: object) -> None:
         self.client.close()
-
-
-def _timeouts(settings: KafkaSettings) -> dict[str, int]:
-    timeout = min(30_000, settings.send_timeout_ms)
-    return {"bootstrap_timeout_ms": timeout, "request_timeout_ms": timeout}
 
 
 def _unreachable(settings: KafkaSettings, error: KafkaError) -> KafkaUnavailableError:

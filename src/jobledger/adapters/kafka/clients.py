@@ -119,3 +119,10 @@ def ensure_topics(settings: KafkaSettings, topics: Iterable[str] | None = None) 
         raise KafkaUnavailableError(f"cannot create Kafka topics: {error}") from error
     finally:
         client.close()
+
+
+def reach_timeouts(settings: KafkaSettings) -> dict[str, int]:
+    """A one-shot client's bootstrap and request timeouts: an unreachable broker is an error
+    within the configured send timeout, not kafka-python's 30 s default."""
+    timeout = min(30_000, settings.send_timeout_ms)
+    return {"bootstrap_timeout_ms": timeout, "request_timeout_ms": timeout}

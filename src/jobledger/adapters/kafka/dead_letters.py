@@ -363,6 +363,7 @@ def _read_topics(settings: KafkaSettings, topics: dict[str, Kind]) -> list[tuple
             enable_auto_commit=False,
             max_poll_records=2_000,
             fetch_max_wait_ms=100,
+            **clients.reach_timeouts(settings),
         )
     except KafkaError as error:
         raise KafkaUnavailableError(
