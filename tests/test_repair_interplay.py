@@ -5,16 +5,28 @@ cancelled in bulk. Each ends with the store verifying."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from jobledger import Engine, JobStatus, StepError, StepRequest, StepResult
+from jobledger.adapters.clock import FakeClock
 from jobledger.audit import tamper
+from jobledger.audit.archive import DirectoryArchive, read_directory_ref
+from jobledger.audit.archived import with_tombstones
+from jobledger.domain.batch import Outcome
 from jobledger.domain.errors import (
     ApprovalAlreadyDecidedError,
+    JobArchivedError,
+    JobFinishedError,
     StaleApprovalError,
 )
+from jobledger.projections.job_views import JobViews
 from tests.support.approvals import Recorder, approvals_registry
-from tests.support.engines import EngineFactory, store_of, writes
+from tests.support.cli import make_cli
+from tests.support.engines import CountingExecutor, EngineFactory, store_of, writes
+from tests.support.http import ApiServer, problem
+from tests.support.retention import archiver, due_later, raw_rows
 
 T = "t"
 
@@ -197,3 +209,155 @@ def test_a_fork_after_a_decision_with_edits_runs_the_step_with_them(
     assert recorder.runs[-1] == {"task": "pay", "amount": 80, "currency": "EUR"}
     assert approvals.replay(T, "f").safe
     assert approvals.verify(T, "f") is None
+
+
+# ---- 3. repairs and bulk actions on an archived job ---------------------------------------
+
+
+def archive(engine: Engine, clock: FakeClock, archive_dir: Path, *job_ids: str) -> None:
+    """Archive those finished jobs of tenant acme (a job submitted after them holds the
+    newest event of the log, which is never archived)."""
+    engine.submit("tail", "newest", "agent3")
+    rows = [row for row in due_later(engine, clock) if row.job_id in job_ids]
+    run = archiver(engine).run(DirectoryArchive(archive_dir), rows, clock.now())
+    assert sorted(t.job_id for t in run.archived) == sorted(job_ids)
+
+
+def failed_job(engine: Engine, executor: CountingExecutor, job_id: str = "j") -> None:
+    def fail(request: StepRequest) -> Exception | None:
+        return StepError("boom", retryable=False) if request.step_number == 3 else None
+
+    executor.fail_with = fail
+    engine.submit("acme", job_id, "agent3")
+    engine.run_until_idle()
+    executor.fail_with = None
+    assert engine.job("acme", job_id).status is JobStatus.FAILED
+
+
+def test_an_archived_job_is_not_repaired_or_cancelled_and_nothing_is_written(
+    engine: Engine, executor: CountingExecutor, clock: FakeClock, tmp_path: Path
+) -> None:
+    failed_job(engine, executor)
+    archive(engine, clock, tmp_path / "archive", "j")
+    before = writes(engine)
+
+    refusals = {
+        "retry": lambda: engine.retry("acme", "j", by="ops", reason="fixed"),
+        "reset": lambda: engine.reset("acme", "j", 1, by="ops", reason="again"),
+        "fork": lambda: engine.fork("acme", "j", 1, new_job_id="f", by="ops", reason="copy"),
+        "cancel": lambda: engine.cancel("acme", "j", by="ops", reason="stop"),
+    }
+    for name, refused in refusals.items():
+        with pytest.raises(JobArchivedError, match="was archived to dir:"):
+            refused()
+        assert writes(engine) == before, name
+    assert engine.jobs.fetch("acme", "f") is None
+
+
+def test_an_archived_job_is_a_410_for_each_repair_over_http(
+    engine: Engine, api: ApiServer, executor: CountingExecutor, clock: FakeClock, tmp_path: Path
+) -> None:
+    failed_job(engine, executor)
+    archive(engine, clock, tmp_path / "archive", "j")
+    before = writes(engine)
+    asks = {
+        "retry": {"reason": "fixed"},
+        "reset": {"step": 1, "reason": "again"},
+        "fork": {"step": 1, "new_job_id": "f", "reason": "copy"},
+    }
+    with api.as_role("operator", sub="olga") as http:
+        for action, body in asks.items():
+            gone = problem(http.post(f"/v1/jobs/acme/j/{action}", json=body), 410)
+            assert "was archived" in gone["detail"], action
+    assert writes(engine) == before
+
+
+def test_a_batch_made_before_its_job_was_archived_skips_it_with_the_reason(
+    engine: Engine, executor: CountingExecutor, clock: FakeClock, tmp_path: Path
+) -> None:
+    failed_job(engine, executor, "gone")
+    engine.submit("acme", "waiting", "wait")
+    engine.run_until_idle()
+    batch = engine.bulk.start(
+        "acme", "cancel", {"all": True}, by="ops", reason="clean up", batch_id="b1"
+    )
+    assert batch.total == 2
+    archive(engine, clock, tmp_path / "archive", "gone")
+
+    done = engine.bulk.run("acme", "b1")
+
+    outcomes = {o.job_id: o for o in done.outcomes}
+    assert outcomes["gone"].outcome is Outcome.SKIPPED
+    assert "was archived" in outcomes["gone"].detail
+    assert outcomes["waiting"].outcome is Outcome.APPLIED
+    assert (done.applied, done.skipped, done.failed, done.finished) == (1, 1, 0, True)
+    # A query made now does not match the archived job at all.
+    assert engine.bulk.preview("acme", "cancel", {"all": True}).count == 1
+    intact(engine)
+
+
+# ---- 4. archive and restore of a reset and forked job -------------------------------------
+
+
+def test_a_reset_and_forked_job_is_archived_and_restored_byte_for_byte(
+    engine: Engine, executor: CountingExecutor, clock: FakeClock, tmp_path: Path, store_url: str
+) -> None:
+    engine.submit("acme", "j", "agent3")
+    engine.run_until_idle()
+    engine.reset("acme", "j", 1, by="ops", reason="again")
+    engine.run_until_idle()
+    engine.fork("acme", "j", 2, new_job_id="f", by="ops", reason="a variant")
+    engine.run_until_idle()
+    assert {engine.job("acme", j).status for j in ("j", "f")} == {JobStatus.COMPLETED}
+    kinds = [h.event_type for h in engine.history("acme", "j")]
+    assert {"Reset", "Forked"} <= set(kinds)
+    before = raw_rows(engine, "acme", "j")
+
+    archive(engine, clock, tmp_path / "archive", "j")
+
+    # The fork stays, naming an origin that is now a tombstone: the store verifies,
+    # the archive link by link, and so does `jobledger verify` from the command line.
+    assert engine.verify("acme", "f") is None
+    report = tamper.verify_store(store_of(engine))
+    full = with_tombstones(store_of(engine), report, None, read_directory_ref)
+    assert full.intact
+    assert "archive verified" in str({c.label: c.archived for c in full.jobs}["acme/j"])
+    verified = make_cli(tmp_path, store_url).json("verify", "--all")
+    assert verified["intact"] is True
+
+    archiver(engine).restore("acme", "j", read_directory_ref, None)
+    assert raw_rows(engine, "acme", "j") == before
+    assert engine.verify("acme", "j") is None
+    # Restored, it is repaired as before it left: a next reset runs under epoch 2.
+    engine.reset("acme", "j", 1, by="ops", reason="once more")
+    engine.run_until_idle()
+    assert executor.calls["acme/j:step:2@e2"] == 1
+    intact(engine)
+
+
+# ---- 5. a reassigned quorum request, cancelled in bulk -------------------------------------
+
+
+def test_a_reassigned_quorum_request_cancelled_in_bulk_closes_and_verifies(
+    approvals: Engine,
+) -> None:
+    approval_id = awaiting(approvals, "payout")
+    approvals.decide(T, "j", approval_id, "approve", "alice")
+    approvals.reassign(T, "j", approval_id, ["dave", "erin"], by="ops", reason="team change")
+
+    done = approvals.bulk.bulk(T, "cancel", {"workflow_type": "payout"}, by="ops", reason="off")
+
+    assert (done.applied, done.skipped, done.failed) == (1, 0, 0)
+    assert approvals.job(T, "j").status is JobStatus.CANCELLED
+    before = writes(approvals)
+    with pytest.raises(JobFinishedError, match="approvals are void"):
+        approvals.decide(T, "j", approval_id, "approve", "erin")
+    assert writes(approvals) == before
+    views = JobViews(store_of(approvals))
+    views.catch_up()
+    assert views.pending_approvals(T) == []
+    kinds = [h.event_type for h in approvals.history(T, "j")]
+    assert kinds[-2:] == ["ApprovalReassigned", "Cancelled"]
+    assert approvals.verify(T, "j") is None
+    assert approvals.replay(T, "j").safe
+    intact(approvals)
