@@ -719,12 +719,16 @@ class Job(Aggregate):
         state: JSON
         cursor: str | None
         visits: dict[str, int]
+        approved_edit: JSON | None = None
+        """The approver's edit the job held as of step N: a decision the reset keeps
+        (N is the approval's step) keeps its edit for the step it leads to."""
+        stored_when_set = frozenset({"approved_edit"})
 
         def evolve(self, job: Job) -> None:
             job.workflow_version = self.to_version
             job.epoch = self.epoch
-            # An approver's edit belongs to the decision the reset undoes.
-            job.approved_edit = None
+            # The edit of a decision the reset undoes goes with it; a kept one stays.
+            job.approved_edit = deepcopy(self.approved_edit)
             job.current_step = self.step_number
             job.cursor = self.cursor
             job.visits = dict(self.visits)
@@ -750,12 +754,16 @@ class Job(Aggregate):
         visits: dict[str, int]
         forked_by: str
         reason: str
+        approved_edit: JSON | None = None
+        """The approver's edit the origin held as of step N, for the step the fork runs next."""
+        stored_when_set = frozenset({"approved_edit"})
 
         def evolve(self, job: Job) -> None:
             job.forked_from = {"job_id": self.origin_job_id, "step_number": self.step_number}
             job.current_step = self.step_number
             job.cursor = self.cursor
             job.visits = dict(self.visits)
+            job.approved_edit = deepcopy(self.approved_edit)
 
     class Forked(Event):
         """This job was forked at ``step_number`` into ``fork_job_id`` (whose history
@@ -1436,6 +1444,7 @@ class Job(Aggregate):
             state=deepcopy(as_of.state),
             cursor=as_of.cursor,
             visits=dict(as_of.visits),
+            approved_edit=deepcopy(as_of.approved_edit),
         )
 
     def start_fork(
@@ -1451,6 +1460,7 @@ class Job(Aggregate):
             visits=dict(origin.visits),
             forked_by=forked_by,
             reason=reason,
+            approved_edit=deepcopy(origin.approved_edit),
         )
 
     def note_fork(

@@ -785,6 +785,8 @@ class JobCommands:
             if job is None:
                 if missing is not None:
                     raise missing(f"no job {job_id!r} for tenant {tenant_id!r}")
+                # Every command on a job gone to an archive says so (410 over the API).
+                self._jobs.raise_if_archived(tenant_id, job_id)
                 raise UnknownJobError(tenant_id, job_id)
             # A command that finished the job (cancel, a rejection) tells its family.
             self._orchestrator.family.settle(job)
