@@ -7,18 +7,21 @@ from __future__ import annotations
 import time
 from pathlib import Path
 from typing import Any
+from uuid import uuid4
 
 import pytest
 
 from jobledger import Engine, JobStatus
 from jobledger.adapters.clock import FakeClock
+from jobledger.adapters.kafka.settings import KafkaSettings
 from jobledger.adapters.ops import MemoryOps
-from jobledger.cli.config_file import engine_config
+from jobledger.audit.kafka_archive import archive_reader
+from jobledger.cli.config_file import engine_config, load_settings
 from jobledger.domain.errors import ConfigError
 from jobledger.projections.archive_schedule import PASS_EVENT, ScheduledArchiving
 from jobledger.runtime.embedded_runner import EmbeddedRunner
 from tests.support.engines import EngineFactory, agent_steps, store_of
-from tests.support.retention import LATER
+from tests.support.retention import LATER, archiver
 from tests.support.scrape import parse, value
 from tests.support.workflows import DONE, STEP, linear_registry, wait_event
 
@@ -164,3 +167,41 @@ def test_without_a_target_the_runner_does_not_archive(
 ) -> None:
     engine: Engine = make_engine(config={"retention_default_days": 30})
     assert EmbeddedRunner(engine).archiving is None
+
+
+def test_the_runner_archives_to_a_kafka_topic(
+    make_engine: EngineFactory, clock: FakeClock, ops: MemoryOps, kafka_bootstrap: str
+) -> None:
+    topic = f"archive-{uuid4().hex[:8]}"
+    engine = make_engine(
+        config=archiving_config(
+            f"kafka:{topic}", kafka_bootstrap_servers=kafka_bootstrap, kafka_topic_partitions=1
+        )
+    )
+    engine.submit("acme", "old", "agent3")
+    engine.run_until_idle()
+    clock.advance(LATER)
+    engine.submit("tail", "recent", "agent3")
+    archiving = ScheduledArchiving(store_of(engine), engine.deps.clock, ops, engine.config)
+
+    run = archiving.archive_once()
+
+    assert run is not None and [t.archive_ref for t in run.archived] == [f"kafka:{topic}/0@0"]
+    assert archiving.describe() == f"archiving: to kafka:{topic} every 0.2s"
+    restored = archiver(engine).restore(
+        "acme", "old", archive_reader(KafkaSettings.of(engine.config)), None
+    )
+    assert restored.job_id == "old" and engine.job("acme", "old").status is JobStatus.COMPLETED
+
+
+def test_a_relative_archive_directory_in_a_config_file_is_beside_the_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    config_file = tmp_path / "etc" / "jobledger.toml"
+    config_file.parent.mkdir()
+    config_file.write_text('retention_default_days = 7\nretention_archive_to = "archive"\n')
+    monkeypatch.chdir(tmp_path)
+    settings = load_settings(config_file, None)
+    assert settings.engine.retention.archive_to == str(config_file.parent / "archive")
+    config_file.write_text('retention_default_days = 7\nretention_archive_to = "kafka:a.b"\n')
+    assert load_settings(config_file, None).engine.retention.archive_to == "kafka:a.b"
