@@ -4,6 +4,9 @@
 
 from __future__ import annotations
 
+import logging
+import signal
+import subprocess
 import time
 from pathlib import Path
 from typing import Any
@@ -20,6 +23,7 @@ from jobledger.cli.config_file import engine_config, load_settings
 from jobledger.domain.errors import ConfigError
 from jobledger.projections.archive_schedule import PASS_EVENT, ScheduledArchiving
 from jobledger.runtime.embedded_runner import EmbeddedRunner
+from tests.support.cli import JOBLEDGER, NOTE, TICKET, announced, make_cli
 from tests.support.engines import EngineFactory, agent_steps, store_of
 from tests.support.retention import LATER, archiver
 from tests.support.scrape import parse, value
@@ -86,8 +90,13 @@ def test_the_runner_archives_finished_jobs_past_their_retention_and_nothing_else
 
 
 def test_a_pass_while_another_holds_the_store_is_a_quiet_skip(
-    make_engine: EngineFactory, clock: FakeClock, ops: MemoryOps, tmp_path: Path
+    make_engine: EngineFactory,
+    clock: FakeClock,
+    ops: MemoryOps,
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
+    caplog.set_level(logging.INFO, logger="jobledger.projections.archive_schedule")
     engine = make_engine(config=archiving_config(tmp_path / "archive"))
     engine.submit("acme", "old", "agent3")
     engine.run_until_idle()
@@ -101,6 +110,8 @@ def test_a_pass_while_another_holds_the_store_is_a_quiet_skip(
     finally:
         other.release()
     assert [p.status for p in passes(ops)] == ["busy"]
+    (skipped,) = caplog.records
+    assert skipped.levelno == logging.INFO and "this pass is skipped" in skipped.message
     assert store_of(engine).tombstones.all() == []
 
     run = archiving.archive_once()
@@ -109,7 +120,11 @@ def test_a_pass_while_another_holds_the_store_is_a_quiet_skip(
 
 
 def test_a_failed_pass_is_logged_and_the_next_one_goes_on(
-    make_engine: EngineFactory, clock: FakeClock, ops: MemoryOps, tmp_path: Path
+    make_engine: EngineFactory,
+    clock: FakeClock,
+    ops: MemoryOps,
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     archive = tmp_path / "archive"
     engine = make_engine(config=archiving_config(archive))
@@ -124,6 +139,8 @@ def test_a_failed_pass_is_logged_and_the_next_one_goes_on(
     assert archiving.archive_once() is None
     assert [p.status for p in passes(ops)] == ["failed"]
     assert "cannot use" in passes(ops)[0].metadata["error"]
+    failed = [r for r in caplog.records if "archive pass" in r.message]
+    assert [r.levelno for r in failed] == [logging.ERROR]
     archive.unlink()
     run = archiving.archive_once()
     assert run is not None and [t.job_id for t in run.archived] == ["old"]
@@ -205,3 +222,47 @@ def test_a_relative_archive_directory_in_a_config_file_is_beside_the_file(
     assert settings.engine.retention.archive_to == str(config_file.parent / "archive")
     config_file.write_text('retention_default_days = 7\nretention_archive_to = "kafka:a.b"\n')
     assert load_settings(config_file, None).engine.retention.archive_to == "kafka:a.b"
+
+
+def test_jobledger_run_archives_by_itself_and_refuses_a_target_without_retention(
+    tmp_path: Path, store_url: str
+) -> None:
+    settings = 'retention_default_days = 0\nretention_archive_to = "archive"\n'
+    cli = make_cli(
+        tmp_path,
+        store_url,
+        definitions={"note.yaml": NOTE, "ticket.yaml": TICKET},
+        settings=settings + "retention_interval_seconds = 0.5\n",
+    )
+    cli.ok("submit", "acme", "t1", "ticket")  # will wait for an event: never archived
+    cli.ok("submit", "acme", "n1", "note")
+    cli.ok("tick", "acme", "n1")
+    runner = subprocess.Popen(
+        [str(JOBLEDGER), "run", "--config", str(cli.config)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=cli.env,
+        cwd=tmp_path,
+    )
+    try:
+        banner = announced(runner, r"(archiving: .*)", "the runner's banner")
+        assert banner.strip() == f"archiving: to {tmp_path / 'archive'} every 0.5s"
+        wait_for(lambda: len(cli.json("tombstones", "list")) == 1, seconds=60)
+    finally:
+        runner.send_signal(signal.SIGTERM)
+        assert runner.wait(timeout=60) == 0
+    (tombstone,) = cli.json("tombstones", "list")
+    assert tombstone["job"] == "n1"
+    assert tombstone["archive"].startswith(f"dir:{(tmp_path / 'archive').resolve()}/")
+    assert cli.json("show", "acme", "t1")["status"] == "waiting_event"
+
+    cli.config.write_text(cli.config.read_text().replace("retention_default_days = 0\n", ""))
+    refused = cli.fails(3, "run")
+    assert "retention_archive_to needs a retention to archive by" in refused
+    (tmp_path / "blocker").write_text("")
+    cli.config.write_text(
+        cli.config.read_text().replace('"archive"', '"blocker/archive"')
+        + "retention_default_days = 1\n"
+    )
+    assert "retention_archive_to: cannot use" in cli.fails(3, "run")
