@@ -95,6 +95,10 @@ class ArchiveRun:
         }
 
 
+class ArchiveBusyError(RetentionError):
+    """Another archive run or restore holds this store's archive lock."""
+
+
 class Archiver:
     """Archive runs and restores over one store and its views."""
 
@@ -192,7 +196,7 @@ class Archiver:
         file could leave it holding the other's bytes, not the ones its tombstone names."""
         lock = self.store.backend.lock("archive")
         if not lock.try_acquire():
-            raise RetentionError(
+            raise ArchiveBusyError(
                 "another archive run or restore is under way on this store: try again when "
                 "it has ended"
             )

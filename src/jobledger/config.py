@@ -24,6 +24,7 @@ from pydantic import (
     ValidationError,
     ValidatorFunctionWrapHandler,
     create_model,
+    field_validator,
     model_validator,
 )
 from pydantic_core import InitErrorDetails
@@ -33,6 +34,8 @@ from pydantic_settings import (
     PydanticBaseSettingsSource,
     SettingsConfigDict,
 )
+
+from jobledger.domain.retention import ArchiveTarget
 
 # Kafka's legal topic names.
 _TOPIC = r"^[A-Za-z0-9._-]{1,249}$"
@@ -239,6 +242,11 @@ class RetentionOptions(Options):
     default_days: int | None = Field(default=None, ge=0, le=MAX_RETENTION_DAYS)
     tenants: dict[str, int] = Field(default_factory=dict)
     workflows: dict[str, int] = Field(default_factory=dict)
+    archive_to: str | None = None
+    """The runner (``jobledger run``) archives the jobs past their retention here on its
+    own: a directory, or ``kafka:TOPIC``; unset, only ``jobledger archive`` does."""
+    interval_seconds: float = Field(default=3600.0, gt=0)
+    """Seconds between the runner's archive passes."""
 
     @model_validator(mode="after")
     def _days_in_range(self) -> Self:
@@ -247,6 +255,25 @@ class RetentionOptions(Options):
                 raise ValueError(
                     f"retention of {scope!r} is {days} days: it must be 0 to {MAX_RETENTION_DAYS}"
                 )
+        return self
+
+    @field_validator("archive_to")
+    @classmethod
+    def _parses(cls, value: str | None) -> str | None:
+        if value is not None:
+            ArchiveTarget.parse(value)
+        return value
+
+    @model_validator(mode="after")
+    def _archive_target(self) -> Self:
+        if self.archive_to is None:
+            return self
+        if self.default_days is None and not self.tenants and not self.workflows:
+            # Nothing would ever be due: a target alone is a mistake, not a no-op.
+            raise ValueError(
+                "retention_archive_to needs a retention to archive by: set "
+                "retention_default_days, retention_tenants or retention_workflows"
+            )
         return self
 
 

@@ -511,6 +511,8 @@ def _serve(
                 console().print(f"  metrics: {supervisor.metrics.url}", soft_wrap=True)
             if services.anchors is not None:
                 console().print(f"  {services.anchors.describe()}", soft_wrap=True)
+            if supervisor.archiving is not None:
+                console().print(f"  {supervisor.archiving.describe()}", soft_wrap=True)
             with _stop_on_signals(supervisor.stopping.set):
                 supervisor.run()
             if runs_steps or kafka:

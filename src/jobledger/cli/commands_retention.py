@@ -14,12 +14,13 @@ from rich.table import Table
 
 from jobledger.adapters.event_store import EventSourcedJobStore
 from jobledger.adapters.kafka.settings import KafkaSettings
-from jobledger.audit.archive import ArchiveSink, DirectoryArchive
-from jobledger.audit.kafka_archive import KafkaArchive, archive_reader
+from jobledger.audit.archive import ArchiveSink
+from jobledger.audit.archive_targets import close_archive, open_archive
+from jobledger.audit.kafka_archive import archive_reader
 from jobledger.cli.params import JobId, Tenant
 from jobledger.cli.session import OneShot, one_shot, one_shot_with
 from jobledger.config import MAX_RETENTION_DAYS
-from jobledger.domain.retention import RetentionPolicy, Tombstone
+from jobledger.domain.retention import ArchiveTarget, RetentionPolicy, Tombstone
 from jobledger.engine.engine import Engine
 from jobledger.presentation.figures import when
 from jobledger.presentation.json_output import print_json
@@ -109,8 +110,7 @@ def archive(
                     lambda done, total: progress.update(task, completed=done, total=total),
                 )
         finally:
-            if isinstance(sink, KafkaArchive):
-                sink.close()
+            close_archive(sink)
     if cmd.json:
         print_json(run.document())
     else:
@@ -180,10 +180,8 @@ def _policy(engine: Engine) -> RetentionPolicy:
 
 
 def _sink(engine: Engine, to: Path | None, to_topic: str | None) -> ArchiveSink:
-    if to is not None:
-        return DirectoryArchive(to)
-    assert to_topic is not None
-    return KafkaArchive(KafkaSettings.of(engine.config), to_topic)
+    target = ArchiveTarget(directory=to) if to is not None else ArchiveTarget(topic=to_topic)
+    return open_archive(target, engine.config)
 
 
 def _print_due(cmd: OneShot, rows: list[StatusRow]) -> None:

@@ -11,7 +11,8 @@ StepExecutor, or of a class or factory that makes one) and ``workflows`` (a list
 module names whose ``@workflow`` and ``@step`` objects are served:
 :mod:`jobledger.cli.code_modules`).
 Every path the file names is relative to the file: the definitions, a SQLite store
-(``sqlite:///jobs.db`` is the ``jobs.db`` beside the file), a ``file:`` notifier and the
+(``sqlite:///jobs.db`` is the ``jobs.db`` beside the file), a ``file:`` notifier, the
+runner's archive directory (``retention_archive_to``) and the
 executor's and workflows' modules (imported from the file's directory first).
 ``JOBLEDGER_DEFINITIONS``, ``JOBLEDGER_EXECUTOR`` and ``JOBLEDGER_WORKFLOWS`` (module
 names, comma-separated) set those from the environment (relative to the current
@@ -38,6 +39,7 @@ from pydantic import ValidationError
 
 from jobledger.config import SETTINGS, EngineConfig
 from jobledger.domain.errors import ConfigError
+from jobledger.domain.retention import KAFKA_TARGET
 from jobledger.domain.setting_problems import setting_key, unknown_setting
 from jobledger.orchestration.ports import StepExecutor
 
@@ -121,6 +123,7 @@ def load_settings(config_file: Path | None, store_url: str | None) -> Settings:
     notifier = values.get("notifier")
     if isinstance(notifier, str) and notifier.startswith("file:") and config_file is not None:
         values["notifier"] = "file:" + str(config_file.parent / notifier.removeprefix("file:"))
+    values.update(_archive_beside(values, config_file))
     engine = engine_config(values, config_file)
     return Settings(engine, definitions, executor, workflows, config_file, sources, http, anchors)
 
@@ -186,6 +189,16 @@ def beside(config_file: Path, store_url: str) -> str:
     if not store_url.startswith(prefix) or store_url.startswith(prefix + "/"):
         return store_url
     return prefix + str((config_file.parent / store_url.removeprefix(prefix)).absolute())
+
+
+def _archive_beside(values: dict[str, Any], config_file: Path | None) -> dict[str, Any]:
+    """A relative archive directory in a config file is relative to the file."""
+    target = values.get("retention_archive_to")
+    if config_file is None or not isinstance(target, str) or not target.strip():
+        return {}
+    if target.startswith(KAFKA_TARGET) or Path(target).is_absolute():
+        return {}
+    return {"retention_archive_to": str(config_file.parent / target)}
 
 
 def read_config_file(path: Path) -> dict[str, Any]:

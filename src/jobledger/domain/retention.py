@@ -8,11 +8,16 @@ it back byte for byte.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from pathlib import Path
 from typing import Any
 from uuid import UUID
+
+KAFKA_TARGET = "kafka:"
+_TOPIC = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
 
 
 @dataclass(frozen=True)
@@ -75,3 +80,31 @@ class RetentionPolicy:
         """Whether a job that ended at ``ended_at`` is past its retention at ``now``."""
         days = self.days(tenant_id, workflow_type)
         return days is not None and ended_at <= now - timedelta(days=days)
+
+
+@dataclass(frozen=True)
+class ArchiveTarget:
+    """Where the runner archives on its own (``retention_archive_to``): a directory, as
+    ``archive --to DIR``, or ``kafka:TOPIC``, as ``archive --to-topic TOPIC``."""
+
+    directory: Path | None = None
+    topic: str | None = None
+
+    @classmethod
+    def parse(cls, text: str) -> ArchiveTarget:
+        """Raises ValueError naming what is wrong (a config validator's error)."""
+        text = text.strip()
+        if not text:
+            raise ValueError("an archive target must not be empty: a directory or kafka:TOPIC")
+        if not text.startswith(KAFKA_TARGET):
+            return cls(directory=Path(text))
+        topic = text.removeprefix(KAFKA_TARGET)
+        if not _TOPIC.match(topic):
+            raise ValueError(
+                f"archive target {text!r}: kafka:TOPIC takes a topic of 1 to 249 letters, "
+                "digits, '.', '_' or '-'"
+            )
+        return cls(topic=topic)
+
+    def __str__(self) -> str:
+        return str(self.directory) if self.topic is None else KAFKA_TARGET + self.topic

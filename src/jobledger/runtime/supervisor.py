@@ -44,6 +44,7 @@ if TYPE_CHECKING:
     from jobledger.api.server import ApiServer
     from jobledger.api.settings import ApiSettings
     from jobledger.audit.anchor_schedule import AnchorPlan, ScheduledAnchoring
+    from jobledger.projections.archive_schedule import ScheduledArchiving
 
 log = logging.getLogger(__name__)
 
@@ -79,6 +80,9 @@ class Services:
     """Serve the HTTP API at the settings' host and port (``run --http``)."""
     anchors: AnchorPlan | None = None
     """Anchor every chain head on a schedule (``run --anchor-to``)."""
+    archiving: bool = False
+    """Archive the jobs past their retention on a schedule, when ``retention_archive_to``
+    is configured."""
 
     @classmethod
     def of(
@@ -86,7 +90,8 @@ class Services:
     ) -> Services:
         """What each command of the CLI runs, on the local transport or on Kafka.
 
-        - ``run``: everything: workers, the views, the reconciler (and on Kafka the outbox).
+        - ``run``: everything: workers, the views, the reconciler, scheduled archiving
+          (when configured; and on Kafka the outbox).
         - ``worker``: workers; on the local transport with a reconciler, whose rule of
           what is due they take jobs by (``Reconciler.take``), on Kafka nothing else.
         - ``reconcile``: the reconciler (on the local transport with one worker, which
@@ -94,7 +99,7 @@ class Services:
         - ``projections``: the views, and the outbox if asked for.
         """
         if command == "run":
-            return cls(workers=workers, views=True, outbox=kafka, reconciler=True)
+            return cls(workers=workers, views=True, outbox=kafka, reconciler=True, archiving=True)
         if command == "worker":
             return cls(workers=workers, reconciler=not kafka)
         if command == "reconcile":
@@ -144,6 +149,7 @@ class Supervisor:
         self.metrics = self._metrics()
         self.api = self._api()
         self.anchoring = self._anchoring()
+        self.archiving = self._archiving()
         self._services = self._wire()
 
     # ---- the roles ---------------------------------------------------------------------
@@ -240,6 +246,14 @@ class Supervisor:
         lock = lock_for(deps.store.location, "anchors")
         return ScheduledAnchoring(deps.store, deps.clock, plan, deps.config, lock)
 
+    def _archiving(self) -> ScheduledArchiving | None:
+        deps = self.engine.deps
+        if not self.services.archiving or deps.config.retention.archive_to is None:
+            return None
+        from jobledger.projections.archive_schedule import ScheduledArchiving
+
+        return ScheduledArchiving(deps.store, deps.clock, deps.ops, deps.config)
+
     def _wire(self) -> list[_Service]:
         """The services in the order they start: the readers of the log, then the
         reconciler, then the workers, then the HTTP API."""
@@ -269,6 +283,8 @@ class Supervisor:
             wired.append(_Service("http", self.api.run, self.api.stop))
         if self.anchoring is not None:
             wired.append(_Service("anchors", self.anchoring.run, self.anchoring.stop))
+        if self.archiving is not None:
+            wired.append(_Service("archiving", self.archiving.run, self.archiving.stop))
         return wired
 
     def _outbox(self) -> _Service:

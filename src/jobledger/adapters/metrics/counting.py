@@ -62,6 +62,12 @@ class OpsMetrics:
             "jobledger_reconciler_enqueued_jobs",
             "Due jobs the reconciler enqueued, or local workers took from the store.",
         )
+        self.archived = counter(
+            "jobledger_archived_jobs", "Finished jobs the runner's archive passes archived."
+        )
+        self.archive_passes = counter(
+            "jobledger_archive_passes", "The runner's archive passes, by outcome.", ["outcome"]
+        )
         self.submitted = counter(
             "jobledger_jobs_submitted", "Jobs submitted.", ["workflow", *by_tenant]
         )
@@ -79,6 +85,7 @@ class OpsMetrics:
             # One per due job enqueued by a pass, or taken by a local worker (Reconciler.take).
             "job.reconciled": lambda _: self.reconciled.inc(),
             "job.submitted": self.job_submitted,
+            "retention.pass": self.archive_pass,
             **{name: self.job_finished for name in FINISHED},
         }
 
@@ -131,6 +138,10 @@ class OpsMetrics:
 
     def reconciler_pass(self, event: OpsEvent) -> None:
         self.reconcile_seconds.observe(_seconds(event.metadata))
+
+    def archive_pass(self, event: OpsEvent) -> None:
+        self.archive_passes.labels(event.status).inc()
+        self.archived.inc(int(event.metadata.get("archived", 0)))
 
     def job_submitted(self, event: OpsEvent) -> None:
         labels = [self.workflows(str(event.metadata.get("workflowType")))]
