@@ -25,7 +25,7 @@ from jobledger.domain.errors import ConfigError, RetentionError
 from jobledger.domain.retention import ArchiveTarget, RetentionPolicy
 from jobledger.orchestration.ports import Clock, Ops, OpsEvent
 from jobledger.projections.job_views import JobViews
-from jobledger.projections.retention import Archiver, ArchiveBusyError, ArchiveRun, Scope
+from jobledger.projections.retention import ArchiveBusyError, Archiver, ArchiveRun, Scope
 
 log = logging.getLogger(__name__)
 

@@ -71,6 +71,8 @@ VARIABLES: dict[str, tuple[str, Any]] = {
     "RETENTION_DEFAULT_DAYS": ("90", 90),
     "RETENTION_TENANTS": ('{"acme": 365}', {"acme": 365}),
     "RETENTION_WORKFLOWS": ('{"nightly": 7}', {"nightly": 7}),
+    "RETENTION_ARCHIVE_TO": ("kafka:jobs.archive", "kafka:jobs.archive"),
+    "RETENTION_INTERVAL_SECONDS": ("60", 60.0),
 }
 
 
