@@ -90,6 +90,14 @@ class Page:
         return self.driver.find_elements(By.CSS_SELECTOR, css)
 
     def text(self, css: str = "main") -> str:
+        # A live update can swap the element out between finding and reading it; Chrome
+        # then says so in a plain WebDriverException, not a stale-element one.
+        for _ in range(STALE_READS - 1):
+            try:
+                return self.find(css).text
+            except WebDriverException as error:
+                if not is_stale(error):
+                    raise
         return self.find(css).text
 
     def wait(self, holds: Callable[[], object], what: str, seconds: float = WAIT_SECONDS) -> None:
@@ -115,3 +123,12 @@ class Page:
         """What the browser logged at SEVERE: a CSP violation, a script error, a 404."""
         logs = self.driver.get_log("browser")  # type: ignore[no-untyped-call]
         return [entry["message"] for entry in logs if entry["level"] == "SEVERE"]
+
+
+STALE_READS = 5
+
+
+def is_stale(error: WebDriverException) -> bool:
+    return isinstance(error, StaleElementReferenceException) or (
+        "does not belong to the document" in (error.msg or "")
+    )
