@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from datetime import timedelta
 from pathlib import Path
@@ -106,6 +107,27 @@ def test_a_bulk_cancel_cancels_the_matched_jobs_once_and_records_each_outcome(
     before = writes(engine)
     assert engine.bulk.run(T, done.batch_id) == done
     assert writes(engine) == before
+
+
+def test_a_stopping_runner_stops_between_jobs_and_leaves_the_batch_to_resume(
+    engine: Engine,
+) -> None:
+    # A server that stops (or fails to start) stops its batch threads before its engine
+    # closes: each stops after the job in hand, and the batch is taken up again later.
+    waiting_jobs(engine, 4)
+    batch = engine.bulk.start(T, "cancel", {"workflow_type": "waiter"}, by="ops", reason="x")
+    stopping = threading.Event()
+
+    def stop_after_two(done: int, total: int) -> None:
+        if done == 2:
+            stopping.set()
+
+    stopped = engine.bulk.run(T, batch.batch_id, stop_after_two, stopping=stopping)
+
+    assert (stopped.applied, stopped.finished) == (2, False)
+    assert engine.bulk.unfinished() == [(T, batch.batch_id)]
+    resumed = engine.bulk.run(T, batch.batch_id)
+    assert (resumed.applied, resumed.finished) == (4, True)
 
 
 def test_jobs_that_refuse_the_action_are_skipped_with_the_reason(engine: Engine) -> None:

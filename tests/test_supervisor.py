@@ -107,8 +107,12 @@ def test_the_downcast_check_sees_one(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("command", "kafka", "expected"),
     [
-        ("run", False, Services(workers=2, views=True, reconciler=True)),
-        ("run", True, Services(workers=2, views=True, outbox=True, reconciler=True)),
+        ("run", False, Services(workers=2, views=True, reconciler=True, archiving=True)),
+        (
+            "run",
+            True,
+            Services(workers=2, views=True, outbox=True, reconciler=True, archiving=True),
+        ),
         ("worker", False, Services(workers=2, reconciler=True)),
         ("worker", True, Services(workers=2)),
         ("reconcile", False, Services(workers=1, reconciler=True)),

@@ -24,12 +24,14 @@ class BatchRunner:
         self._engine = engine
         self._lock = threading.Lock()
         self._running: dict[tuple[str, str], threading.Thread] = {}
+        self._resumer: threading.Thread | None = None
+        self._stopping = threading.Event()
 
     def run(self, tenant_id: str, batch_id: str) -> None:
         """Run the batch in a thread of its own, unless this process runs it already."""
         key = (tenant_id, batch_id)
         with self._lock:
-            if key in self._running:
+            if key in self._running or self._stopping.is_set():
                 return
             thread = threading.Thread(
                 target=self._run, args=key, name=f"jobledger-batch-{batch_id}", daemon=True
@@ -39,7 +41,7 @@ class BatchRunner:
 
     def _run(self, tenant_id: str, batch_id: str) -> None:
         try:
-            self._engine.bulk.run(tenant_id, batch_id)
+            self._engine.bulk.run(tenant_id, batch_id, stopping=self._stopping)
         except BatchBusyError:
             log.info("batch %s/%s is run by another process", tenant_id, batch_id)
         except JobLedgerError as error:  # a store outage: resumed on the next start or request
@@ -60,7 +62,8 @@ class BatchRunner:
             for tenant_id, batch_id in unfinished:
                 self.run(tenant_id, batch_id)
 
-        threading.Thread(target=resume, name="jobledger-batch-resume", daemon=True).start()
+        self._resumer = threading.Thread(target=resume, name="jobledger-batch-resume", daemon=True)
+        self._resumer.start()
 
     def wait(self, timeout: float | None = None) -> None:
         """Until the batches running now end (a server stopping, a test)."""
@@ -68,3 +71,11 @@ class BatchRunner:
             threads = list(self._running.values())
         for thread in threads:
             thread.join(timeout)
+
+    def close(self, timeout: float | None = None) -> None:
+        """Stop taking batches up and wait for those running to stop after their current
+        job: the engine they use is closed next (an unfinished batch is resumed later)."""
+        self._stopping.set()
+        if self._resumer is not None:
+            self._resumer.join(timeout)
+        self.wait(timeout)

@@ -26,6 +26,7 @@ from starlette.types import ASGIApp
 
 from jobledger.api.app import create_app
 from jobledger.api.auth import Authenticator
+from jobledger.api.batch_runner import BatchRunner
 from jobledger.api.connections import AcceptErrors, Connections, Listener
 from jobledger.api.live import LogBell
 from jobledger.api.settings import ApiSettings
@@ -60,14 +61,20 @@ def serve_engine(engine: Engine, settings: ApiSettings) -> ApiServer:
     """The API over ``engine``, bound to the settings' host and port (not yet serving)."""
     app = create_app(engine, settings)
     connections = Connections.of(settings)
-    return ApiServer(
-        app,
-        settings.host,
-        settings.port,
-        bell=app.state.live,
-        keys=app.state.authenticator,
-        connections=connections,
-    )
+    try:
+        return ApiServer(
+            app,
+            settings.host,
+            settings.port,
+            bell=app.state.live,
+            keys=app.state.authenticator,
+            connections=connections,
+            batches=app.state.batches,
+        )
+    except ConfigError:
+        # The app's batch threads already use the engine, which the caller closes next.
+        app.state.batches.close()
+        raise
 
 
 @dataclass(eq=False)  # eq=False: compared and hashed by identity
@@ -84,6 +91,8 @@ class ApiServer:
     connections: Connections
     keys: Authenticator | None = None
     """The app's authenticator, whose key files SIGHUP reads again (the CLI's handler)."""
+    batches: BatchRunner | None = None
+    """The app's batch threads, stopped when the server ends (before the engine closes)."""
     socket: socket.socket = field(init=False)
     stopping: threading.Event = field(default_factory=threading.Event, init=False)
     server: uvicorn.Server | None = field(default=None, init=False)
@@ -122,6 +131,9 @@ class ApiServer:
             server.run(sockets=[self.socket])
         except SystemExit:  # uvicorn's way of saying its start-up failed
             raise RuntimeError("the HTTP server failed to start") from None
+        finally:
+            if self.batches is not None and self.stopping.is_set():
+                self.batches.close(GRACEFUL_SHUTDOWN_SECONDS)
         if not self.stopping.is_set():
             raise RuntimeError("the HTTP server stopped on its own")
 

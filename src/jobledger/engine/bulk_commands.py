@@ -11,6 +11,7 @@ recorded without acting again.
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -126,10 +127,17 @@ class BulkCommands:
             raise BatchExistsError(f"batch {batch_id!r} of tenant {tenant_id!r} exists") from None
         return BatchView.of(batch)
 
-    def run(self, tenant_id: str, batch_id: str, progress: Progress | None = None) -> BatchView:
+    def run(
+        self,
+        tenant_id: str,
+        batch_id: str,
+        progress: Progress | None = None,
+        stopping: threading.Event | None = None,
+    ) -> BatchView:
         """Act on every job of the batch without an outcome, then finish it; a finished
         batch is returned as it is. Stops with BatchBusyError when another runner
-        records an outcome meanwhile (it goes on with the batch)."""
+        records an outcome meanwhile (it goes on with the batch), and between two jobs
+        once ``stopping`` is set (the batch stays unfinished, to be resumed)."""
         batch = self._load(tenant_id, batch_id)
         action = action_named(batch.action)
         who = Who(batch.batch_id, batch.by, batch.reason)
@@ -137,6 +145,8 @@ class BulkCommands:
         if progress is not None:
             progress(len(batch.outcomes), total)
         for job_id in batch.pending():
+            if stopping is not None and stopping.is_set():
+                return BatchView.of(batch)
             outcome, detail = self._act(batch, job_id, action, who)
             batch.record(job_id, outcome, detail, now=self._clock.now())
             self._save(batch)
