@@ -16,6 +16,10 @@ chain hash, ``{"type": "Job.StepRecorded", "fields": {...}}`` (and ``signature``
 :func:`decode_event` turns a value back into the domain event, so a consumer can fold
 job state (and verify the hash chain) from the topic alone: apply an event when its
 ``job_version`` is the next one for its job, drop it when it is older.
+
+Event routes (:class:`~jobledger.domain.event_routes.EventRoute`) send each event that
+matches one to that route's topic too, as a CloudEvent (:mod:`jobledger.adapters.cloud_events`),
+in the same batch: the position moves only after every copy was acknowledged.
 """
 
 from __future__ import annotations
@@ -31,12 +35,14 @@ from uuid import UUID
 import orjson
 from eventsourcing.persistence import Notification, Tracking
 
+from jobledger.adapters import cloud_events
 from jobledger.adapters.event_store import EventSourcedJobStore, LedgerPartition
 from jobledger.adapters.follower import Lag, LogFollower, TrackedReader, lag
 from jobledger.adapters.store_errors import store_errors
 from jobledger.domain import chain, event_decoding
 from jobledger.domain.chain import Sealed
 from jobledger.domain.errors import StoreUnavailableError
+from jobledger.domain.event_routes import EventRoute
 from jobledger.domain.job import Job
 from jobledger.orchestration.ports import EventPublisher, Lock, OutboxMessage
 from jobledger.orchestration.tracing import trace_headers
@@ -45,8 +51,8 @@ log = logging.getLogger(__name__)
 
 BATCH = 500
 _NAMES_CACHED = 100_000
-_Names = tuple[str, str, dict[str, str] | None]
-"""A job's tenant, id and trace context, as its Submitted event holds them."""
+_Names = tuple[str, str, dict[str, str] | None, str]
+"""A job's tenant, id, trace context and workflow type, as its Submitted event holds them."""
 
 
 class OutboxTracking(TrackedReader):
@@ -64,10 +70,14 @@ class Outbox(OutboxTracking):
         *,
         lock: Lock | None = None,
         batch: int = BATCH,
+        routes: Sequence[EventRoute] = (),
     ) -> None:
         super().__init__(store)
         self.publisher = publisher
         self.lock = lock
+        self.routes = tuple(routes)
+        if self.routes:
+            cloud_events.require_library()
         self.follower = LogFollower(store, self, batch=batch)
         self.published = 0
         self._names: OrderedDict[UUID, _Names] = OrderedDict()
@@ -92,12 +102,13 @@ class Outbox(OutboxTracking):
             event = partition.mapper.to_domain_event(notification)
             if isinstance(event, Job.Event):
                 messages.append(self.message(partition.name, notification.id, event))
+                messages += self.routed(partition.name, notification.id, event)
         if messages:
             self.publisher.publish(messages)  # every message acknowledged, or it raises
         tracking = Tracking(self.tracking_name(partition), notifications[-1].id)
         with self.tracked(partition) as (curs, _):
             self.track(curs, tracking, after=after)
-        self.published += len(messages)
+        self.published += sum(message.topic is None for message in messages)
 
     def lag(self) -> list[Lag]:
         return self.follower.lag()
@@ -108,7 +119,7 @@ class Outbox(OutboxTracking):
     # ---- one message -------------------------------------------------------------------
 
     def message(self, log_name: str, position: int, event: Job.Event) -> OutboxMessage:
-        tenant_id, job_id, trace = self.names(event)
+        tenant_id, job_id, trace, _ = self.names(event)
         event_type = type(event).__qualname__
         headers = [
             ("tenant", tenant_id.encode()),
@@ -127,6 +138,44 @@ class Outbox(OutboxTracking):
             log=log_name,
             position=position,
         )
+
+    def routed(self, log_name: str, position: int, event: Job.Event) -> list[OutboxMessage]:
+        """The event as a CloudEvent to each routed topic whose route it matches."""
+        if not self.routes:
+            return []
+        tenant_id, job_id, _, workflow = self.names(event)
+        event_type = type(event).__name__
+        routes = [route for route in self.routes if route.matches(workflow, event_type)]
+        if not routes:
+            return []
+        value = encode_event(event)
+        sealed = chain.sealed_form(event)
+        facts = cloud_events.JobEventFacts(
+            tenant_id=tenant_id,
+            job_id=job_id,
+            workflow=workflow,
+            job_uuid=str(event.originator_id),
+            version=event.originator_version,
+            event_type=event_type,
+            time=event.timestamp,
+            chain_hash=sealed.chain_hash,
+            signer=sealed.signer,
+            value=value,
+        )
+        messages = []
+        for route in routes:
+            cloud = cloud_events.cloud_event_message(facts, route.mode)
+            messages.append(
+                OutboxMessage(
+                    key=cloud.key,
+                    value=cloud.value,
+                    headers=cloud.headers,
+                    log=log_name,
+                    position=position,
+                    topic=route.topic,
+                )
+            )
+        return messages
 
     def names(self, event: Job.Event) -> _Names:
         """The job's tenant, id and trace context (only Submitted carries them; later
@@ -149,7 +198,13 @@ class Outbox(OutboxTracking):
 
 
 def _names(submitted: Job.Submitted) -> _Names:
-    return submitted.tenant_id, submitted.job_id, submitted.trace_context
+    return (
+        submitted.tenant_id,
+        submitted.job_id,
+        submitted.trace_context,
+        submitted.workflow_type,
+    )
+
 
 
 def outbox_lag(store: EventSourcedJobStore) -> list[Lag]:

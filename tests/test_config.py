@@ -12,6 +12,7 @@ from pydantic import SecretStr, ValidationError
 
 from jobledger import EngineConfig
 from jobledger.config import GROUPS, SETTINGS, ConcurrencyLimit
+from jobledger.domain.event_routes import EventRoute
 
 SECRET = "0123456789abcdef0123456789abcdef"
 
@@ -64,6 +65,7 @@ VARIABLES: dict[str, tuple[str, Any]] = {
     "KAFKA_REPLICATION_FACTOR": ("3", 3),
     "KAFKA_SESSION_TIMEOUT_MS": ("2000", 2000),
     "KAFKA_SEND_TIMEOUT_MS": ("3000", 3000),
+    "EVENT_ROUTES": ('[{"topic": "t.out"}]', [EventRoute(topic="t.out")]),
     "METRICS_PORT": ("9100", 9100),
     "METRICS_HOST": ("0.0.0.0", "0.0.0.0"),
     "METRICS_TENANT_LABEL": ("true", True),

@@ -35,10 +35,10 @@ from pydantic_settings import (
     SettingsConfigDict,
 )
 
+from jobledger.domain.event_routes import KAFKA_TOPIC, EventRoute
 from jobledger.domain.retention import ArchiveTarget
 
-# Kafka's legal topic names.
-_TOPIC = r"^[A-Za-z0-9._-]{1,249}$"
+_TOPIC = KAFKA_TOPIC
 
 
 def _default_worker_id() -> str:
@@ -212,6 +212,14 @@ class KafkaOptions(Options):
     """How long a publish may take before it counts as an infrastructure error."""
 
 
+class OutboxOptions(Options):
+    """Where the outbox sends job events besides the events topic."""
+
+    event_routes: list[EventRoute] = Field(default_factory=list)
+    """Routes of job events to your own topics as CloudEvents (``[[event_routes]]`` in
+    the config file, a JSON list in the environment): :mod:`jobledger.domain.event_routes`."""
+
+
 class MetricsOptions(Options):
     """Prometheus metrics."""
 
@@ -299,6 +307,7 @@ class EngineConfig(BaseSettings):
     transport: Literal["local", "kafka"] = "local"
     """Where ticks go: ``local`` (the in-process queue) or ``kafka`` (the ticks topic)."""
     kafka: KafkaOptions = Field(default_factory=KafkaOptions)
+    outbox: OutboxOptions = Field(default_factory=OutboxOptions)
     metrics: MetricsOptions = Field(default_factory=MetricsOptions)
     retention: RetentionOptions = Field(default_factory=RetentionOptions)
 

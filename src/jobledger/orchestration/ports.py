@@ -139,13 +139,16 @@ class Lease:
 
 @dataclass(frozen=True)
 class OutboxMessage:
-    """One job event on its way to the events topic, with where it stands in its log."""
+    """One job event on its way to the events topic (or, as a CloudEvent, to a routed
+    ``topic``), with where it stands in its log."""
 
     key: bytes
     value: bytes
     headers: list[tuple[str, bytes]]
     log: str
     position: int
+    topic: str | None = None
+    """None: the events topic."""
 
 
 @dataclass(frozen=True)

@@ -294,7 +294,8 @@ class Supervisor:
         assert self.kafka is not None
         store = self.engine.deps.store
         self.publisher = KafkaEventPublisher(self.kafka)
-        outbox = Outbox(store, self.publisher, lock=lock_for(store.location, "outbox"))
+        lock = lock_for(store.location, "outbox")
+        outbox = Outbox(store, self.publisher, lock=lock, routes=self.kafka.event_routes)
         if self.engine.deps.metrics is not None:
             self.engine.deps.metrics.watch_log_reader("outbox", outbox)
         runner = OutboxRunner(outbox)

@@ -1,4 +1,5 @@
-"""The outbox's publisher: job events to the events topic, acknowledged before tracking."""
+"""The outbox's publisher: job events to the events topic (and the routed ones to their
+topics), acknowledged before tracking."""
 
 from __future__ import annotations
 
@@ -33,7 +34,7 @@ class KafkaEventPublisher:
             try:
                 futures = [
                     producer.send(
-                        self.settings.events_topic,
+                        message.topic or self.settings.events_topic,
                         key=message.key,
                         value=message.value,
                         headers=message.headers,
@@ -48,8 +49,12 @@ class KafkaEventPublisher:
                 self._producer = None
                 producer.close(timeout=1)
                 raise KafkaUnavailableError(
-                    f"events not published to {self.settings.events_topic}: {error!r}"
+                    f"events not published to {self._topics(messages)}: {error!r}"
                 ) from error
+
+    def _topics(self, messages: Sequence[OutboxMessage]) -> str:
+        topics = dict.fromkeys(m.topic or self.settings.events_topic for m in messages)
+        return ", ".join(topics)
 
     def close(self) -> None:
         with self._lock:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from jobledger.config import EngineConfig
+from jobledger.domain.event_routes import EventRoute
 
 
 @dataclass(frozen=True)
@@ -23,11 +24,17 @@ class KafkaSettings:
     session_timeout_ms: int = 10_000
     send_timeout_ms: int = 15_000
     worker_id: str = "jobledger"
+    event_routes: tuple[EventRoute, ...] = ()
+    """The outbox's routes of job events to your topics, as CloudEvents."""
 
     @classmethod
     def of(cls, config: EngineConfig) -> KafkaSettings:
         # The group and these settings name their fields alike.
-        return cls(**dict(config.kafka), worker_id=config.worker_id)
+        return cls(
+            **dict(config.kafka),
+            worker_id=config.worker_id,
+            event_routes=tuple(config.outbox.event_routes),
+        )
 
     @property
     def servers(self) -> list[str]:
@@ -41,6 +48,7 @@ class KafkaSettings:
             self.signals_topic,
             self.signals_dlq_topic,
             self.events_topic,
+            *dict.fromkeys(route.topic for route in self.event_routes),
         ]
 
     def dlq_for(self, topic: str) -> str:
