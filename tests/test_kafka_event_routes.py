@@ -1,0 +1,229 @@
+"""Event routes on a real broker: the outbox sends each job event to the events topic and,
+as a CloudEvent 1.0, to every route it matches (by workflow type, by event type), in the
+binding's structured and binary modes; the library parses them back with the stored
+event's identity and chain hash. A batch is tracked only once every copy is
+acknowledged: a routed topic that cannot take it holds the position, and a crash after
+the acknowledgements sends the batch again with the same CloudEvent ids. On SQLite and
+on PostgreSQL.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections import Counter, defaultdict
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from cloudevents.core.base import BaseCloudEvent
+from cloudevents.core.bindings.kafka import KafkaMessage, from_binary, from_structured
+from cloudevents.core.formats.json import JSONFormat
+from kafka import KafkaAdminClient
+
+from jobledger import Engine, StepError
+from jobledger.adapters.event_store import EventSourcedJobStore
+from jobledger.adapters.kafka import KafkaUnavailableError, ensure_topics
+from jobledger.adapters.kafka.publisher import KafkaEventPublisher
+from jobledger.adapters.kafka.settings import KafkaSettings
+from jobledger.domain import chain
+from jobledger.domain.event_routes import EventRoute
+from jobledger.domain.identity import job_uuid
+from jobledger.domain.job import Job
+from jobledger.projections.outbox import Outbox, decode_event, encode_event
+from tests.support.engines import CountingExecutor, EngineFactory
+from tests.support.kafka_broker import KafkaTopics, end_offsets, read_topic
+from tests.test_kafka_outbox import TENANT, Crash, CrashBeforeTracking
+
+FORMAT = JSONFormat()
+
+
+@dataclasses.dataclass(frozen=True)
+class Routed:
+    """This test's routes, their topics made on the broker, and its settings."""
+
+    by_workflow: EventRoute
+    by_type: EventRoute
+    unmatched: EventRoute
+    settings: KafkaSettings
+
+
+@pytest.fixture
+def routed(kafka_topics: KafkaTopics) -> Iterator[Routed]:
+    prefix = kafka_topics.prefix
+    routes = Routed(
+        EventRoute(topic=f"{prefix}.agents", workflows=["agent3"]),
+        EventRoute(topic=f"{prefix}.outcomes", event_types=["Failed", "Cancelled"], mode="binary"),
+        EventRoute(topic=f"{prefix}.nobody", workflows=["no-such-workflow"]),
+        kafka_topics.settings(),
+    )
+    settings = dataclasses.replace(
+        routes.settings, event_routes=(routes.by_workflow, routes.by_type, routes.unmatched)
+    )
+    ensure_topics(settings)  # the routed topics are made with the others
+    yield dataclasses.replace(routes, settings=settings)
+    admin = KafkaAdminClient(bootstrap_servers=kafka_topics.bootstrap)
+    try:
+        admin.delete_topics([r.topic for r in settings.event_routes], raise_errors=False)
+    except Exception:
+        pass  # best effort: the broker is thrown away at the end of the run
+    finally:
+        admin.close()
+
+
+def run_jobs(engine: Engine, executor: CountingExecutor) -> dict[str, str]:
+    """Jobs of two workflow types that complete, wait, fail and are cancelled: job id ->
+    workflow type."""
+    jobs = {f"agent-{n}": "agent3" for n in range(4)} | {"doomed": "agent3"}
+    jobs |= {"timer-0": "timer", "cancelled-timer": "timer"}
+    for job, workflow in jobs.items():
+        engine.submit(TENANT, job, workflow, input={"n": 1})
+    engine.cancel(TENANT, "cancelled-timer", reason="not needed", by="ops")
+    executor.fail_with = lambda r: StepError("boom") if r.job.job_id == "doomed" else None
+    engine.run_until_idle()
+    return jobs
+
+
+def stored_events(engine: Engine, jobs: dict[str, str]) -> dict[str, Job.Event]:
+    """Every stored event by its CloudEvent id (the job's UUID and the event's version)."""
+    events = {}
+    for job in jobs:
+        uuid = job_uuid(TENANT, job)
+        for event in engine.store.events(uuid):
+            events[f"{uuid}/{event.originator_version}"] = event
+    return events
+
+
+def parse(record: Any, mode: str) -> BaseCloudEvent:
+    message = KafkaMessage(headers=dict(record.headers), key=record.key, value=record.value)
+    return from_binary(message, FORMAT) if mode == "binary" else from_structured(message, FORMAT)
+
+
+def check_cloud_event(
+    cloud: BaseCloudEvent, record: Any, stored: Job.Event, jobs: dict[str, str]
+) -> None:
+    """The CloudEvent says what the stored event is, and its data is the stored event."""
+    job = cloud.get_subject()
+    assert job is not None and record.key == f"{TENANT}/{job}".encode()
+    assert cloud.get_type() == f"jobledger.job.{type(stored).__name__}"
+    assert cloud.get_source() == f"jobledger/{TENANT}/{jobs[job]}"
+    assert cloud.get_time() == stored.timestamp
+    assert cloud.get_extension("jobledgertenant") == TENANT
+    assert cloud.get_extension("jobledgerjobversion") == str(stored.originator_version)
+    assert cloud.get_extension("jobledgerchainhash") == chain.sealed_form(stored).chain_hash
+    data = cloud.get_data()
+    assert isinstance(data, dict)
+    decoded = decode_event(json.dumps(data).encode())
+    assert chain.event_fields(decoded) == chain.event_fields(stored)
+
+
+def test_routes_send_matching_events_as_cloud_events_in_both_modes(
+    make_engine: EngineFactory, executor: CountingExecutor, routed: Routed
+) -> None:
+    engine = make_engine()
+    jobs = run_jobs(engine, executor)
+    stored = stored_events(engine, jobs)
+    store = engine.store
+    assert isinstance(store, EventSourcedJobStore)
+    publisher = KafkaEventPublisher(routed.settings)
+    outbox = Outbox(store, publisher, batch=10, routes=routed.settings.event_routes)
+    assert outbox.publish_pending() == len(stored)  # events, not copies
+    bootstrap = routed.settings.bootstrap_servers
+    assert len(read_topic(bootstrap, routed.settings.events_topic, at_least=len(stored))) == len(
+        stored
+    )
+
+    # By workflow type, structured mode: every agent3 event and nothing of the timers.
+    agent_ids = {i for i, e in stored.items() if jobs[_job(engine, e)] == "agent3"}
+    records = read_topic(bootstrap, routed.by_workflow.topic, at_least=len(agent_ids))
+    assert len(records) == len(agent_ids)
+    for record in records:
+        assert dict(record.headers)["content-type"] == b"application/cloudevents+json"
+        cloud = parse(record, "structured")
+        check_cloud_event(cloud, record, stored[cloud.get_id()], jobs)
+    assert {parse(r, "structured").get_id() for r in records} == agent_ids
+    # A job's events keep their order on the routed topic (keyed by the job).
+    versions: dict[str, list[int]] = defaultdict(list)
+    for record in records:
+        versions[record.key.decode()].append(
+            int(parse(record, "structured").get_id().split("/")[1])
+        )
+    assert all(v == sorted(v) for v in versions.values())
+
+    # By event type, binary mode: the failures and cancellations of every workflow.
+    outcome_ids = {i for i, e in stored.items() if type(e).__name__ in ("Failed", "Cancelled")}
+    assert {type(stored[i]).__name__ for i in outcome_ids} == {"Failed", "Cancelled"}
+    records = read_topic(bootstrap, routed.by_type.topic, at_least=len(outcome_ids))
+    assert len(records) == len(outcome_ids)
+    for record in records:
+        cloud = parse(record, "binary")
+        assert record.value == encode_event(stored[cloud.get_id()])  # the events topic's bytes
+        check_cloud_event(cloud, record, stored[cloud.get_id()], jobs)
+    assert {parse(r, "binary").get_subject() for r in records} == {"doomed", "cancelled-timer"}
+
+    # A route no event matches gets nothing.
+    assert sum(end_offsets(bootstrap, routed.unmatched.topic).values()) == 0
+    publisher.close()
+
+
+def _job(engine: Engine, event: Job.Event) -> str:
+    first = engine.store.events(event.originator_id, to_version=1)[0]
+    assert isinstance(first, Job.Submitted)
+    return first.job_id
+
+
+def test_a_batch_is_tracked_only_once_every_routed_copy_is_acknowledged(
+    make_engine: EngineFactory, executor: CountingExecutor, routed: Routed
+) -> None:
+    engine = make_engine()
+    jobs = run_jobs(engine, executor)
+    total = len(stored_events(engine, jobs))
+    store = engine.store
+    assert isinstance(store, EventSourcedJobStore)
+    # A route to a topic the broker does not have (and does not create): its copies are
+    # never acknowledged, so the batch is not tracked though the events topic took it.
+    missing = EventRoute(topic=f"{routed.by_workflow.topic}.missing")
+    broken = dataclasses.replace(routed.settings, send_timeout_ms=2_000)
+    publisher = KafkaEventPublisher(broken)
+    outbox = Outbox(store, publisher, batch=10, routes=[routed.by_type, missing])
+    with pytest.raises(KafkaUnavailableError, match=r"\.missing"):
+        outbox.publish_pending()
+    assert outbox.position(store.partitions[0]) == 0
+    publisher.close()
+
+    # Without it, the same outbox position publishes everything: nothing was lost.
+    publisher = KafkaEventPublisher(routed.settings)
+    assert Outbox(store, publisher, batch=10, routes=[routed.by_type]).publish_pending() == total
+    bootstrap = routed.settings.bootstrap_servers
+    records = read_topic(bootstrap, routed.by_type.topic, at_least=2)
+    ids = Counter(parse(r, "binary").get_id() for r in records)
+    assert len(ids) == 2  # doomed's Failed and cancelled-timer's Cancelled
+    publisher.close()
+
+
+def test_after_a_crash_the_routed_duplicates_carry_the_same_cloud_event_id(
+    make_engine: EngineFactory, executor: CountingExecutor, routed: Routed
+) -> None:
+    engine = make_engine()
+    jobs = run_jobs(engine, executor)
+    stored = stored_events(engine, jobs)
+    store = engine.store
+    assert isinstance(store, EventSourcedJobStore)
+    publisher = KafkaEventPublisher(routed.settings)
+    route = routed.by_workflow
+    doomed = CrashBeforeTracking(store, publisher, batch=10, crash_on_batch=2, routes=[route])
+    with pytest.raises(Crash):
+        doomed.publish_pending()
+    assert doomed.position(store.partitions[0]) == 10  # the second batch sent, not tracked
+    Outbox(store, publisher, batch=10, routes=[route]).publish_pending()
+
+    agent_ids = {i for i, e in stored.items() if jobs[_job(engine, e)] == "agent3"}
+    records = read_topic(routed.settings.bootstrap_servers, route.topic, at_least=len(agent_ids))
+    by_id: dict[str, list[bytes]] = defaultdict(list)
+    for record in records:
+        by_id[parse(record, "structured").get_id()].append(record.value)
+    assert set(by_id) == agent_ids  # every event routed, none lost
+    duplicated = {i: values for i, values in by_id.items() if len(values) > 1}
+    assert duplicated, "the untracked batch was routed again"
+    assert all(len(set(values)) == 1 for values in duplicated.values()), "same id, same bytes"
+    publisher.close()
