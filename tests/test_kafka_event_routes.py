@@ -11,8 +11,12 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
+import signal
+import subprocess
 from collections import Counter, defaultdict
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -31,8 +35,10 @@ from jobledger.domain.event_routes import EventRoute
 from jobledger.domain.identity import job_uuid
 from jobledger.domain.job import Job
 from jobledger.projections.outbox import Outbox, decode_event, encode_event
+from tests.support import pythonpath
+from tests.support.cli import JOBLEDGER
 from tests.support.engines import CountingExecutor, EngineFactory
-from tests.support.kafka_broker import KafkaTopics, end_offsets, read_topic
+from tests.support.kafka_broker import KafkaTopics, end_offsets, read_topic, wait_for
 from tests.test_kafka_outbox import TENANT, Crash, CrashBeforeTracking
 
 FORMAT = JSONFormat()
@@ -227,3 +233,66 @@ def test_after_a_crash_the_routed_duplicates_carry_the_same_cloud_event_id(
     assert duplicated, "the untracked batch was routed again"
     assert all(len(set(values)) == 1 for values in duplicated.values()), "same id, same bytes"
     publisher.close()
+
+
+@pytest.mark.slow
+def test_a_sigkilled_outbox_process_routes_every_event_after_its_restart(
+    make_engine: EngineFactory, store_url: str, kafka_topics: KafkaTopics, tmp_path: Path
+) -> None:
+    """``jobledger projections run --outbox`` with JOBLEDGER_EVENT_ROUTES makes the routed
+    topic itself; killed -9 while it publishes, its successor routes every event (the
+    ones sent again with the same id and bytes)."""
+    engine = make_engine()
+    for n in range(120):
+        engine.submit(TENANT, f"job-{n}", "agent3")
+    engine.run_until_idle()
+    wanted = {
+        f"{job_uuid(TENANT, f'job-{n}')}/{version}"
+        for n in range(120)
+        for version in range(1, len(engine.history(TENANT, f"job-{n}")) + 1)
+    }
+    topic = f"{kafka_topics.prefix}.routed"
+    env = {
+        **os.environ,
+        **kafka_topics.env(),
+        "PYTHONPATH": pythonpath(),
+        "JOBLEDGER_STORE_URL": store_url,
+        "JOBLEDGER_EVENT_ROUTES": json.dumps([{"topic": topic, "mode": "binary"}]),
+    }
+
+    def outbox_process(name: str) -> subprocess.Popen[bytes]:
+        return subprocess.Popen(
+            [str(JOBLEDGER), "projections", "run", "--outbox"],
+            env={**env, "JOBLEDGER_WORKER_ID": name},
+            cwd=tmp_path,
+            stdout=(tmp_path / f"{name}.log").open("wb"),
+            stderr=subprocess.STDOUT,
+        )
+
+    def routed_count() -> int:
+        try:
+            return sum(end_offsets(kafka_topics.bootstrap, topic).values())
+        except Exception:
+            return 0  # the process has not made the topic yet
+
+    first = outbox_process("outbox-1")
+    try:
+        wait_for(lambda: routed_count() > 0, 60, "the first events routed", 0.05)
+    finally:
+        first.send_signal(signal.SIGKILL)
+        first.wait()
+    at_kill = routed_count()
+    second = outbox_process("outbox-2")
+    try:
+        wait_for(lambda: routed_count() >= len(wanted), 90, "every event routed", 0.5)
+    finally:
+        second.send_signal(signal.SIGTERM)
+        second.wait(timeout=60)
+
+    records = read_topic(kafka_topics.bootstrap, topic, at_least=len(wanted))
+    by_id: dict[str, set[bytes]] = defaultdict(set)
+    for record in records:
+        by_id[parse(record, "binary").get_id()].add(record.value)
+    assert set(by_id) == wanted, f"{len(wanted - set(by_id))} events lost (killed at {at_kill})"
+    assert all(len(values) == 1 for values in by_id.values()), "a resent event changed"
+    print(f"killed at {at_kill} routed of {len(wanted)}; {len(records)} messages in all")
