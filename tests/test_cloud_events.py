@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -17,10 +18,14 @@ from pydantic import ValidationError
 
 from jobledger import EngineConfig
 from jobledger.adapters.cloud_events import JobEventFacts, cloud_event_message, event_id
+from jobledger.adapters.event_store import EventSourcedJobStore
 from jobledger.adapters.kafka.settings import KafkaSettings
 from jobledger.cli.config_file import load_settings
 from jobledger.domain.errors import ConfigError
 from jobledger.domain.event_routes import EventRoute
+from jobledger.orchestration.ports import OutboxMessage
+from jobledger.projections.outbox import Outbox
+from tests.support.engines import EngineFactory
 
 UUID = "6f1c0d3e-8a43-5c1e-9f6b-0a1b2c3d4e5f"
 VALUE = b'{"fields":{"chain_hash":"abc","originator_version":3},"type":"Job.StepRecorded"}'
@@ -164,7 +169,7 @@ def test_a_route_needs_a_legal_topic() -> None:
 
 
 def test_routes_without_the_cloudevents_library_are_a_configuration_error(
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, make_engine: EngineFactory
 ) -> None:
     from jobledger.adapters.cloud_events import require_library
 
@@ -172,3 +177,14 @@ def test_routes_without_the_cloudevents_library_are_a_configuration_error(
     monkeypatch.setitem(sys.modules, "cloudevents.core.bindings.kafka", None)
     with pytest.raises(ConfigError, match=r"pip install 'jobledger\[cloudevents\]'"):
         require_library()
+    # The outbox refuses its routes when it is made, not at its first routed event.
+    store = make_engine().store
+    assert isinstance(store, EventSourcedJobStore)
+    with pytest.raises(ConfigError, match="event_routes need the cloudevents library"):
+        Outbox(store, Unused(), routes=[EventRoute(topic="out")])
+    Outbox(store, Unused())  # without routes it needs no library
+
+
+class Unused:
+    def publish(self, messages: Sequence[OutboxMessage]) -> None:
+        raise AssertionError("nothing is published here")
