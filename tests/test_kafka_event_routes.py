@@ -25,7 +25,7 @@ from cloudevents.core.bindings.kafka import KafkaMessage, from_binary, from_stru
 from cloudevents.core.formats.json import JSONFormat
 from kafka import KafkaAdminClient
 
-from jobledger import Engine, StepError
+from jobledger import Engine, EngineConfig, StepError
 from jobledger.adapters.event_store import EventSourcedJobStore
 from jobledger.adapters.kafka import KafkaUnavailableError, ensure_topics
 from jobledger.adapters.kafka.publisher import KafkaEventPublisher
@@ -35,9 +35,12 @@ from jobledger.domain.event_routes import EventRoute
 from jobledger.domain.identity import job_uuid
 from jobledger.domain.job import Job
 from jobledger.projections.outbox import Outbox, decode_event, encode_event
+from jobledger.workflows import DefinitionRegistry
+from jobledger.workflows.loader import parse_definition
 from tests.support import pythonpath
 from tests.support.cli import JOBLEDGER
-from tests.support.engines import CountingExecutor, EngineFactory
+from tests.support.engines import TOKEN_SECRET, CountingExecutor, EngineFactory, store_of
+from tests.support.erasure import ADA, ONBOARDING, PLAINTEXT, Greeter, run_onboarding
 from tests.support.kafka_broker import KafkaTopics, end_offsets, read_topic, wait_for
 from tests.test_kafka_outbox import TENANT, Crash, CrashBeforeTracking
 
@@ -296,3 +299,41 @@ def test_a_sigkilled_outbox_process_routes_every_event_after_its_restart(
     assert set(by_id) == wanted, f"{len(wanted - set(by_id))} events lost (killed at {at_kill})"
     assert all(len(values) == 1 for values in by_id.values()), "a resent event changed"
     print(f"killed at {at_kill} routed of {len(wanted)}; {len(records)} messages in all")
+
+
+def test_personal_values_stay_sealed_on_routed_topics_in_both_modes(
+    store_url: str, kafka_topics: KafkaTopics
+) -> None:
+    """A workflow's personal_data travels sealed to a routed topic, as to the events topic;
+    one event matching two routes goes to both."""
+    registry = DefinitionRegistry([parse_definition(ONBOARDING, "onboarding.yaml")])
+    config = EngineConfig(store_url=store_url, token_secret=TOKEN_SECRET, worker_id="w0")
+    engine = Engine.open(registry=registry, executor=Greeter(), config=config)
+    prefix = kafka_topics.prefix
+    routes = (
+        EventRoute(topic=f"{prefix}.people", workflows=["onboarding"]),
+        EventRoute(topic=f"{prefix}.people.bin", workflows=["onboarding"], mode="binary"),
+    )
+    settings = dataclasses.replace(kafka_topics.settings(), event_routes=routes)
+    ensure_topics(settings)
+    publisher = KafkaEventPublisher(settings)
+    try:
+        run_onboarding(engine, "j1", "ada", ADA)
+        total = len(engine.history("acme", "j1"))
+        outbox = Outbox(store_of(engine), publisher, routes=routes)
+        assert outbox.publish_pending() == total
+        for route in routes:
+            records = read_topic(kafka_topics.bootstrap, route.topic, at_least=total)
+            assert len(records) == total
+            values = b"\n".join(record.value for record in records)
+            for plaintext in PLAINTEXT:
+                assert plaintext not in values, (route.mode, plaintext)
+            assert b'"$sealed":"aes-256-gcm/1"' in values.replace(b" ", b"")
+    finally:
+        publisher.close()
+        engine.close()
+        admin = KafkaAdminClient(bootstrap_servers=kafka_topics.bootstrap)
+        try:
+            admin.delete_topics([route.topic for route in routes], raise_errors=False)
+        finally:
+            admin.close()
