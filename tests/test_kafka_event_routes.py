@@ -23,6 +23,7 @@ import pytest
 from cloudevents.core.base import BaseCloudEvent
 from cloudevents.core.bindings.kafka import KafkaMessage, from_binary, from_structured
 from cloudevents.core.formats.json import JSONFormat
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from kafka import KafkaAdminClient
 
 from jobledger import Engine, EngineConfig, StepError
@@ -30,6 +31,7 @@ from jobledger.adapters.event_store import EventSourcedJobStore
 from jobledger.adapters.kafka import KafkaUnavailableError, ensure_topics
 from jobledger.adapters.kafka.publisher import KafkaEventPublisher
 from jobledger.adapters.kafka.settings import KafkaSettings
+from jobledger.adapters.signing import private_pem
 from jobledger.domain import chain
 from jobledger.domain.event_routes import EventRoute
 from jobledger.domain.identity import job_uuid
@@ -337,3 +339,33 @@ def test_personal_values_stay_sealed_on_routed_topics_in_both_modes(
             admin.delete_topics([route.topic for route in routes], raise_errors=False)
         finally:
             admin.close()
+
+
+def test_a_signed_event_names_its_signer_on_the_routed_topic(
+    make_engine: EngineFactory, executor: CountingExecutor, routed: Routed, tmp_path: Path
+) -> None:
+    key_file = tmp_path / "w1.pem"
+    key_file.write_bytes(private_pem(Ed25519PrivateKey.generate()))
+    keys = tmp_path / "signing-keys.json"
+    entry = {"id": "w1", "private_key_file": "w1.pem", "not_before": "2000-01-01T00:00:00Z"}
+    entry |= {"not_after": None}
+    keys.write_text(json.dumps([entry]))
+    engine = make_engine(config={"signing_keys": keys})
+    engine.submit(TENANT, "signed", "agent3")
+    engine.run_until_idle()
+    stored = engine.store.events(job_uuid(TENANT, "signed"))
+    assert all(chain.sealed_form(event).signer == "w1" for event in stored)
+    store = engine.store
+    assert isinstance(store, EventSourcedJobStore)
+    publisher = KafkaEventPublisher(routed.settings)
+    outbox = Outbox(store, publisher, routes=[routed.by_workflow])
+    assert outbox.publish_pending() == len(stored)
+    records = read_topic(
+        routed.settings.bootstrap_servers, routed.by_workflow.topic, at_least=len(stored)
+    )
+    clouds = [parse(record, "structured") for record in records]
+    assert [cloud.get_extension("jobledgersigner") for cloud in clouds] == ["w1"] * len(stored)
+    assert [cloud.get_extension("jobledgerchainhash") for cloud in clouds] == [
+        chain.sealed_form(event).chain_hash for event in stored
+    ]
+    publisher.close()
