@@ -178,8 +178,8 @@ class Outbox(OutboxTracking):
         return messages
 
     def names(self, event: Job.Event) -> _Names:
-        """The job's tenant, id and trace context (only Submitted carries them; later
-        events are looked up once per job and cached)."""
+        """The job's tenant, id, trace context and workflow type (only Submitted carries
+        them; later events are looked up once per job and cached)."""
         job = event.originator_id
         if isinstance(event, Job.Submitted):
             names = _names(event)
@@ -204,7 +204,6 @@ def _names(submitted: Job.Submitted) -> _Names:
         submitted.trace_context,
         submitted.workflow_type,
     )
-
 
 
 def outbox_lag(store: EventSourcedJobStore) -> list[Lag]:
