@@ -25,6 +25,7 @@ from jobledger.domain.errors import ConfigError
 from jobledger.domain.event_routes import EventRoute
 from jobledger.orchestration.ports import OutboxMessage
 from jobledger.projections.outbox import Outbox
+from tests.support.cli import run_jobledger
 from tests.support.engines import EngineFactory
 
 UUID = "6f1c0d3e-8a43-5c1e-9f6b-0a1b2c3d4e5f"
@@ -166,6 +167,9 @@ def test_a_route_needs_a_legal_topic() -> None:
         EventRoute.model_validate({"workflows": ["agent3"]})
     with pytest.raises(ValidationError, match="event_routes"):
         EngineConfig(event_routes=[{"topic": "o", "event_types": ["Nope"]}])
+    config = EngineConfig(event_routes=[{"topic": "t.events"}], kafka_events_topic="t.events")
+    with pytest.raises(ConfigError, match=r"'t\.events' is the events topic"):
+        KafkaSettings.of(config)
 
 
 def test_routes_without_the_cloudevents_library_are_a_configuration_error(
@@ -188,3 +192,22 @@ def test_routes_without_the_cloudevents_library_are_a_configuration_error(
 class Unused:
     def publish(self, messages: Sequence[OutboxMessage]) -> None:
         raise AssertionError("nothing is published here")
+
+
+@pytest.mark.parametrize(
+    ("routes", "message"),
+    [
+        ('[{"topic": "out", "mode": "cbor"}]', "event_routes.0.mode must be one of"),
+        ('[{"topic": "jobledger.events"}]', "'jobledger.events' is the events topic"),
+    ],
+)
+def test_a_bad_route_stops_the_outbox_command_with_its_message(
+    tmp_path: Path, routes: str, message: str
+) -> None:
+    store = f"sqlite:///{tmp_path}/jobs.db"
+    result = run_jobledger(
+        "projections", "run", "--outbox", "--store", store, JOBLEDGER_EVENT_ROUTES=routes
+    )
+    assert result.returncode == 3, result.stderr
+    assert message in result.stderr
+    assert "Traceback" not in result.stderr

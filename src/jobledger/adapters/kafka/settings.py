@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from jobledger.config import EngineConfig
+from jobledger.domain.errors import ConfigError
 from jobledger.domain.event_routes import EventRoute
 
 
@@ -26,6 +27,15 @@ class KafkaSettings:
     worker_id: str = "jobledger"
     event_routes: tuple[EventRoute, ...] = ()
     """The outbox's routes of job events to your topics, as CloudEvents."""
+
+    def __post_init__(self) -> None:
+        for route in self.event_routes:
+            if route.topic == self.events_topic:
+                # CloudEvents there would mix with the events in their stored form.
+                raise ConfigError(
+                    f"event_routes: topic {route.topic!r} is the events topic "
+                    "(kafka_events_topic): route to a topic of your own"
+                )
 
     @classmethod
     def of(cls, config: EngineConfig) -> KafkaSettings:
