@@ -13,6 +13,7 @@ from pydantic import SecretStr, ValidationError
 from jobledger import EngineConfig
 from jobledger.config import GROUPS, SETTINGS, ConcurrencyLimit
 from jobledger.domain.event_routes import EventRoute
+from jobledger.domain.subscription import Subscription
 
 SECRET = "0123456789abcdef0123456789abcdef"
 
@@ -66,6 +67,10 @@ VARIABLES: dict[str, tuple[str, Any]] = {
     "KAFKA_SESSION_TIMEOUT_MS": ("2000", 2000),
     "KAFKA_SEND_TIMEOUT_MS": ("3000", 3000),
     "EVENT_ROUTES": ('[{"topic": "t.out"}]', [EventRoute(topic="t.out")]),
+    "SUBSCRIPTIONS": (
+        '[{"name": "orders", "topic": "t.orders", "tenant": "acme", "workflow": "w"}]',
+        [Subscription(name="orders", topic="t.orders", tenant="acme", workflow="w")],
+    ),
     "METRICS_PORT": ("9100", 9100),
     "METRICS_HOST": ("0.0.0.0", "0.0.0.0"),
     "METRICS_TENANT_LABEL": ("true", True),

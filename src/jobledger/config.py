@@ -37,6 +37,7 @@ from pydantic_settings import (
 
 from jobledger.domain.event_routes import KAFKA_TOPIC, EventRoute
 from jobledger.domain.retention import ArchiveTarget
+from jobledger.domain.subscription import Subscription, check_libraries, check_unique
 
 _TOPIC = KAFKA_TOPIC
 
@@ -220,6 +221,20 @@ class OutboxOptions(Options):
     the config file, a JSON list in the environment): :mod:`jobledger.domain.event_routes`."""
 
 
+class SubscriptionOptions(Options):
+    """Jobs from your own topics (``[[subscriptions]]`` in the config file, a JSON list in
+    the environment): :mod:`jobledger.domain.subscription`; the Kafka workers consume them."""
+
+    subscriptions: list[Subscription] = Field(default_factory=list)
+
+    @field_validator("subscriptions")
+    @classmethod
+    def _named_once(cls, subscriptions: list[Subscription]) -> list[Subscription]:
+        check_unique(subscriptions)
+        check_libraries(subscriptions)
+        return subscriptions
+
+
 class MetricsOptions(Options):
     """Prometheus metrics."""
 
@@ -308,6 +323,7 @@ class EngineConfig(BaseSettings):
     """Where ticks go: ``local`` (the in-process queue) or ``kafka`` (the ticks topic)."""
     kafka: KafkaOptions = Field(default_factory=KafkaOptions)
     outbox: OutboxOptions = Field(default_factory=OutboxOptions)
+    subscribing: SubscriptionOptions = Field(default_factory=SubscriptionOptions)
     metrics: MetricsOptions = Field(default_factory=MetricsOptions)
     retention: RetentionOptions = Field(default_factory=RetentionOptions)
 

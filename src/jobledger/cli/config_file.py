@@ -124,6 +124,7 @@ def load_settings(config_file: Path | None, store_url: str | None) -> Settings:
     if isinstance(notifier, str) and notifier.startswith("file:") and config_file is not None:
         values["notifier"] = "file:" + str(config_file.parent / notifier.removeprefix("file:"))
     values.update(_archive_beside(values, config_file))
+    values.update(_schemas_beside(values, config_file))
     engine = engine_config(values, config_file)
     return Settings(engine, definitions, executor, workflows, config_file, sources, http, anchors)
 
@@ -189,6 +190,22 @@ def beside(config_file: Path, store_url: str) -> str:
     if not store_url.startswith(prefix) or store_url.startswith(prefix + "/"):
         return store_url
     return prefix + str((config_file.parent / store_url.removeprefix(prefix)).absolute())
+
+
+def _schemas_beside(values: dict[str, Any], config_file: Path | None) -> dict[str, Any]:
+    """A subscription's relative ``input_schema`` file in a config file is relative to
+    the file (an inline schema, a table, stays as it is)."""
+    subscriptions = values.get("subscriptions")
+    if config_file is None or not isinstance(subscriptions, list):
+        return {}
+    return {
+        "subscriptions": [
+            {**entry, "input_schema": str(config_file.parent / entry["input_schema"])}
+            if isinstance(entry, dict) and isinstance(entry.get("input_schema"), str)
+            else entry
+            for entry in subscriptions
+        ]
+    }
 
 
 def _archive_beside(values: dict[str, Any], config_file: Path | None) -> dict[str, Any]:

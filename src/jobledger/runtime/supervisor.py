@@ -28,11 +28,11 @@ from typing import TYPE_CHECKING, Literal
 
 from jobledger.adapters.local_queue import LocalQueue
 from jobledger.adapters.locks import lock_for
-from jobledger.domain.errors import ConfigError, StoreUnavailableError
+from jobledger.domain.errors import ConfigError, StoreUnavailableError, UnknownWorkflowError
 from jobledger.engine.engine import Engine
 from jobledger.engine.schedule_commands import ScheduleFiring
 from jobledger.orchestration.lanes import Lanes
-from jobledger.orchestration.ports import Tick
+from jobledger.orchestration.ports import Tick, WorkflowRegistry
 from jobledger.orchestration.reconciler import Reconciler, ReconcileResult
 from jobledger.projections import JobViews, ProjectionRunner
 
@@ -158,8 +158,14 @@ class Supervisor:
         self, on_tick: TickObserver | None, after_effect: RecordHook | None
     ) -> list[KafkaWorker]:
         if self.engine.deps.kafka_queue is None or self.kafka is None:
+            if self.services.workers and self.engine.config.subscribing.subscriptions:
+                # Silently not consuming a configured topic would lose its messages' jobs.
+                raise ConfigError("subscriptions are read by Kafka workers: set transport = kafka")
             return []
         from jobledger.adapters.kafka.worker import KafkaWorker
+
+        if self.services.workers:
+            self._check_subscribed_workflows()
 
         return [
             KafkaWorker(
@@ -173,6 +179,21 @@ class Supervisor:
             )
             for _ in range(self.services.workers)
         ]
+
+    def _check_subscribed_workflows(self) -> None:
+        """A subscription's workflow must be deployed here: else every message of its
+        topic would be dead-lettered for a deployment mistake."""
+        registry = self.engine.registry
+        for subscription in self.engine.config.subscribing.subscriptions:
+            workflow, version = subscription.workflow, subscription.workflow_version
+            if workflow is None:
+                continue
+            known = registry.has(workflow, version) if version else _deployed(registry, workflow)
+            if not known:
+                which = workflow if version is None else f"{workflow} v{version}"
+                raise ConfigError(
+                    f"subscription {subscription.name!r}: workflow {which!r} is not deployed here"
+                )
 
     def _local_workers(self) -> list[LocalWorker]:
         """Fed by their own process's queue and, with a reconciler, by the due jobs they
@@ -466,3 +487,11 @@ class LocalWorker:
 
     def stop(self) -> None:
         self.stopping.set()
+
+
+def _deployed(registry: WorkflowRegistry, workflow_type: str) -> bool:
+    try:
+        registry.latest_version(workflow_type)
+    except UnknownWorkflowError:
+        return False
+    return True

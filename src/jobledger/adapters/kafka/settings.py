@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from jobledger.config import EngineConfig
 from jobledger.domain.errors import ConfigError
 from jobledger.domain.event_routes import EventRoute
+from jobledger.domain.subscription import Subscription
 
 
 @dataclass(frozen=True)
@@ -27,6 +28,8 @@ class KafkaSettings:
     worker_id: str = "jobledger"
     event_routes: tuple[EventRoute, ...] = ()
     """The outbox's routes of job events to your topics, as CloudEvents."""
+    subscriptions: tuple[Subscription, ...] = ()
+    """Your topics whose messages the workers make jobs (or signals) of."""
 
     def __post_init__(self) -> None:
         for route in self.event_routes:
@@ -36,6 +39,22 @@ class KafkaSettings:
                     f"event_routes: topic {route.topic!r} is the events topic "
                     "(kafka_events_topic): route to a topic of your own"
                 )
+        own = set(self.own_topics)
+        seen: dict[str, str] = {}
+        for subscription in self.subscriptions:
+            for topic in (subscription.topic, subscription.dead_letter_topic):
+                if topic in own:
+                    raise ConfigError(
+                        f"subscription {subscription.name!r}: topic {topic!r} is one of "
+                        "jobledger's own: subscribe to a topic of your own"
+                    )
+            if subscription.topic in seen:
+                # One consumer group reads a topic once: which subscription would get it?
+                raise ConfigError(
+                    f"subscriptions {seen[subscription.topic]!r} and {subscription.name!r} "
+                    f"both read topic {subscription.topic!r}"
+                )
+            seen[subscription.topic] = subscription.name
 
     @classmethod
     def of(cls, config: EngineConfig) -> KafkaSettings:
@@ -44,6 +63,7 @@ class KafkaSettings:
             **dict(config.kafka),
             worker_id=config.worker_id,
             event_routes=tuple(config.outbox.event_routes),
+            subscriptions=tuple(config.subscribing.subscriptions),
         )
 
     @property
@@ -51,15 +71,34 @@ class KafkaSettings:
         return [s.strip() for s in self.bootstrap_servers.split(",") if s.strip()]
 
     @property
-    def topics(self) -> list[str]:
+    def own_topics(self) -> list[str]:
         return [
             self.ticks_topic,
             self.ticks_dlq_topic,
             self.signals_topic,
             self.signals_dlq_topic,
             self.events_topic,
-            *dict.fromkeys(route.topic for route in self.event_routes),
         ]
 
+    @property
+    def topics(self) -> list[str]:
+        """Every topic jobledger makes when it is missing (``create_topics``)."""
+        return list(
+            dict.fromkeys(
+                [
+                    *self.own_topics,
+                    *(route.topic for route in self.event_routes),
+                    *(s.topic for s in self.subscriptions),
+                    *(s.dead_letter_topic for s in self.subscriptions),
+                ]
+            )
+        )
+
+    def subscription_for(self, topic: str) -> Subscription | None:
+        return next((s for s in self.subscriptions if s.topic == topic), None)
+
     def dlq_for(self, topic: str) -> str:
+        subscription = self.subscription_for(topic)
+        if subscription is not None:
+            return subscription.dead_letter_topic
         return self.signals_dlq_topic if topic == self.signals_topic else self.ticks_dlq_topic

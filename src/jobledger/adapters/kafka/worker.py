@@ -29,7 +29,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections import Counter
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from kafka import ConsumerRebalanceListener, OffsetAndMetadata, TopicPartition
 from kafka.errors import KafkaError
 
-from jobledger.adapters.kafka import clients
+from jobledger.adapters.kafka import clients, subscriptions
 from jobledger.adapters.kafka.clients import KafkaUnavailableError
 from jobledger.adapters.kafka.messages import (
     MalformedMessage,
@@ -58,7 +58,6 @@ from jobledger.domain.errors import (
     UnknownJobError,
 )
 from jobledger.domain.status import JobStatus
-from jobledger.domain.views import JobView
 from jobledger.orchestration import retry, tracing
 from jobledger.orchestration.lanes import Lanes
 from jobledger.orchestration.ports import Ops, OpsEvent, Queue, Tick
@@ -84,6 +83,8 @@ RecordHook = Callable[[Any], None]
 class WorkerStats:
     ticks: int = 0
     signals: int = 0
+    subscribed: int = 0
+    """Messages of subscribed topics made jobs (or signals) of, deliveries again included."""
     dead_lettered: int = 0
     retried: int = 0
     committed: int = 0
@@ -100,7 +101,7 @@ class WorkerStats:
                 self.outcomes[outcome] += 1
 
 
-class TickEngine(Protocol):
+class TickEngine(subscriptions.SubmittingEngine, Protocol):
     """What the worker needs of the engine (``jobledger.Engine`` is one): the adapter
     knows the facade's shape, never the facade."""
 
@@ -111,18 +112,6 @@ class TickEngine(Protocol):
     def run_tick(self, tick: Tick) -> TickReport: ...
 
     def deployment_blocked(self, error: DeploymentError) -> None: ...
-
-    def signal(
-        self,
-        tenant_id: str,
-        job_id: str,
-        event_name: str,
-        payload: Mapping[str, Any] | None = None,
-        *,
-        signal_id: str,
-    ) -> str: ...
-
-    def job(self, tenant_id: str, job_id: str) -> JobView: ...
 
 
 class KafkaWorker:
@@ -166,7 +155,11 @@ class KafkaWorker:
         """Poll, handle, commit until ``stopping`` is set; then leave the group."""
         consumer = clients.consumer(
             self.settings,
-            topics=[self.settings.ticks_topic, self.settings.signals_topic],
+            topics=[
+                self.settings.ticks_topic,
+                self.settings.signals_topic,
+                *(s.topic for s in self.settings.subscriptions),
+            ],
             listener=_Listener(self),
             max_poll_records=self.max_poll_records,
         )
@@ -313,7 +306,11 @@ class KafkaWorker:
         it must be read again."""
         position: Position = (record.topic, record.partition, record.offset)
         try:
-            if record.topic == self.settings.signals_topic:
+            subscription = self.settings.subscription_for(record.topic)
+            if subscription is not None:
+                outcome = subscriptions.handle(self.engine, subscription, record)
+                self.stats.count("subscribed", f"{subscription.name}_{outcome}")
+            elif record.topic == self.settings.signals_topic:
                 self.handle_signal(record)
             else:
                 self.handle_tick(record, position)
@@ -456,6 +453,8 @@ class KafkaWorker:
             detail,
         )
         kind = "signal" if record.topic == self.settings.signals_topic else "tick"
+        if self.settings.subscription_for(record.topic) is not None:
+            kind = "subscription"
         self.engine.ops.record(
             OpsEvent(
                 jobId="",
