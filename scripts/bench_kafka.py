@@ -45,6 +45,7 @@ import argparse
 import json
 import logging
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -52,7 +53,7 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -330,7 +331,7 @@ def fresh_schema(base_url: str) -> Iterator[str]:
 
 
 @contextmanager
-def kafka(given: str | None) -> Iterator[str]:
+def kafka(given: str | None, say: Callable[[str], None] = note) -> Iterator[str]:
     found = (
         given
         or os.environ.get("JOBLEDGER_KAFKA_BOOTSTRAP_SERVERS")
@@ -341,7 +342,7 @@ def kafka(given: str | None) -> Iterator[str]:
         return
     data = tempfile.mkdtemp(prefix="bench-kafka-")
     env = {**os.environ, "PYTHON": sys.executable}
-    note("starting a broker with scripts/kafka-local")
+    say("starting a broker with scripts/kafka-local")
     script = str(ROOT / "scripts" / "kafka-local")
     started = subprocess.run(
         [script, "start", "--data-dir", data], env=env, capture_output=True, text=True
@@ -352,6 +353,7 @@ def kafka(given: str | None) -> Iterator[str]:
         yield started.stdout.strip().splitlines()[-1]
     finally:
         subprocess.run([script, "stop", "--data-dir", data], env=env, capture_output=True)
+        shutil.rmtree(data, ignore_errors=True)
 
 
 def postgres(given: str | None) -> str:

@@ -24,12 +24,12 @@ SCENARIO_FIGURES = (
 )
 
 
-def run_script(name: str, tmp_path: Path, *extra: str) -> dict[str, Any]:
+def run_script(name: str, tmp_path: Path, *extra: str, timeout: float = 120) -> dict[str, Any]:
     command = [sys.executable, str(ROOT / "scripts" / name)]
     command += ["--quick", "--json", "--store", "sqlite", "--dir", str(tmp_path), *extra]
     paths = [str(ROOT / "src"), str(ROOT), os.environ.get("PYTHONPATH", "")]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in paths if p)}
-    done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=120)
+    done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=timeout)
     assert done.returncode == 0, done.stderr
     report: dict[str, Any] = json.loads(done.stdout)
     return report
@@ -262,3 +262,34 @@ def test_bench_retention_quick_reports_every_figure(tmp_path: Path) -> None:
     assert figures["events"] == 120 and figures["archive_bytes"] > 0
     for name in ("archive_jobs_per_second", "restore_jobs_per_second"):
         assert figures[name] > 0
+
+
+def test_bench_subscriptions_quick_turns_messages_into_jobs_with_one_and_two_processes(
+    tmp_path: Path, kafka_bootstrap: str
+) -> None:
+    """Real ``jobledger worker --processes N`` on the test broker: every message of the
+    12-partition topic made a job that completed, the group's partitions split between
+    the processes, each figure a ratio to the raw commits of the same run."""
+    report = run_script(
+        "bench_subscriptions.py", tmp_path, "--bootstrap", kafka_bootstrap, timeout=300
+    )
+    assert report["quick"] is True and report["skipped"] == {}
+    [sqlite] = report["results"]
+    assert sqlite["store"] == "sqlite" and sqlite["partitions"] == 12
+    raw = sqlite["raw"]["commits_per_second"]
+    assert raw > 0
+    one, two = sqlite["runs"]
+    assert (one["processes"], two["processes"]) == (1, 2)
+    # Every partition is read, by one process or shared by both.
+    assert one["partitions_per_process"] == [12] and two["partitions_per_process"] == [6, 6]
+    for run in (one, two):
+        assert run["messages"] == 60 and run["latency_messages"] == 10
+        assert run["incomplete_jobs"] == 0
+        assert run["messages_per_second"] == pytest.approx(run["messages"] / run["seconds"])
+        assert run["ratio"] == run["messages_per_second"] / raw
+        # A job's first step comes after its message was sent.
+        assert 0 < run["p50_ms"] <= run["p99_ms"] <= run["max_ms"]
+        assert 0 < run["burst_p50_ms"] <= run["burst_p99_ms"]
+        assert run["cpu_busy"] is None or 0 <= run["cpu_busy"] <= 1
+    assert sqlite["two_vs_one"] == two["messages_per_second"] / one["messages_per_second"]
+    assert sqlite["target"] == 1.7

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -23,16 +24,40 @@ def test_the_api_service_serves_on_8080_and_is_healthy_when_ready() -> None:
     test = " ".join(api["healthcheck"]["test"])
     assert "http://127.0.0.1:8080/readyz" in test
     assert api["depends_on"]["postgres"]["condition"] == "service_healthy"
-    # The image has the API's dependencies.
-    assert 'pip install --no-cache-dir ".[http]"' in (ROOT / "Dockerfile").read_text()
+    # The image has the API's dependencies (and the subscriptions' JSON Schema library).
+    assert 'pip install --no-cache-dir ".[http,subscriptions]"' in (ROOT / "Dockerfile").read_text()
 
 
 @pytest.mark.skipif(shutil.which("docker-compose") is None, reason="docker-compose not installed")
-def test_docker_compose_config_validates() -> None:
+@pytest.mark.parametrize("profile", [[], ["--profile", "kafka-service"]], ids=["default", "kafka"])
+def test_docker_compose_config_validates(profile: list[str]) -> None:
     done = subprocess.run(
-        ["docker-compose", "config", "-q"], cwd=ROOT, capture_output=True, text=True, timeout=60
+        ["docker-compose", *profile, "config", "-q"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert done.returncode == 0, done.stderr
+
+
+def test_the_kafka_service_profile_runs_the_example_beside_the_other_services() -> None:
+    """Its own store schema, and (from the example's jobledger.toml) its own topics and
+    consumer group: the default workers, which do not serve its workflow, never get its
+    ticks. The run itself: tests/test_kafka_service_example.py."""
+    services = yaml.safe_load((ROOT / "docker-compose.yml").read_text())["services"]
+    [name] = [name for name, s in services.items() if "kafka-service" in s.get("profiles", [])]
+    service = services[name]
+    config = service["command"][service["command"].index("--config") + 1]
+    assert (ROOT / config.removeprefix("/app/")).is_file()
+    assert service["environment"]["JOBLEDGER_STORE_URL"].endswith("?schema=shop")
+    assert "JOBLEDGER_DEFINITIONS" not in service["environment"]  # it would replace the file's
+    assert service["depends_on"]["kafka"]["condition"] == "service_healthy"
+    settings = tomllib.loads((ROOT / config.removeprefix("/app/")).read_text())
+    # The default workers set no topic or group of their own: they use the defaults.
+    assert not any(k.endswith(("_TOPIC", "_GROUP_ID")) for k in services["worker-1"]["environment"])
+    assert settings["kafka_group_id"] != "jobledger-workers"
+    assert settings["kafka_ticks_topic"] != "jobledger.ticks"
 
 
 def test_the_observability_profile_scrapes_every_jobledger_service() -> None:

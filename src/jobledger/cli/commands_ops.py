@@ -312,7 +312,8 @@ def worker(
     log_format: LogFormatOption = LogFormat.TEXT,
 ) -> None:
     """Run workers. local: they take due jobs from the store (views caught up on each
-    pass). kafka: consumer-group members of the ticks and signals topics, nothing else."""
+    pass). kafka: consumer-group members of the ticks and signals topics and of the
+    subscriptions' topics, nothing else."""
     configure_logs(log_level, log_format)
     if processes > 1:
         _in_processes(
