@@ -125,6 +125,8 @@ def load_settings(config_file: Path | None, store_url: str | None) -> Settings:
         values["notifier"] = "file:" + str(config_file.parent / notifier.removeprefix("file:"))
     values.update(_archive_beside(values, config_file))
     values.update(_schemas_beside(values, config_file))
+    if any(isinstance(s, dict) and "input_model" in s for s in values.get("subscriptions", [])):
+        importable_beside(config_file)  # a subscription's input_model is imported by name
     engine = engine_config(values, config_file)
     return Settings(engine, definitions, executor, workflows, config_file, sources, http, anchors)
 

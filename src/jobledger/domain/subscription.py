@@ -16,6 +16,7 @@ derive from it, so a message delivered again finds the job (or the signal) it ma
 from __future__ import annotations
 
 import hashlib
+import importlib
 import json
 import re
 from collections.abc import Iterable, Mapping
@@ -178,7 +179,8 @@ class Subscription(BaseModel):
     """A JSON Schema (a file, or inline) the input must satisfy (the ``jsonschema``
     library: ``pip install 'jobledger[subscriptions]'``)."""
     input_model: type[BaseModel] | None = Field(default=None, exclude=True)
-    """A pydantic model the input must satisfy (Python only); the job gets its dump."""
+    """A pydantic model the input must satisfy: the class, or in a config file its
+    ``module:Class`` (importable beside the file); the job gets the model's dump."""
     correlation_id: str | None = None
     """Template of the job's correlation id (``submit``)."""
     priority: int | None = Field(default=None, ge=0, le=9)
@@ -206,6 +208,11 @@ class Subscription(BaseModel):
                 raise ValueError("a template must not be empty")
             check_template(template)
         return template
+
+    @field_validator("input_model", mode="before")
+    @classmethod
+    def _imported(cls, model: Any) -> Any:
+        return import_model(model) if isinstance(model, str) else model
 
     @field_validator("input")
     @classmethod
@@ -320,6 +327,20 @@ class Subscription(BaseModel):
             kind = type(document).__name__
             raise SubscriptionMessageError("input", f"the input must be a JSON object, not {kind}")
         return document
+
+
+def import_model(spec: str) -> type[BaseModel]:
+    """The pydantic model ``module:Class`` names; a ValueError saying what is wrong."""
+    module_name, _, attribute = spec.partition(":")
+    if not module_name or not attribute:
+        raise ValueError(f"input_model {spec!r}: expected module:Class")
+    try:
+        found = getattr(importlib.import_module(module_name), attribute)
+    except Exception as error:  # whatever the import raised: say which model, and why
+        raise ValueError(f"input_model {spec!r} does not import: {error}") from None
+    if not (isinstance(found, type) and issubclass(found, BaseModel)):
+        raise ValueError(f"input_model {spec!r} is not a pydantic model class")
+    return found
 
 
 def _first_error(error: ValidationError) -> str:
