@@ -14,6 +14,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import pytest
 from kafka import KafkaAdminClient
 
 from jobledger import Engine, EngineConfig, JobStatus
@@ -22,7 +23,7 @@ from jobledger.adapters.kafka.settings import KafkaSettings
 from jobledger.adapters.kafka.worker import KafkaWorker
 from jobledger.adapters.metrics import Metrics
 from jobledger.adapters.ops import MemoryOps
-from jobledger.domain.errors import UnknownJobError
+from jobledger.domain.errors import ConfigError, UnknownJobError
 from jobledger.domain.subscription import Subscription
 from jobledger.projections.job_views import JobViews
 from tests.support.cli import run_jobledger
@@ -415,3 +416,24 @@ def test_a_schema_failure_redriven_after_the_fix_makes_its_job_exactly_once(
     )
     assert [r["count"] for r in document["redrives"]] == [1, 2]
     engine.close()
+
+
+def test_settings_refuse_a_group_id_no_pause_topic_can_be_named_after_and_shared_topics() -> None:
+    topics = KafkaTopics("localhost:9092", "cfg")
+    subscription = orders(topics)
+    with pytest.raises(ConfigError, match=r"kafka_group_id 'my group' names .* 'my group\.paused'"):
+        KafkaSettings(group_id="my group", subscriptions=(subscription,))
+    KafkaSettings(group_id="my group")  # no subscription, no pause topic: as before
+    on_the_switches = orders(topics, topic="jobledger-workers.paused")
+    with pytest.raises(ConfigError, match="is one of jobledger's own"):
+        KafkaSettings(subscriptions=(on_the_switches,))
+    shared = replace_subscription(returns(topics), dlq_topic=subscription.dead_letter_topic)
+    with pytest.raises(ConfigError, match="'orders' and 'returns' share topic"):
+        KafkaSettings(subscriptions=(subscription, shared))
+    into_orders = replace_subscription(returns(topics), dlq_topic=subscription.topic)
+    with pytest.raises(ConfigError, match="'orders' and 'returns' share topic"):
+        KafkaSettings(subscriptions=(subscription, into_orders))
+
+
+def replace_subscription(subscription: Subscription, **fields: Any) -> Subscription:
+    return Subscription(**{**subscription.model_dump(exclude_none=True), **fields})
