@@ -6,6 +6,7 @@ Exit codes (README): 1 refused or invalid, 2 usage, 3 store or configuration.
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -140,6 +141,7 @@ def test_a_bad_or_unreachable_store_url_is_exit_3_without_its_password(
 
 
 HOSTLESS = f"postgresql://jobledger:{SECRET}@/jobledger"
+ORDERS = json.dumps([{"name": "orders", "topic": "orders", "tenant": "acme", "workflow": "ticket"}])
 
 
 def every_command() -> list[tuple[str, ...]]:
@@ -214,6 +216,9 @@ ARGUMENTS: dict[tuple[str, ...], tuple[str, ...]] = {
     ("schedule", "resume"): ("acme", "s1"),
     ("schedule", "trigger"): ("acme", "s1"),
     ("serve",): ("--port", "0"),
+    ("subscriptions", "list"): (),
+    ("subscriptions", "pause"): ("orders", "--reason", "r"),
+    ("subscriptions", "resume"): ("orders",),
     ("show",): ("acme", "t1"),
     ("signal",): ("acme", "t1", "paid", "--id", "s1"),
     ("submit",): ("acme", "t1", "ticket"),
@@ -275,6 +280,10 @@ def test_no_command_prints_the_store_password(
             monkeypatch.setenv("JOBLEDGER_EXECUTOR", "tests.support.cli:RecordingExecutor")
             # serve checks it can authenticate callers before it opens the store.
             monkeypatch.setenv("JOBLEDGER_HTTP_API_KEYS_FILE", str(cli.tmp / "keys.json"))
+            if path[0] == "subscriptions":  # one to list, pause and resume
+                monkeypatch.setenv("JOBLEDGER_SUBSCRIPTIONS", ORDERS)
+            else:
+                monkeypatch.delenv("JOBLEDGER_SUBSCRIPTIONS", raising=False)
             code, out, err = run_in_process([*path, *arguments, *store], capsys)
             assert SECRET not in out + err, (path, store, out, err)
             if path == ("config", "show"):  # it prints the URL, redacted, and opens no store
@@ -285,8 +294,9 @@ def test_no_command_prints_the_store_password(
                 # its own unless given one.
                 assert code == 0, (path, err)
                 continue
-            if path[0] == "dead-letters":
-                # Dead letters live on Kafka, not in the store: none is reachable here.
+            if path[0] in ("dead-letters", "subscriptions"):
+                # Dead letters and subscriptions live on Kafka, not in the store: none is
+                # reachable here.
                 assert code == 4 and "cannot reach Kafka" in err, (path, store, code, err)
                 continue
             assert code == 3, (path, store, code, out, err)

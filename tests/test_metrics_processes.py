@@ -170,7 +170,7 @@ def test_consumer_lag_dead_letters_and_outbox_lag_on_a_real_broker(
     raw.close()
 
     worker = KafkaWorker(engine, kafka_topics.settings())
-    metrics.watch_consumers([worker], kafka_topics.group)
+    metrics.watch_consumers([worker], kafka_topics.group, {})
     thread = threading.Thread(target=worker.run, daemon=True)
     thread.start()
     try:

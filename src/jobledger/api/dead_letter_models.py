@@ -26,8 +26,12 @@ class DeadLetterModel(BaseModel):
     """A message the Kafka worker could not handle, as its dead-letter topic holds it."""
 
     id: str
-    """``ticks:PARTITION:OFFSET`` or ``signals:PARTITION:OFFSET`` on the dead-letter topic."""
+    """``ticks:PARTITION:OFFSET``, ``signals:PARTITION:OFFSET`` or
+    ``sub:NAME:PARTITION:OFFSET`` on the dead-letter topic."""
     kind: str
+    """``ticks``, ``signals`` or ``subscription``."""
+    subscription: str | None
+    """The subscription's name (kind ``subscription``)."""
     reason: str
     error: str
     key: str | None
@@ -39,6 +43,9 @@ class DeadLetterModel(BaseModel):
     dead_lettered_at: datetime
     redrive_of: str | None
     """Set when this letter is a redriven message that failed again."""
+    origin: str | None
+    """Where the message was first read, ``topic:partition:offset`` (a redrive sends it
+    in ``jobledger.redrive.origin``)."""
     headers: dict[str, str]
     """The message's own headers."""
     redrives: list[Redrive]
@@ -62,6 +69,7 @@ class RedriveRequest(Body):
     until: datetime | None = None
     key: str | None = Field(default=None, min_length=1, max_length=401)
     topic: str | None = Field(default=None, min_length=1, max_length=249)
+    subscription: str | None = Field(default=None, min_length=1, max_length=100)
     all: bool = False
     dry_run: bool = False
     force: bool = False

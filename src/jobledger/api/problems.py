@@ -54,6 +54,7 @@ _REFUSED: tuple[tuple[type[Exception], int], ...] = (
     (errors.UnknownSubjectError, 404),
     (errors.UnknownScheduleError, 404),
     (errors.UnknownDeadLetterError, 404),
+    (errors.UnknownSubscriptionError, 404),
     (errors.UnknownBatchError, 404),
     (NoSuchVersionError, 404),
     (errors.UnauthorisedDeciderError, 403),

@@ -35,10 +35,14 @@ def list_dead_letters(
     until: Annotated[datetime | None, Query(description="Dead-lettered before.")] = None,
     key: Annotated[str | None, Query(description="This key (tenant/job); a* a prefix.")] = None,
     topic: Annotated[str | None, Query(description="ticks, signals or the topic.")] = None,
+    subscription: Annotated[str | None, Query(description="That subscription's.")] = None,
 ) -> DeadLetterList:
-    """The dead letters, ticks then signals, with the filters of ``dead-letters list``."""
+    """The dead letters, ticks, signals, then each subscription's, with the filters of
+    ``dead-letters list``; 404 ``UnknownSubscriptionError`` for a subscription not
+    configured."""
     _admin(caller)
-    found = _letters(engine).read(LetterFilter(reason, since, until, key, topic))
+    letter_filter = LetterFilter(reason, since, until, key, topic, subscription)
+    found = _letters(engine).read(letter_filter)
     return DeadLetterList(letters=[DeadLetterModel.of(letter) for letter in found])
 
 
@@ -46,7 +50,9 @@ def list_dead_letters(
     "/dead-letters/{letter_id}", response_model=DeadLetterModel, responses=documented(403, 404)
 )
 def show_dead_letter(letter_id: str, caller: Caller, engine: EngineDep) -> DeadLetterModel:
-    """One dead letter (``ticks:P:O`` or ``signals:P:O``); 404 ``UnknownDeadLetterError``."""
+    """One dead letter (``ticks:P:O``, ``signals:P:O`` or ``sub:NAME:P:O``); 404
+    ``UnknownDeadLetterError`` (``UnknownSubscriptionError`` for a subscription not
+    configured)."""
     _admin(caller)
     return DeadLetterModel.of(_letters(engine).get(letter_id))
 
@@ -55,9 +61,12 @@ def show_dead_letter(letter_id: str, caller: Caller, engine: EngineDep) -> DeadL
 def redrive(body: RedriveRequest, caller: Caller, engine: EngineDep) -> RedriveResult:
     """Send letters back to their source topic, each once unless ``force`` (as
     ``dead-letters redrive``), recorded with the caller. 400: no id, filter or ``all``, a
-    bad id or topic; 404: an id with no letter; nothing is sent either way."""
+    bad id or topic; 404: an id with no letter, a subscription not configured; nothing is
+    sent either way."""
     _admin(caller)
-    letter_filter = LetterFilter(body.reason, body.since, body.until, body.key, body.topic)
+    letter_filter = LetterFilter(
+        body.reason, body.since, body.until, body.key, body.topic, body.subscription
+    )
     report = _letters(engine).redrive(
         Selection(tuple(body.ids), letter_filter, body.all),
         by=caller.subject,

@@ -33,6 +33,7 @@ from jobledger.cli import (
     commands_repair,
     commands_retention,
     commands_schedules,
+    commands_subscriptions,
 )
 from jobledger.cli.session import Exit, report_error
 from jobledger.domain.errors import JobLedgerError
@@ -99,6 +100,7 @@ app.command()(commands_ops.reconcile)
 app.command()(commands_http.serve)
 app.add_typer(commands_ops.projections_app, name="projections")
 app.add_typer(commands_dead_letters.app, name="dead-letters")
+app.add_typer(commands_subscriptions.app, name="subscriptions")
 app.command()(commands_audit.replay)
 app.command()(commands_audit.migrate)
 app.command()(commands_audit.verify)

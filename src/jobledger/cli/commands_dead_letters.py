@@ -30,7 +30,7 @@ from jobledger.presentation.json_output import print_json
 from jobledger.presentation.terminal import console
 
 app = typer.Typer(
-    help="The Kafka dead-letter topics (ticks and signals): list, show, redrive.",
+    help="The Kafka dead-letter topics (ticks, signals, subscriptions): list, show, redrive.",
     no_args_is_help=True,
 )
 
@@ -62,11 +62,21 @@ KeyOption = Annotated[
 TopicOption = Annotated[
     str | None,
     typer.Option(
-        "--topic", metavar="TOPIC", help="Only letters of ticks or signals (or that topic's name)."
+        "--topic",
+        metavar="TOPIC",
+        help="Only letters of ticks or signals, or of that topic (a source or dead-letter one).",
     ),
 ]
+SubscriptionOption = Annotated[
+    str | None,
+    typer.Option("--subscription", metavar="NAME", help="Only letters of that subscription."),
+]
 LetterIdArgument = Annotated[
-    str, typer.Argument(metavar="ID", help="ticks:PARTITION:OFFSET or signals:PARTITION:OFFSET.")
+    str,
+    typer.Argument(
+        metavar="ID",
+        help="ticks:PARTITION:OFFSET, signals:PARTITION:OFFSET or sub:NAME:PARTITION:OFFSET.",
+    ),
 ]
 
 
@@ -79,9 +89,11 @@ def list_letters(
     until: UntilOption = None,
     key: KeyOption = None,
     topic: TopicOption = None,
+    subscription: SubscriptionOption = None,
 ) -> None:
-    """The dead letters, ticks then signals: id, reason, key, when, redrives, error."""
-    found = _letters(cmd).read(LetterFilter(reason, since, until, key, topic))
+    """The dead letters, ticks, signals, then each subscription's: id, reason, key, when,
+    redrives, error."""
+    found = _letters(cmd).read(LetterFilter(reason, since, until, key, topic, subscription))
     if cmd.json:
         print_json([letter.document() for letter in found])
         return
@@ -119,6 +131,7 @@ def redrive(
     until: UntilOption = None,
     key: KeyOption = None,
     topic: TopicOption = None,
+    subscription: SubscriptionOption = None,
     every: Annotated[
         bool, typer.Option("--all", help="Every letter (needed when no id or filter is given).")
     ] = False,
@@ -132,12 +145,11 @@ def redrive(
         str, typer.Option("--by", metavar="USER", help="Who redrives (in each marker).")
     ] = "cli",
 ) -> None:
-    """Send letters back to their source topic (headers jobledger.redrive.of and .count),
-    each once: a marker on the dead-letter topic makes the next redrive skip it unless
-    --force. Needs ids, a filter or --all."""
-    selection = Selection(
-        tuple(letter_ids or ()), LetterFilter(reason, since, until, key, topic), every
-    )
+    """Send letters back to their source topic (headers jobledger.redrive.of, .count and
+    .origin), each once: a marker on the dead-letter topic makes the next redrive skip it
+    unless --force. Needs ids, a filter or --all."""
+    letter_filter = LetterFilter(reason, since, until, key, topic, subscription)
+    selection = Selection(tuple(letter_ids or ()), letter_filter, every)
     with _progress(not cmd.json) as progress:
         task = progress.add_task("redriving", total=None)
         report = _letters(cmd).redrive(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from jobledger.domain.redaction import redact
@@ -287,6 +288,16 @@ class UnknownDeadLetterError(DeadLetterError):
     def __init__(self, letter_id: str) -> None:
         super().__init__(f"no dead letter {letter_id!r}")
         self.letter_id = letter_id
+
+
+class UnknownSubscriptionError(JobLedgerError):
+    """No configured subscription has that name; nothing was read or written."""
+
+    def __init__(self, name: str, known: Sequence[str]) -> None:
+        listed = ", ".join(known) if known else "none is configured"
+        super().__init__(f"no subscription {name!r} (known: {listed})")
+        self.name = name
+        self.known = tuple(known)
 
 
 class UnboundedBulkError(InvalidPayloadError):

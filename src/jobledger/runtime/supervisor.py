@@ -241,8 +241,9 @@ class Supervisor:
         if self.views is not None:
             metrics.watch_status(self.views)
             metrics.watch_log_reader("views", self.views)
-        if self.kafka_workers:
-            metrics.watch_consumers(list(self.kafka_workers), self.engine.config.kafka.group_id)
+        if self.kafka_workers and self.kafka is not None:
+            subscriptions = {s.name: s.topic for s in self.kafka.subscriptions}
+            metrics.watch_consumers(list(self.kafka_workers), self.kafka.group_id, subscriptions)
         config = self.engine.config
         if config.metrics.port is None:
             return None

@@ -103,13 +103,7 @@ def ensure_topics(settings: KafkaSettings, topics: Iterable[str] | None = None) 
     try:
         missing = [t for t in wanted if t not in set(client.list_topics())]
         if missing:
-            spec = {
-                name: {
-                    "num_partitions": settings.topic_partitions,
-                    "replication_factor": settings.replication_factor,
-                }
-                for name in missing
-            }
+            spec = {name: _topic_spec(settings, name) for name in missing}
             # Another process may create them at the same moment: already-exists is fine.
             client.create_topics(spec, raise_errors=False)
             client.wait_for_topics(missing, timeout_ms=30_000)
@@ -119,6 +113,21 @@ def ensure_topics(settings: KafkaSettings, topics: Iterable[str] | None = None) 
         raise KafkaUnavailableError(f"cannot create Kafka topics: {error}") from error
     finally:
         client.close()
+
+
+def _topic_spec(settings: KafkaSettings, name: str) -> dict[str, Any]:
+    if name == settings.pause_topic:
+        # A switch per subscription, its last state the one that counts: compaction keeps
+        # that for ever, and one partition keeps the switches in the order they were set.
+        return {
+            "num_partitions": 1,
+            "replication_factor": settings.replication_factor,
+            "configs": {"cleanup.policy": "compact"},
+        }
+    return {
+        "num_partitions": settings.topic_partitions,
+        "replication_factor": settings.replication_factor,
+    }
 
 
 def reach_timeouts(settings: KafkaSettings) -> dict[str, int]:

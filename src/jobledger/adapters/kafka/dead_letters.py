@@ -1,23 +1,28 @@
 """Dead letters: read, filter and redrive what the worker could not handle.
 
-A dead letter is a message the worker copied to ``jobledger.ticks.dlq`` or
-``jobledger.signals.dlq`` (see worker.py), named ``ticks:P:O`` / ``signals:P:O`` by its
-partition and offset there. Redriving one sends the original message (key, value, its own
-headers) back to its source topic with ``jobledger.redrive.of`` (the letter's id) and
-``jobledger.redrive.count``; then a marker record (``jobledger.dlq.redrive_of``) goes to the
-dead-letter topic, so the next redrive skips the letter unless forced.
+A dead letter is a message the worker copied to ``jobledger.ticks.dlq``,
+``jobledger.signals.dlq`` or a subscription's dead-letter topic (see worker.py), named
+``ticks:P:O``, ``signals:P:O`` or ``sub:NAME:P:O`` by its partition and offset there.
+Redriving one sends the original message (key, value, its own headers) back to its source
+topic (a subscription's: the topic it reads now) with ``jobledger.redrive.of`` (the
+letter's id), ``jobledger.redrive.count`` and ``jobledger.redrive.origin`` (where it was
+first read, ``topic:partition:offset``: a subscription's message keeps that identity, so
+its redrive makes the job its first delivery would have made, once); then a marker record
+(``jobledger.dlq.redrive_of``) goes to the dead-letter topic, so the next redrive skips
+the letter unless forced.
 
 Messages go out in batches: a batch is sent and flushed, then its markers are sent and
 flushed. A redrive killed between the two sends that batch again when it is run again (at
 least once, never lost); the engine makes that harmless: a tick only moves a job on from
-what its store holds, and a signal's id is consumed once.
+what its store holds, a signal's id is consumed once, and a subscription's message finds
+the job (or the signal) its identity made.
 """
 
 from __future__ import annotations
 
 import json
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
@@ -31,12 +36,13 @@ from jobledger.adapters.kafka.clients import KafkaUnavailableError
 from jobledger.adapters.kafka.settings import KafkaSettings
 from jobledger.domain.errors import DeadLetterError, UnknownDeadLetterError
 
-Kind = Literal["ticks", "signals"]
-KINDS: tuple[Kind, ...] = ("ticks", "signals")
+Kind = Literal["ticks", "signals", "subscription"]
+SUBSCRIPTION_PREFIX = "sub:"
 DLQ_PREFIX = "jobledger.dlq."
 REDRIVE_PREFIX = "jobledger.redrive."
 REDRIVE_OF = "jobledger.redrive.of"
 REDRIVE_COUNT = "jobledger.redrive.count"
+REDRIVE_ORIGIN = "jobledger.redrive.origin"
 MARKER_OF = "jobledger.dlq.redrive_of"
 MARKER_BY = "jobledger.dlq.redrive_by"
 MARKER_COUNT = "jobledger.dlq.redrive_count"
@@ -49,27 +55,82 @@ Progress = Callable[[int, int], None]
 Header = tuple[str, bytes]
 
 
+@dataclass(frozen=True)
+class LetterSource:
+    """Where letters come from and go back to: ``ticks``, ``signals`` or a subscription's
+    ``sub:NAME``, with its source topic and its dead-letter topic."""
+
+    name: str
+    topic: str
+    dlq_topic: str
+
+    @property
+    def kind(self) -> Kind:
+        return _kind(self.name)
+
+    @property
+    def subscription(self) -> str | None:
+        return self.name.removeprefix(SUBSCRIPTION_PREFIX) if self.kind == "subscription" else None
+
+
+def _kind(source: str) -> Kind:
+    if source.startswith(SUBSCRIPTION_PREFIX):
+        return "subscription"
+    return "ticks" if source == "ticks" else "signals"
+
+
+def letter_sources(settings: KafkaSettings) -> list[LetterSource]:
+    """Every source of letters, in the order they are listed: ticks, signals, then the
+    subscriptions as configured."""
+    return [
+        LetterSource("ticks", settings.ticks_topic, settings.ticks_dlq_topic),
+        LetterSource("signals", settings.signals_topic, settings.signals_dlq_topic),
+        *(
+            LetterSource(f"{SUBSCRIPTION_PREFIX}{s.name}", s.topic, s.dead_letter_topic)
+            for s in settings.subscriptions
+        ),
+    ]
+
+
+def source_named(settings: KafkaSettings, name: str) -> LetterSource:
+    """``ticks``, ``signals`` or ``sub:NAME``; an unknown subscription is named with the
+    known ones."""
+    if name.startswith(SUBSCRIPTION_PREFIX):
+        settings.subscription(name.removeprefix(SUBSCRIPTION_PREFIX))
+    return next(source for source in letter_sources(settings) if source.name == name)
+
+
 @dataclass(frozen=True, order=True)
 class LetterId:
-    """``ticks:P:O`` or ``signals:P:O``: where the letter sits on its dead-letter topic."""
+    """``ticks:P:O``, ``signals:P:O`` or ``sub:NAME:P:O``: where the letter sits on its
+    dead-letter topic."""
 
-    kind: Kind
+    source: str
     partition: int
     offset: int
 
     @classmethod
     def parse(cls, text: str) -> LetterId:
-        kind, _, rest = text.partition(":")
+        source, _, rest = text.partition(":")
+        if source == SUBSCRIPTION_PREFIX[:-1]:
+            name, _, rest = rest.partition(":")
+            source = f"{SUBSCRIPTION_PREFIX}{name}" if name else ""
         partition, _, offset = rest.partition(":")
-        if kind not in KINDS or not partition.isdigit() or not offset.isdigit():
+        if source not in ("ticks", "signals") and not source.startswith(SUBSCRIPTION_PREFIX):
+            source = ""
+        if not source or not partition.isdigit() or not offset.isdigit():
             raise DeadLetterError(
-                f"bad dead letter id {text!r}: expected ticks:PARTITION:OFFSET or "
-                "signals:PARTITION:OFFSET"
+                f"bad dead letter id {text!r}: expected ticks:PARTITION:OFFSET, "
+                "signals:PARTITION:OFFSET or sub:SUBSCRIPTION:PARTITION:OFFSET"
             )
-        return cls(kind, int(partition), int(offset))
+        return cls(source, int(partition), int(offset))
+
+    @property
+    def kind(self) -> Kind:
+        return _kind(self.source)
 
     def __str__(self) -> str:
-        return f"{self.kind}:{self.partition}:{self.offset}"
+        return f"{self.source}:{self.partition}:{self.offset}"
 
 
 @dataclass(frozen=True)
@@ -84,6 +145,7 @@ class Redrive:
 @dataclass(frozen=True)
 class DeadLetter:
     id: LetterId
+    source: LetterSource
     key: bytes | None
     value: bytes | None
     headers: tuple[Header, ...]
@@ -112,6 +174,20 @@ class DeadLetter:
     def redriven(self) -> bool:
         return bool(self.redrives)
 
+    @property
+    def origin(self) -> str | None:
+        """Where the message was first read, ``topic:partition:offset``: the position an
+        earlier redrive carried, else the one the worker dead-lettered it from."""
+        carried = self.header(REDRIVE_ORIGIN)
+        if carried is not None:
+            return carried
+        topic = self.header(f"{DLQ_PREFIX}topic")
+        partition = _int(self.header(f"{DLQ_PREFIX}partition"))
+        offset = _int(self.header(f"{DLQ_PREFIX}offset"))
+        if topic is None or partition is None or offset is None:
+            return None  # a letter made by hand says nothing of where it came from
+        return f"{topic}:{partition}:{offset}"
+
     def original_headers(self) -> list[Header]:
         """The message's own headers (its trace context, say), without what the dead
         letter and an earlier redrive added."""
@@ -125,7 +201,8 @@ class DeadLetter:
         """What ``show --json`` and the API print."""
         return {
             "id": str(self.id),
-            "kind": self.id.kind,
+            "kind": self.source.kind,
+            "subscription": self.source.subscription,
             "reason": self.reason,
             "error": self.error,
             "key": self.key_text,
@@ -136,6 +213,7 @@ class DeadLetter:
             "worker": self.header(f"{DLQ_PREFIX}worker"),
             "dead_lettered_at": self.dead_lettered_at.isoformat(),
             "redrive_of": self.header(REDRIVE_OF),
+            "origin": self.origin,
             "headers": {n: v.decode("utf-8", "replace") for n, v in self.original_headers()},
             "redrives": [{"by": r.by, "at": r.at, "count": r.count} for r in self.redrives],
         }
@@ -145,17 +223,20 @@ class DeadLetter:
 class LetterFilter:
     """Every given criterion must hold: ``reason`` exactly, dead-lettered at or after
     ``since`` and before ``until``, ``key`` exactly (or, ending in ``*``, as a prefix),
-    ``topic`` the source (``ticks``, ``signals`` or the topic's name)."""
+    ``topic`` the source (``ticks``, ``signals``, or a source or dead-letter topic's
+    name), ``subscription`` the subscription of that name."""
 
     reason: str | None = None
     since: datetime | None = None
     until: datetime | None = None
     key: str | None = None
     topic: str | None = None
+    subscription: str | None = None
 
     @property
     def is_empty(self) -> bool:
-        return all(v is None for v in (self.reason, self.since, self.until, self.key, self.topic))
+        criteria = (self.reason, self.since, self.until, self.key, self.topic, self.subscription)
+        return all(v is None for v in criteria)
 
     def matches(self, letter: DeadLetter) -> bool:
         at = letter.dead_lettered_at
@@ -166,18 +247,20 @@ class LetterFilter:
             and (self.key is None or _key_matches(self.key, letter.key_text))
         )
 
-    def kinds(self, settings: KafkaSettings) -> tuple[Kind, ...]:
-        """The dead-letter topics worth reading for ``topic``; a topic that is neither is
-        refused (it would silently match nothing)."""
+    def sources(self, settings: KafkaSettings) -> list[LetterSource]:
+        """The sources worth reading for ``subscription`` and ``topic``; an unknown
+        subscription, or a topic of no source, is refused (it would silently match
+        nothing)."""
+        sources = letter_sources(settings)
+        if self.subscription is not None:
+            sources = [source_named(settings, SUBSCRIPTION_PREFIX + self.subscription)]
         if self.topic is None:
-            return KINDS
-        for kind in KINDS:
-            if self.topic in (kind, _source_topic(settings, kind), _dlq_topic(settings, kind)):
-                return (kind,)
-        raise DeadLetterError(
-            f"unknown topic {self.topic!r}: expected ticks, signals, "
-            f"{settings.ticks_topic} or {settings.signals_topic}"
-        )
+            return sources
+        chosen = [s for s in sources if self.topic in (s.name, s.topic, s.dlq_topic)]
+        if not chosen:
+            known = ", ".join(["ticks", "signals", *(s.topic for s in sources)])
+            raise DeadLetterError(f"unknown topic {self.topic!r}: expected one of {known}")
+        return chosen
 
 
 @dataclass(frozen=True)
@@ -218,24 +301,33 @@ class DeadLetters:
     # ---- reading ---------------------------------------------------------------------
 
     def read(self, letter_filter: LetterFilter | None = None) -> list[DeadLetter]:
-        """The letters the filter matches, ticks then signals, in partition and offset order,
-        each with the redrives its markers record."""
+        """The letters the filter matches, ticks, signals, then each subscription's, in
+        partition and offset order, each with the redrives its markers record."""
         chosen = letter_filter or LetterFilter()
-        letters = self._load(chosen.kinds(self.settings))
+        letters = self._load(chosen.sources(self.settings))
         return [letter for letter in letters if chosen.matches(letter)]
 
     def get(self, letter_id: str) -> DeadLetter:
         wanted = LetterId.parse(letter_id)
-        for letter in self._load((wanted.kind,)):
+        for letter in self._load([source_named(self.settings, wanted.source)]):
             if letter.id == wanted:
                 return letter
         raise UnknownDeadLetterError(letter_id)
 
-    def _load(self, kinds: Sequence[Kind]) -> list[DeadLetter]:
-        records = _read_topics(self.settings, {_dlq_topic(self.settings, k): k for k in kinds})
+    def waiting(self) -> Counter[str]:
+        """Per subscription: its letters not redriven yet."""
+        sources = [s for s in letter_sources(self.settings) if s.subscription is not None]
+        return Counter(
+            letter.source.subscription or ""
+            for letter in self._load(sources)
+            if not letter.redriven
+        )
+
+    def _load(self, sources: Sequence[LetterSource]) -> list[DeadLetter]:
+        records = _read_topics(self.settings, {source.dlq_topic: source for source in sources})
         redrives: dict[str, list[Redrive]] = defaultdict(list)
         letters: list[DeadLetter] = []
-        for kind, record in records:
+        for source, record in records:
             headers = tuple(record.headers or ())
             names = dict(headers)
             if MARKER_OF in names:
@@ -243,16 +335,18 @@ class DeadLetters:
                 continue
             letters.append(
                 DeadLetter(
-                    LetterId(kind, record.partition, record.offset),
+                    LetterId(source.name, record.partition, record.offset),
+                    source,
                     record.key,
                     record.value,
                     headers,
                     _dead_lettered_at(names, record.timestamp),
                 )
             )
+        order = {source.name: n for n, source in enumerate(sources)}
         return [
             _with_redrives(letter, redrives.get(str(letter.id), []))
-            for letter in sorted(letters, key=lambda each: (KINDS.index(each.id.kind), each.id))
+            for letter in sorted(letters, key=lambda each: (order[each.id.source], each.id))
         ]
 
     # ---- redriving -------------------------------------------------------------------
@@ -296,6 +390,8 @@ class DeadLetters:
                 "name ids, give a filter, or ask for all of them (--all)"
             )
         wanted = [LetterId.parse(text) for text in selection.ids]
+        for source in {w.source for w in wanted}:
+            source_named(self.settings, source)  # a subscription not configured is named
         letters = self.read(selection.filter)
         if not wanted:
             return letters
@@ -307,13 +403,14 @@ class DeadLetters:
 
     def _original(self, letter: DeadLetter) -> _Outgoing:
         count = len(letter.redrives) + 1
+        origin = letter.origin
         headers = [
             *letter.original_headers(),
             (REDRIVE_OF, str(letter.id).encode()),
             (REDRIVE_COUNT, str(count).encode()),
+            *([] if origin is None else [(REDRIVE_ORIGIN, origin.encode())]),
         ]
-        topic = _source_topic(self.settings, letter.id.kind)
-        return _Outgoing(topic, letter.key, letter.value, headers)
+        return _Outgoing(letter.source.topic, letter.key, letter.value, headers)
 
     def _marker(self, letter: DeadLetter, by: str) -> _Outgoing:
         count = len(letter.redrives) + 1
@@ -325,8 +422,7 @@ class DeadLetters:
             (MARKER_COUNT, str(count).encode()),
             (MARKER_AT, at.encode()),
         ]
-        topic = _dlq_topic(self.settings, letter.id.kind)
-        return _Outgoing(topic, letter.key, json.dumps(value).encode(), headers)
+        return _Outgoing(letter.source.dlq_topic, letter.key, json.dumps(value).encode(), headers)
 
     def _send(self, producer: Any, messages: Sequence[_Outgoing]) -> None:
         """Send all, flush once, and check every acknowledgement."""
@@ -354,7 +450,9 @@ class _Outgoing:
 # ---- helpers -------------------------------------------------------------------------
 
 
-def _read_topics(settings: KafkaSettings, topics: dict[str, Kind]) -> list[tuple[Kind, Any]]:
+def _read_topics(
+    settings: KafkaSettings, topics: dict[str, LetterSource]
+) -> list[tuple[LetterSource, Any]]:
     """Every record of ``topics`` up to the end offsets as the read starts."""
     try:
         consumer = KafkaConsumer(
@@ -377,7 +475,9 @@ def _read_topics(settings: KafkaSettings, topics: dict[str, Kind]) -> list[tuple
         consumer.close()
 
 
-def _drain(consumer: Any, topics: dict[str, Kind], timeout: float) -> Iterator[tuple[Kind, Any]]:
+def _drain(
+    consumer: Any, topics: dict[str, LetterSource], timeout: float
+) -> Iterator[tuple[LetterSource, Any]]:
     partitions = [
         TopicPartition(topic, p)
         for topic in topics
@@ -442,14 +542,6 @@ def _key_matches(pattern: str, key: str | None) -> bool:
 
 def _int(text: str | None) -> int | None:
     return int(text) if text is not None and text.isdigit() else None
-
-
-def _source_topic(settings: KafkaSettings, kind: Kind) -> str:
-    return settings.ticks_topic if kind == "ticks" else settings.signals_topic
-
-
-def _dlq_topic(settings: KafkaSettings, kind: Kind) -> str:
-    return settings.ticks_dlq_topic if kind == "ticks" else settings.signals_dlq_topic
 
 
 def _chunks(items: Sequence[DeadLetter], size: int) -> Iterator[Sequence[DeadLetter]]:

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from jobledger.config import EngineConfig
-from jobledger.domain.errors import ConfigError
-from jobledger.domain.event_routes import EventRoute
+from jobledger.domain.errors import ConfigError, UnknownSubscriptionError
+from jobledger.domain.event_routes import KAFKA_TOPIC, EventRoute
 from jobledger.domain.subscription import Subscription
 
 
@@ -39,7 +40,13 @@ class KafkaSettings:
                     f"event_routes: topic {route.topic!r} is the events topic "
                     "(kafka_events_topic): route to a topic of your own"
                 )
-        own = set(self.own_topics)
+        if self.subscriptions and not re.fullmatch(KAFKA_TOPIC, self.pause_topic):
+            raise ConfigError(
+                f"kafka_group_id {self.group_id!r} names the subscriptions' pause topic "
+                f"{self.pause_topic!r}, which is not a legal Kafka topic name: use letters, "
+                "digits, '.', '_' and '-'"
+            )
+        own = {*self.own_topics, self.pause_topic}
         seen: dict[str, str] = {}
         for subscription in self.subscriptions:
             for topic in (subscription.topic, subscription.dead_letter_topic):
@@ -55,6 +62,23 @@ class KafkaSettings:
                     f"both read topic {subscription.topic!r}"
                 )
             seen[subscription.topic] = subscription.name
+        self._check_dead_letter_topics()
+
+    def _check_dead_letter_topics(self) -> None:
+        """A subscription's dead-letter topic is its own: its letters are redriven to its
+        topic, so a topic shared with another subscription (as its source or its dead
+        letters) would send them to the wrong one."""
+        sources = {s.topic: s.name for s in self.subscriptions}
+        seen: dict[str, str] = {}
+        for subscription in self.subscriptions:
+            topic = subscription.dead_letter_topic
+            other = seen.get(topic) or sources.get(topic)
+            if other is not None:
+                raise ConfigError(
+                    f"subscriptions {other!r} and {subscription.name!r} share topic "
+                    f"{topic!r}: give each subscription a dead-letter topic of its own"
+                )
+            seen[topic] = subscription.name
 
     @classmethod
     def of(cls, config: EngineConfig) -> KafkaSettings:
@@ -81,6 +105,11 @@ class KafkaSettings:
         ]
 
     @property
+    def pause_topic(self) -> str:
+        """The subscriptions' pause switches (see pauses.py): one per consumer group."""
+        return f"{self.group_id}.paused"
+
+    @property
     def topics(self) -> list[str]:
         """Every topic jobledger makes when it is missing (``create_topics``)."""
         return list(
@@ -90,9 +119,17 @@ class KafkaSettings:
                     *(route.topic for route in self.event_routes),
                     *(s.topic for s in self.subscriptions),
                     *(s.dead_letter_topic for s in self.subscriptions),
+                    *([self.pause_topic] if self.subscriptions else []),
                 ]
             )
         )
+
+    def subscription(self, name: str) -> Subscription:
+        """The subscription of that name; an unknown one is named with the known ones."""
+        for subscription in self.subscriptions:
+            if subscription.name == name:
+                return subscription
+        raise UnknownSubscriptionError(name, [s.name for s in self.subscriptions])
 
     def subscription_for(self, topic: str) -> Subscription | None:
         return next((s for s in self.subscriptions if s.topic == topic), None)

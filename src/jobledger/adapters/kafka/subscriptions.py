@@ -11,9 +11,11 @@ its reason, and the worker dead-letters it: its partition moves on.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping
 from typing import Any, Protocol
 
+from jobledger.adapters.kafka.dead_letters import REDRIVE_ORIGIN
 from jobledger.adapters.kafka.messages import MalformedMessage
 from jobledger.domain.errors import (
     IdempotencyKeyReusedError,
@@ -23,6 +25,7 @@ from jobledger.domain.errors import (
     UnknownJobError,
     UnknownWorkflowError,
 )
+from jobledger.domain.event_routes import KAFKA_TOPIC
 from jobledger.domain.subscription import (
     Message,
     Subscription,
@@ -75,14 +78,33 @@ def message_of(record: Any) -> Message:
         raise MalformedMessage("not_json", str(error)) from None
     except RecursionError:
         raise MalformedMessage("not_json", "the JSON is nested too deeply to read") from None
+    headers = tuple(record.headers or ())
+    topic, partition, offset = _first_read(record, headers)
     return Message(
-        topic=record.topic,
-        partition=record.partition,
-        offset=record.offset,
+        topic=topic,
+        partition=partition,
+        offset=offset,
         key=record.key,
-        headers=tuple(record.headers or ()),
+        headers=headers,
         value=document,
     )
+
+
+def _first_read(record: Any, headers: tuple[tuple[str, bytes], ...]) -> tuple[str, int, int]:
+    """Where the message was first read: a redriven dead letter says so in
+    ``jobledger.redrive.origin``, so it keeps the identity (and the templates their
+    values) of its first delivery, and makes the job that delivery would have made, once."""
+    found = [value for name, value in headers if name == REDRIVE_ORIGIN]
+    if not found:
+        return record.topic, record.partition, record.offset
+    text = found[-1].decode("utf-8", "replace")
+    topic, _, rest = text.rpartition(":")
+    topic, _, partition = topic.rpartition(":")
+    if not (re.fullmatch(KAFKA_TOPIC, topic) and partition.isdigit() and rest.isdigit()):
+        raise MalformedMessage(
+            "origin", f"header {REDRIVE_ORIGIN} {text!r} is not TOPIC:PARTITION:OFFSET"
+        )
+    return topic, int(partition), int(rest)
 
 
 def handle(engine: SubmittingEngine, subscription: Subscription, record: Any) -> str:

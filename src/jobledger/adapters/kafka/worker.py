@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -47,6 +48,7 @@ from jobledger.adapters.kafka.messages import (
     decode_signal,
     decode_tick,
 )
+from jobledger.adapters.kafka.pauses import PauseBoard
 from jobledger.adapters.kafka.settings import KafkaSettings
 from jobledger.domain.errors import (
     ConcurrencyError,
@@ -73,6 +75,9 @@ HANDLER_ATTEMPTS = 3
 """An unexpected exception (a bug) is retried this often before the message is
 dead-lettered, so one poison message cannot stall its partition for ever."""
 DLQ_HEADER_PREFIX = "jobledger.dlq."
+PAUSED_ENDS_SECONDS = 2.0
+"""How often the end offsets of paused partitions are asked for: a paused partition is
+not fetched, so the last fetch's high-water mark would hide the lag growing behind it."""
 
 Position = tuple[str, int, int]
 TickObserver = Callable[[TickMessage, "TickReport | None"], None]
@@ -148,21 +153,38 @@ class KafkaWorker:
         self.consumer_lag: dict[tuple[str, int], int] = {}
         """Per assigned (topic, partition): messages between this worker's position and
         the partition's end, as of its last poll (replaced whole, so a scrape reads one)."""
+        self.pauses = PauseBoard(settings) if settings.subscriptions else None
+        self.paused_subscriptions: frozenset[str] = frozenset()
+        """The subscriptions paused as of the last loop (replaced whole, as the lag is)."""
+        self.paused_topics: frozenset[str] = frozenset()
+        self._paused_ends: dict[TopicPartition, int] = {}
+        self._paused_ends_at = 0.0
 
     # ---- the loop ----------------------------------------------------------------------
 
     def run(self) -> None:
         """Poll, handle, commit until ``stopping`` is set; then leave the group."""
-        consumer = clients.consumer(
-            self.settings,
-            topics=[
-                self.settings.ticks_topic,
-                self.settings.signals_topic,
-                *(s.topic for s in self.settings.subscriptions),
-            ],
-            listener=_Listener(self),
-            max_poll_records=self.max_poll_records,
-        )
+        if self.pauses is not None:
+            # Before joining: the partitions of a paused subscription are paused as they
+            # are assigned, never fetched first.
+            self.pauses.open()
+            self.note_pauses()
+        listener = _Listener(self)
+        try:
+            consumer = clients.consumer(
+                self.settings,
+                topics=[
+                    self.settings.ticks_topic,
+                    self.settings.signals_topic,
+                    *(s.topic for s in self.settings.subscriptions),
+                ],
+                listener=listener,
+                max_poll_records=self.max_poll_records,
+            )
+        except KafkaUnavailableError:
+            self.close_pauses()
+            raise
+        listener.consumer = consumer
         # Lanes per run: a worker the supervisor restarts after a crash starts afresh. A
         # job's ticks and signals share its key, so they stay in order on one lane.
         lanes: Lanes[Any] = Lanes(
@@ -173,6 +195,7 @@ class KafkaWorker:
         )
         try:
             while not self.stopping.is_set():
+                self.obey_pauses(consumer)
                 try:
                     batch = consumer.poll(timeout_ms=200)
                 except KafkaError as error:
@@ -190,6 +213,7 @@ class KafkaWorker:
                 self.settle(consumer)
                 consumer.close(autocommit=False)
             finally:
+                self.close_pauses()
                 producer, self._dlq_producer = self._dlq_producer, None
                 if producer is not None:
                     producer.close(timeout=5)
@@ -197,14 +221,64 @@ class KafkaWorker:
     def stop(self) -> None:
         self.stopping.set()
 
+    # ---- pausing subscriptions (pauses.py) ---------------------------------------------
+
+    def note_pauses(self) -> None:
+        """The configured subscriptions the switches say are paused, and their topics."""
+        assert self.pauses is not None
+        subscribed = self.settings.subscriptions
+        paused = frozenset(s.name for s in subscribed if s.name in self.pauses.paused)
+        for name in sorted(paused ^ self.paused_subscriptions):
+            state = self.pauses.states.get(name)
+            log.info(
+                "%s: subscription %s %s%s",
+                self.settings.worker_id,
+                name,
+                "paused" if name in paused else "resumed",
+                "" if state is None else f" by {state.by} ({state.reason or 'no reason given'})",
+            )
+        self.paused_subscriptions = paused
+        self.paused_topics = frozenset(s.topic for s in subscribed if s.name in paused)
+
+    def obey_pauses(self, consumer: Any) -> None:
+        """Read the switches set since the last loop, pause the partitions held of paused
+        subscriptions' topics and resume the others: obeyed before the next poll."""
+        if self.pauses is None:
+            return
+        self.pauses.refresh()
+        self.note_pauses()
+        topics = self.paused_topics
+        consumer.pause(*[tp for tp in consumer.assignment() if tp.topic in topics])
+        consumer.resume(*[tp for tp in consumer.paused() if tp.topic not in topics])
+
+    def close_pauses(self) -> None:
+        if self.pauses is not None:
+            self.pauses.close()
+
+    def paused_ends(self, consumer: Any) -> dict[TopicPartition, int]:
+        """The end offsets of the paused partitions held, asked for every few seconds."""
+        paused = consumer.paused()
+        stale = time.monotonic() - self._paused_ends_at >= PAUSED_ENDS_SECONDS
+        if paused and (stale or set(self._paused_ends) != paused):
+            self._paused_ends_at = time.monotonic()
+            try:
+                self._paused_ends = dict(consumer.end_offsets(list(paused), timeout_ms=1_000))
+            except KafkaError as error:
+                log.debug("end offsets of paused partitions not read: %r", error)
+        return {tp: end for tp, end in self._paused_ends.items() if tp in paused}
+
     def note_lag(self, consumer: Any, batch: dict[TopicPartition, list[Any]]) -> None:
         """Each assigned partition's lag as a poll leaves it, before its batch is handled:
         the messages from the first one in hand (else the position) to the end the last
-        fetch reported. No request of its own: a partition not fetched yet is left out."""
+        fetch reported. No request of its own (but for paused partitions, whose ends no
+        fetch reports): a partition not fetched yet is left out."""
         in_hand = {tp: records[0].offset for tp, records in batch.items() if records}
+        paused_ends = self.paused_ends(consumer) if self.pauses is not None else {}
         lag: dict[tuple[str, int], int] = {}
         for partition in consumer.assignment():
-            end = consumer.highwater(partition)
+            end = paused_ends.get(partition)
+            if end is None:
+                end = consumer.highwater(partition)
             if end is None:
                 continue
             position = in_hand.get(partition)
@@ -487,15 +561,22 @@ class KafkaWorker:
 
 
 class _Listener(ConsumerRebalanceListener):  # type: ignore[misc]
-    """Runs on the client's IO thread: it only records, it never commits."""
+    """Runs on the client's IO thread: it records, and pauses what it must; it never
+    commits."""
 
     def __init__(self, worker: KafkaWorker) -> None:
         self.worker = worker
+        self.consumer: Any = None
 
     def on_partitions_revoked(self, revoked: Any) -> None:
         log.info("%s: partitions revoked: %s", self.worker.settings.worker_id, sorted(revoked))
 
     def on_partitions_assigned(self, assigned: Any) -> None:
+        # Kafka forgets a pause when it assigns the partition again: paused before any
+        # fetch of the new assignment.
+        paused = [tp for tp in assigned if tp.topic in self.worker.paused_topics]
+        if paused and self.consumer is not None:
+            self.consumer.pause(*paused)
         self.worker.assignment = frozenset(assigned)
         self.worker.stats.assignments.append(frozenset(assigned))
         self.worker.joined.set()

@@ -8,6 +8,7 @@ every metric.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from datetime import UTC, datetime
 
 from prometheus_client import (
@@ -79,8 +80,11 @@ class Metrics:
         """``reader`` names it in the ``reader`` label: ``views`` or ``outbox``."""
         self.scraped.add(LogLagCollector(reader, source, self.now))
 
-    def watch_consumers(self, workers: list[ConsumerLag], group: str) -> None:
-        self.scraped.add(KafkaLagCollector(workers, group))
+    def watch_consumers(
+        self, workers: list[ConsumerLag], group: str, subscriptions: Mapping[str, str]
+    ) -> None:
+        """``subscriptions``: each subscription's topic by its name."""
+        self.scraped.add(KafkaLagCollector(workers, group, subscriptions))
 
     # ---- exposition --------------------------------------------------------------------
 

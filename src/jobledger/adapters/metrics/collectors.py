@@ -41,10 +41,14 @@ class LogReaderSource(Protocol):
 
 
 class ConsumerLag(Protocol):
-    """A Kafka worker: per (topic, partition) it holds, how many messages it is behind."""
+    """A Kafka worker: per (topic, partition) it holds, how many messages it is behind,
+    and which subscriptions it finds paused."""
 
     @property
     def consumer_lag(self) -> Mapping[tuple[str, int], int]: ...
+
+    @property
+    def paused_subscriptions(self) -> frozenset[str]: ...
 
 
 class Source(Protocol):
@@ -161,13 +165,17 @@ class LogLagCollector:
 
 
 class KafkaLagCollector:
-    """The Kafka workers' consumer lag, per partition they hold (as of their last poll)."""
+    """The Kafka workers' consumer lag, per partition they hold (as of their last poll),
+    and per subscription (``subscriptions``: name to topic) its lag and pause."""
 
     name = "kafka_consumer_lag"
 
-    def __init__(self, workers: Sequence[ConsumerLag], group: str) -> None:
+    def __init__(
+        self, workers: Sequence[ConsumerLag], group: str, subscriptions: Mapping[str, str]
+    ) -> None:
         self.workers = workers
         self.group = group
+        self.subscriptions = subscriptions
 
     def families(self) -> Iterator[GaugeMetricFamily]:
         lag = GaugeMetricFamily(
@@ -175,7 +183,30 @@ class KafkaLagCollector:
             "Messages between a worker's position and the partition's end.",
             labels=["group", "topic", "partition"],
         )
+        by_topic: Counter[str] = Counter()
         for worker in self.workers:
             for (topic, partition), behind in sorted(worker.consumer_lag.items()):
                 lag.add_metric([self.group, topic, str(partition)], behind)
+                by_topic[topic] += behind
         yield lag
+        if self.subscriptions:
+            yield from self._subscriptions(by_topic)
+
+    def _subscriptions(self, by_topic: Counter[str]) -> Iterator[GaugeMetricFamily]:
+        lag = GaugeMetricFamily(
+            "jobledger_subscription_lag",
+            "Messages of a subscription's topic not made jobs of yet, over the partitions "
+            "this process's workers hold.",
+            labels=["subscription"],
+        )
+        paused = GaugeMetricFamily(
+            "jobledger_subscription_paused",
+            "1 while a subscription is paused (jobledger subscriptions pause), else 0.",
+            labels=["subscription"],
+        )
+        switched = {name for worker in self.workers for name in worker.paused_subscriptions}
+        for name, topic in sorted(self.subscriptions.items()):
+            lag.add_metric([name], by_topic[topic])
+            paused.add_metric([name], 1 if name in switched else 0)
+        yield lag
+        yield paused
