@@ -3,6 +3,9 @@ flat name: the keyword, the config file's key and the ``JOBLEDGER_*`` variable."
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -12,6 +15,7 @@ from pydantic import SecretStr, ValidationError
 
 from jobledger import EngineConfig
 from jobledger.config import GROUPS, SETTINGS, ConcurrencyLimit
+from jobledger.domain.errors import ConfigError
 from jobledger.domain.event_routes import EventRoute
 from jobledger.domain.subscription import Subscription
 
@@ -136,3 +140,33 @@ def test_model_copy_takes_flat_names_into_their_groups() -> None:
 
 def test_no_flat_name_is_a_group_name() -> None:
     assert not set(SETTINGS) & set(GROUPS)
+
+
+def test_a_list_or_table_variable_that_is_not_json_is_named_with_the_problem(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Issue 28's outsider: a malformed JOBLEDGER_SUBSCRIPTIONS crashed every command with
+    pydantic-settings' traceback, naming neither the variable nor what was wrong."""
+    complex_ones = [name for name, (value, _) in VARIABLES.items() if value[:1] in "[{"]
+    assert {"SUBSCRIPTIONS", "EVENT_ROUTES", "RETENTION_TENANTS"} <= set(complex_ones)
+    for name in complex_ones:
+        for bad in ("[{bad", ""):
+            with monkeypatch.context() as patched:
+                patched.setenv(f"JOBLEDGER_{name}", bad)
+                with pytest.raises(ConfigError, match=f"^JOBLEDGER_{name} is not valid JSON: "):
+                    EngineConfig()
+
+
+def test_a_malformed_subscriptions_variable_stops_a_command_with_exit_3(tmp_path: Path) -> None:
+    env = {**os.environ, "JOBLEDGER_SUBSCRIPTIONS": '[{"name": '}
+    done = subprocess.run(
+        [sys.executable, "-m", "jobledger", "list"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 3, done.stderr
+    assert "JOBLEDGER_SUBSCRIPTIONS is not valid JSON" in done.stderr
+    assert "Traceback" not in done.stderr
