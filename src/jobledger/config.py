@@ -27,6 +27,7 @@ from pydantic import (
     field_validator,
     model_validator,
 )
+from pydantic.fields import FieldInfo
 from pydantic_core import InitErrorDetails
 from pydantic_settings import (
     BaseSettings,
@@ -35,6 +36,7 @@ from pydantic_settings import (
     SettingsConfigDict,
 )
 
+from jobledger.domain.errors import ConfigError
 from jobledger.domain.event_routes import KAFKA_TOPIC, EventRoute
 from jobledger.domain.retention import ArchiveTarget
 from jobledger.domain.subscription import Subscription, check_libraries, check_unique
@@ -426,6 +428,17 @@ class _FlatVariables(EnvSettingsSource):
 
     def __call__(self) -> dict[str, Any]:
         return grouped(super().__call__())
+
+    def prepare_field_value(
+        self, field_name: str, field: FieldInfo, value: Any, value_is_complex: bool
+    ) -> Any:
+        """A list or table setting's value, read as JSON; one that is not JSON is named
+        (pydantic-settings' own error names neither the variable nor the problem)."""
+        try:
+            return super().prepare_field_value(field_name, field, value, value_is_complex)
+        except ValueError as error:
+            variable = f"{self.env_prefix}{field_name}".upper()
+            raise ConfigError(f"{variable} must be JSON (a list or a table): {error}") from None
 
 
 # A settings class of flat fields alone, for _FlatVariables to read the variables by.

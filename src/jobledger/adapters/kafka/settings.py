@@ -39,22 +39,39 @@ class KafkaSettings:
                     f"event_routes: topic {route.topic!r} is the events topic "
                     "(kafka_events_topic): route to a topic of your own"
                 )
+        self._check_subscriptions()
+
+    def _check_subscriptions(self) -> None:
+        """Each subscription reads a topic of the user's own, no other subscription reads
+        it, and its dead letters go where no subscription reads them again."""
         own = set(self.own_topics)
-        seen: dict[str, str] = {}
+        readers: dict[str, str] = {}
         for subscription in self.subscriptions:
-            for topic in (subscription.topic, subscription.dead_letter_topic):
+            for key, topic in (
+                ("topic", subscription.topic),
+                ("dlq_topic", subscription.dead_letter_topic),
+            ):
                 if topic in own:
                     raise ConfigError(
-                        f"subscription {subscription.name!r}: topic {topic!r} is one of "
-                        "jobledger's own: subscribe to a topic of your own"
+                        f"subscription {subscription.name!r}: {key} {topic!r} is one of "
+                        "jobledger's own topics: name a topic of your own"
                     )
-            if subscription.topic in seen:
+            if subscription.topic in readers:
                 # One consumer group reads a topic once: which subscription would get it?
                 raise ConfigError(
-                    f"subscriptions {seen[subscription.topic]!r} and {subscription.name!r} "
+                    f"subscriptions {readers[subscription.topic]!r} and {subscription.name!r} "
                     f"both read topic {subscription.topic!r}"
                 )
-            seen[subscription.topic] = subscription.name
+            readers[subscription.topic] = subscription.name
+        for subscription in self.subscriptions:
+            reader = readers.get(subscription.dead_letter_topic)
+            if reader is not None:
+                # Its dead letters would come back as messages of another subscription.
+                raise ConfigError(
+                    f"subscription {subscription.name!r}: its dead letters would go to "
+                    f"topic {subscription.dead_letter_topic!r}, which subscription "
+                    f"{reader!r} reads"
+                )
 
     @classmethod
     def of(cls, config: EngineConfig) -> KafkaSettings:
