@@ -326,6 +326,36 @@ def test_a_failed_commit_is_retried_by_the_same_engine_until_the_job_completes(
     assert executor.calls == {step_key(TENANT, JOB, n): 1 for n in range(1, AGENT_STEPS + 1)}
 
 
+@pytest.mark.parametrize("repeat_by", ["idempotency_key", "job_id"])
+def test_a_submit_that_died_before_the_first_tick_is_started_by_its_repeat(
+    repeat_by: str, make_engine: EngineFactory, executor: CountingExecutor
+) -> None:
+    """The job written, its first tick never sent: a repeat of the submit (a client's
+    retry, a subscription's message read again) finds the job still as its submit wrote
+    it and sends that tick, so the job starts without waiting for the reconciler. A repeat
+    that finds its job started sends nothing."""
+    key = {"idempotency_key": "order-7"} if repeat_by == "idempotency_key" else {}
+    crashing = make_engine(
+        wrap_store=lambda store: CrashAfterAppend(
+            store, lambda _, events: any(isinstance(e, Job.Submitted) for e in events)
+        )
+    )
+    with pytest.raises(Crash):
+        crashing.submit(TENANT, JOB, "agent3", **key)
+    assert isinstance(crashing.queue, LocalQueue) and len(crashing.queue) == 0
+
+    fresh = make_engine()  # a fresh process: its own empty queue
+    assert isinstance(fresh.queue, LocalQueue)
+    again = fresh.submission(TENANT, JOB, "agent3", **key)
+    assert again.created is False and again.job.version == 1
+    pending = [(tick.job_id, tick.reason, dedupe) for _, tick, dedupe in fresh.queue.pending()]
+    assert pending == [(JOB, "create", "create")]
+    fresh.run_until_idle()
+    assert_completed_exactly_once(fresh, JOB, AGENT_STEPS)
+    fresh.submission(TENANT, JOB, "agent3", **key)
+    assert len(fresh.queue) == 0
+
+
 # ---- 2. real process kills ---------------------------------------------------------------
 
 

@@ -12,7 +12,8 @@ module names whose ``@workflow`` and ``@step`` objects are served:
 :mod:`jobledger.cli.code_modules`).
 Every path the file names is relative to the file: the definitions, a SQLite store
 (``sqlite:///jobs.db`` is the ``jobs.db`` beside the file), a ``file:`` notifier, the
-runner's archive directory (``retention_archive_to``) and the
+runner's archive directory (``retention_archive_to``), a subscription's JSON Schema file
+(``input_schema`` of ``[[subscriptions]]``) and the
 executor's and workflows' modules (imported from the file's directory first).
 ``JOBLEDGER_DEFINITIONS``, ``JOBLEDGER_EXECUTOR`` and ``JOBLEDGER_WORKFLOWS`` (module
 names, comma-separated) set those from the environment (relative to the current

@@ -21,6 +21,7 @@ import json
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Final, Literal, Self
 
@@ -34,9 +35,15 @@ from pydantic import (
     model_validator,
 )
 
+from jobledger.domain.budget import parse_budget
+from jobledger.domain.errors import InvalidPayloadError
 from jobledger.domain.event_routes import KAFKA_TOPIC
 
 NAME: Final = r"^[A-Za-z0-9._-]{1,100}$"
+MAX_ID: Final = 200
+"""Longest idempotency key and signal id the engine takes (``engine.ids.MAX_ID_LENGTH``)."""
+LAST_POSITION: Final = f"{2**31 - 1}:{2**63 - 1}"
+"""The longest ``partition:offset`` a message can have (Kafka's int32 and int64)."""
 _FIELD: Final = re.compile(r"\{([^{}]*)\}")
 _SIMPLE_FIELDS: Final = ("key", "topic", "partition", "offset")
 MISSING: Final = object()
@@ -222,6 +229,17 @@ class Subscription(BaseModel):
             raise ValueError(f"input {where!r}: expected 'value' or 'value.PATH'")
         return where
 
+    @field_validator("budget")
+    @classmethod
+    def _a_budget(cls, budget: dict[str, Any] | None) -> dict[str, Any] | None:
+        """Checked now: a budget the engine refuses would dead-letter every message."""
+        if budget is not None:
+            try:
+                parse_budget(budget, now=datetime.now(UTC))
+            except InvalidPayloadError as error:
+                raise ValueError(str(error)) from None
+        return budget
+
     @field_validator("tenants")
     @classmethod
     def _some_tenants(cls, tenants: tuple[str, ...] | None) -> tuple[str, ...] | None:
@@ -251,10 +269,26 @@ class Subscription(BaseModel):
                 raise ValueError(f"subscription {self.name!r}: {unused[0]} is for action 'submit'")
         if self.dead_letter_topic == self.topic:
             raise ValueError(f"subscription {self.name!r}: dlq_topic is its own topic")
+        self._check_id_length()
         if self.input_schema is not None:
             # Read once: a schema file is not read again per message.
             self._schema = self._read_schema()
+            check_schema(self.name, self._schema)
         return self
+
+    def _check_id_length(self) -> None:
+        """A message's id (idempotency key, signal id) by its position must fit in an
+        id, or every message would be dead-lettered; a business key is the message's."""
+        if self.key is not None:
+            return
+        longest = len(self.dedupe_id(f"{self.topic}:{LAST_POSITION}"))
+        if longest > MAX_ID:
+            raise ValueError(
+                f"subscription {self.name!r}: its message ids "
+                f"(sub:<name>:<topic>:<partition>:<offset>) reach {longest} characters, "
+                f"over the {MAX_ID} an id may have: shorten its name or topic, or declare "
+                "a business key"
+            )
 
     @property
     def dead_letter_topic(self) -> str:
@@ -305,8 +339,8 @@ class Subscription(BaseModel):
         return f"{self.name}-{digest}"
 
     def dedupe_id(self, identity: str) -> str:
-        """The submit's idempotency key and the signal's id: one per subscription and
-        message identity, so two subscriptions of one topic each make their own job."""
+        """The submit's idempotency key and the signal's id (``sub:<name>:<identity>``):
+        one per subscription and message identity."""
         return f"sub:{self.name}:{identity}"
 
     def input_of(self, message: Message) -> dict[str, Any]:
@@ -362,28 +396,33 @@ def validate_schema(schema: Mapping[str, Any], document: Any) -> None:
         raise SubscriptionMessageError("schema", f"{where}: {failure.message}")
 
 
+def check_schema(name: str, schema: dict[str, Any]) -> None:
+    """A ValueError when ``schema`` is not a valid JSON Schema (by the version its
+    ``$schema`` names); without the jsonschema library nothing is checked here, and
+    :func:`check_libraries` says what to install."""
+    try:
+        import jsonschema
+    except ImportError:
+        return
+    try:
+        jsonschema.validators.validator_for(schema).check_schema(schema)
+    except jsonschema.exceptions.SchemaError as error:
+        raise ValueError(
+            f"subscription {name!r}: input_schema is not a valid JSON Schema: {error.message}"
+        ) from None
+
+
 def check_libraries(subscriptions: Iterable[Subscription]) -> None:
     """A subscription naming a JSON Schema needs the jsonschema library: say so at the
     start, not at the first message."""
-    subscriptions = list(subscriptions)
     if not any(s.input_json_schema is not None for s in subscriptions):
         return
     try:
-        import jsonschema
+        import jsonschema  # noqa: F401
     except ImportError:
         raise ValueError(
             "input_schema needs the jsonschema library: pip install 'jobledger[subscriptions]'"
         ) from None
-    for subscription in subscriptions:
-        schema = subscription.input_json_schema
-        if schema is not None:
-            try:
-                jsonschema.validators.validator_for(schema).check_schema(schema)
-            except jsonschema.exceptions.SchemaError as error:
-                raise ValueError(
-                    f"subscription {subscription.name!r}: input_schema is not a valid "
-                    f"JSON Schema: {error.message}"
-                ) from None
 
 
 def check_unique(subscriptions: Iterable[Subscription]) -> None:

@@ -193,7 +193,7 @@ class JobCommands:
                 existing = self._store.load(marker.job_uuid)
                 if existing is not None:
                     self._check_same_key(existing, asked, idempotency_key)
-                    return Submission(JobView.of(existing), created=False)
+                    return self._found(existing)
                 # An archived job is not made again under its key (restore brings it back).
                 self._jobs.raise_if_archived(tenant_id, marker.job_id)
                 # The key was reserved by a submit that died before creating its job.
@@ -280,13 +280,27 @@ class JobCommands:
             priority=asked.priority,
         )
         stored = self._create(job, asked)
-        if stored is job:
-            self._orchestrator.report(
-                job, "job.submitted", workflowType=workflow_type, workflowVersion=version
-            )
-            tick = Tick(tenant_id, job_id, "create", trace_context=trace_context or None)
-            self._gatekeeper.enter(job, tick)
-        return Submission(JobView.of(stored), created=stored is job)
+        if stored is not job:
+            return self._found(stored)
+        self._orchestrator.report(
+            job, "job.submitted", workflowType=workflow_type, workflowVersion=version
+        )
+        tick = Tick(tenant_id, job_id, "create", trace_context=trace_context or None)
+        self._gatekeeper.enter(job, tick)
+        return Submission(JobView.of(job), created=True)
+
+    def _found(self, job: Job) -> Submission:
+        """A repeat of a submit, answered with the job it finds. A job still as its
+        submit wrote it (version 1) may never get its first tick: the first submit may
+        have died between writing the job and sending it (a subscription's message read
+        again after a worker was killed there). So the repeat sends that tick again, as
+        the reconciler would after ``lost_tick_after``, only now. A tick too many is
+        harmless: it finds the job held for admission, or under a claim, or moved on."""
+        if job.version == 1:
+            context = job.trace_context or None
+            tick = Tick(job.tenant_id, job.job_id, "create", trace_context=context)
+            self._deps.queue.enqueue(tick, dedupe_key="create")
+        return Submission(JobView.of(job), created=False)
 
     def spawn_child(self, parent: Job, plan: Mapping[str, Any]) -> None:
         """Submit a child a map step planned (``orchestration.child_jobs.Spawner``): its submit key

@@ -46,22 +46,30 @@ class KafkaSettings:
                 f"{self.pause_topic!r}, which is not a legal Kafka topic name: use letters, "
                 "digits, '.', '_' and '-'"
             )
+        self._check_subscriptions()
+
+    def _check_subscriptions(self) -> None:
+        """Each subscription reads a topic of the user's own that no other subscription
+        reads, and its dead letters go to a topic of its own."""
         own = {*self.own_topics, self.pause_topic}
-        seen: dict[str, str] = {}
+        readers: dict[str, str] = {}
         for subscription in self.subscriptions:
-            for topic in (subscription.topic, subscription.dead_letter_topic):
+            for key, topic in (
+                ("topic", subscription.topic),
+                ("dlq_topic", subscription.dead_letter_topic),
+            ):
                 if topic in own:
                     raise ConfigError(
-                        f"subscription {subscription.name!r}: topic {topic!r} is one of "
-                        "jobledger's own: subscribe to a topic of your own"
+                        f"subscription {subscription.name!r}: {key} {topic!r} is one of "
+                        "jobledger's own topics: name a topic of your own"
                     )
-            if subscription.topic in seen:
+            if subscription.topic in readers:
                 # One consumer group reads a topic once: which subscription would get it?
                 raise ConfigError(
-                    f"subscriptions {seen[subscription.topic]!r} and {subscription.name!r} "
+                    f"subscriptions {readers[subscription.topic]!r} and {subscription.name!r} "
                     f"both read topic {subscription.topic!r}"
                 )
-            seen[subscription.topic] = subscription.name
+            readers[subscription.topic] = subscription.name
         self._check_dead_letter_topics()
 
     def _check_dead_letter_topics(self) -> None:
