@@ -11,10 +11,7 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 from collections import Counter
-from collections.abc import Iterator
-from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -40,7 +37,7 @@ from tests.support.cli import run_jobledger
 from tests.support.engines import TOKEN_SECRET, CountingExecutor, agent_steps
 from tests.support.engines import open_engine as build_engine
 from tests.support.http import problem, start_api, token
-from tests.support.kafka_broker import KafkaTopics, headers, read_topic, wait_for
+from tests.support.kafka_broker import KafkaTopics, headers, read_topic, running, wait_for
 from tests.support.redrive_crash import BATCH, Crash, crashing
 from tests.support.workflows import DONE, STEP, linear_registry, wait_event
 
@@ -196,18 +193,6 @@ def open_engine(store_url: str, topics: KafkaTopics, executor: Any, **config: An
         {"agent3": agent_steps(3), "wait": [STEP, wait_event("invoice.paid"), STEP, DONE]}
     )
     return build_engine(registry=registry, executor=executor, config=settings, ops=MemoryOps())
-
-
-@contextmanager
-def running(worker: KafkaWorker) -> Iterator[KafkaWorker]:
-    thread = threading.Thread(target=worker.run, daemon=True)
-    thread.start()
-    try:
-        yield worker
-    finally:
-        worker.stop()
-        thread.join(timeout=30)
-        assert not thread.is_alive()
 
 
 def test_a_tick_and_a_signal_for_a_job_not_there_yet_are_redriven_after_its_submit_once(

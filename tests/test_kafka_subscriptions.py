@@ -8,33 +8,25 @@ from __future__ import annotations
 
 import json
 import re
-import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import replace
 from typing import Any
 
 import pytest
-from kafka import KafkaProducer
 
-from jobledger import Engine, EngineConfig, JobStatus
-from jobledger.adapters.kafka import ensure_topics
-from jobledger.adapters.kafka.settings import KafkaSettings
+from jobledger import Engine, JobStatus
 from jobledger.adapters.kafka.worker import KafkaWorker
-from jobledger.adapters.ops import MemoryOps
 from jobledger.domain.errors import UnknownJobError
 from jobledger.domain.subscription import Subscription
-from tests.support.engines import TOKEN_SECRET, CountingExecutor
-from tests.support.engines import open_engine as build_engine
 from tests.support.kafka_broker import (
     KafkaTopics,
     committed_offsets,
     end_offsets,
     headers,
     read_topic,
+    running,
     wait_for,
 )
-from tests.support.workflows import DONE, STEP, linear_registry, wait_event
+from tests.support.subscriptions import open_engine, send, settings_of
 
 TENANT = "acme"
 ORDER_SCHEMA = {
@@ -42,12 +34,6 @@ ORDER_SCHEMA = {
     "required": ["order", "amount"],
     "properties": {"order": {"type": "string"}, "amount": {"type": "number", "minimum": 0}},
 }
-
-
-def registry() -> Any:
-    return linear_registry(
-        {"fulfil": [STEP, STEP, DONE], "payment": [STEP, wait_event("paid"), STEP, DONE]}
-    )
 
 
 def orders(topics: KafkaTopics, **fields: Any) -> Subscription:
@@ -75,55 +61,6 @@ def payments(topics: KafkaTopics) -> Subscription:
         event="paid",
         input="value.payment",
     )
-
-
-def open_engine(store_url: str, topics: KafkaTopics, *subscriptions: Subscription) -> Engine:
-    config = EngineConfig(
-        store_url=store_url,
-        worker_id="w0",
-        token_secret=TOKEN_SECRET,
-        subscriptions=list(subscriptions),
-        **topics.config(),
-    )
-    return build_engine(
-        registry=registry(), executor=CountingExecutor(), config=config, ops=MemoryOps()
-    )
-
-
-def settings_of(topics: KafkaTopics, *subscriptions: Subscription) -> KafkaSettings:
-    settings = replace(topics.settings(), subscriptions=subscriptions)
-    ensure_topics(settings)
-    return settings
-
-
-@contextmanager
-def running(worker: KafkaWorker) -> Iterator[KafkaWorker]:
-    thread = threading.Thread(target=worker.run, daemon=True)
-    thread.start()
-    try:
-        yield worker
-    finally:
-        worker.stop()
-        thread.join(timeout=30)
-        assert not thread.is_alive()
-
-
-def send(
-    topics: KafkaTopics, topic: str, messages: list[tuple[bytes, Any, dict[str, str]]]
-) -> None:
-    producer = KafkaProducer(bootstrap_servers=topics.bootstrap, acks="all")
-    try:
-        for key, value, message_headers in messages:
-            raw = value if isinstance(value, bytes) else json.dumps(value).encode()
-            producer.send(
-                topic,
-                key=key,
-                value=raw,
-                headers=[(k, v.encode()) for k, v in message_headers.items()],
-            )
-        producer.flush()
-    finally:
-        producer.close()
 
 
 def test_each_message_becomes_one_job_and_its_offset_is_committed_after_it(

@@ -17,7 +17,6 @@ import threading
 import time
 from collections import Counter, defaultdict
 from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 from uuid import UUID
@@ -54,6 +53,7 @@ from tests.support.kafka_broker import (
     end_offsets,
     headers,
     read_topic,
+    running,
     wait_for,
 )
 from tests.support.outage import Outage
@@ -95,18 +95,6 @@ def open_engine(
         ops=MemoryOps(),
         wrap_store=wrap_store,
     )
-
-
-@contextmanager
-def running(worker: KafkaWorker) -> Iterator[KafkaWorker]:
-    thread = threading.Thread(target=worker.run, daemon=True)
-    thread.start()
-    try:
-        yield worker
-    finally:
-        worker.stop()
-        thread.join(timeout=30)
-        assert not thread.is_alive()
 
 
 def all_done(engine: Engine, jobs: list[str]) -> bool:

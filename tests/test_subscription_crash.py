@@ -26,7 +26,6 @@ import random
 import signal
 import subprocess
 import sys
-import threading
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -38,12 +37,10 @@ from typing import Any
 import pytest
 from kafka import KafkaProducer
 
-from jobledger import Engine, EngineConfig, JobStatus
+from jobledger import Engine, JobStatus
 from jobledger.adapters.event_store import EventSourcedJobStore
-from jobledger.adapters.kafka import ensure_topics, subscriptions
-from jobledger.adapters.kafka.settings import KafkaSettings
+from jobledger.adapters.kafka import subscriptions
 from jobledger.adapters.kafka.worker import KafkaWorker
-from jobledger.adapters.ops import MemoryOps
 from jobledger.domain.errors import UnknownJobError
 from jobledger.domain.identity import job_uuid, key_uuid, step_key
 from jobledger.domain.job import Job
@@ -51,16 +48,15 @@ from jobledger.domain.keys import ConsumedKey, KeyKind
 from jobledger.domain.subscription import Subscription
 from jobledger.orchestration.ports import JobStore, Queue, Tick
 from tests.support import pythonpath
-from tests.support.engines import TOKEN_SECRET, CountingExecutor, StoreAround, StoreWrapper
-from tests.support.engines import open_engine as build_engine
+from tests.support.engines import TOKEN_SECRET, StoreAround, StoreWrapper
 from tests.support.kafka_broker import (
     KafkaTopics,
     committed_offsets,
-    end_offsets,
     read_topic,
+    running,
     wait_for,
 )
-from tests.support.subscription_worker import registry
+from tests.support.subscriptions import all_committed, open_engine, settings_of
 
 TENANT = "acme"
 FULFIL_STEPS = 2
@@ -80,47 +76,6 @@ def orders(topics: KafkaTopics) -> Subscription:
         workflow="fulfil",
         key="{value.order}",
     )
-
-
-def open_engine(
-    store_url: str,
-    topics: KafkaTopics,
-    *subscribed: Subscription,
-    wrap_store: StoreWrapper | None = None,
-    **config: Any,
-) -> Engine:
-    settings = EngineConfig(
-        store_url=store_url,
-        worker_id="w0",
-        token_secret=TOKEN_SECRET,
-        subscriptions=list(subscribed),
-        **{**topics.config(), **config},
-    )
-    return build_engine(
-        registry=registry(),
-        executor=CountingExecutor(),
-        config=settings,
-        ops=MemoryOps(),
-        wrap_store=wrap_store,
-    )
-
-
-def settings_of(topics: KafkaTopics, subscription: Subscription) -> KafkaSettings:
-    settings = replace(topics.settings(), subscriptions=(subscription,))
-    ensure_topics(settings)
-    return settings
-
-
-@contextmanager
-def running(worker: KafkaWorker) -> Iterator[KafkaWorker]:
-    thread = threading.Thread(target=worker.run, daemon=True)
-    thread.start()
-    try:
-        yield worker
-    finally:
-        worker.stop()
-        thread.join(timeout=30)
-        assert not thread.is_alive()
 
 
 def send_values(
@@ -144,11 +99,6 @@ def completed(engine: Engine, job_id: str) -> bool:
         return engine.job(TENANT, job_id).status is JobStatus.COMPLETED
     except UnknownJobError:
         return False
-
-
-def all_committed(topics: KafkaTopics, topic: str) -> bool:
-    committed = committed_offsets(topics.bootstrap, topics.group, topic)
-    return committed == end_offsets(topics.bootstrap, topic)
 
 
 # ---- what the store holds --------------------------------------------------------------

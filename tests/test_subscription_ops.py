@@ -17,29 +17,24 @@ from typing import Any
 import pytest
 from kafka import KafkaAdminClient
 
-from jobledger import Engine, EngineConfig, JobStatus
-from jobledger.adapters.kafka import ensure_topics
+from jobledger import Engine, JobStatus
 from jobledger.adapters.kafka.settings import KafkaSettings
 from jobledger.adapters.kafka.worker import KafkaWorker
 from jobledger.adapters.metrics import Metrics
-from jobledger.adapters.ops import MemoryOps
 from jobledger.domain.errors import ConfigError, UnknownJobError
 from jobledger.domain.subscription import Subscription
 from jobledger.projections.job_views import JobViews
 from tests.support.cli import run_jobledger
-from tests.support.engines import TOKEN_SECRET, CountingExecutor
-from tests.support.engines import open_engine as build_engine
 from tests.support.kafka_broker import (
     PARTITIONS,
     KafkaTopics,
-    committed_offsets,
-    end_offsets,
     headers,
     read_topic,
+    running,
     wait_for,
 )
 from tests.support.scrape import Samples, parse, value
-from tests.test_kafka_subscriptions import registry, running, send
+from tests.support.subscriptions import all_committed, open_engine, send, settings_of
 
 TENANT = "acme"
 ORDER_SCHEMA = {
@@ -72,25 +67,6 @@ def returns(topics: KafkaTopics) -> Subscription:
     )
 
 
-def open_engine(store_url: str, topics: KafkaTopics, *subscriptions: Subscription) -> Engine:
-    config = EngineConfig(
-        store_url=store_url,
-        worker_id="w0",
-        token_secret=TOKEN_SECRET,
-        subscriptions=list(subscriptions),
-        **topics.config(),
-    )
-    return build_engine(
-        registry=registry(), executor=CountingExecutor(), config=config, ops=MemoryOps()
-    )
-
-
-def settings_of(topics: KafkaTopics, *subscriptions: Subscription) -> KafkaSettings:
-    settings = replace(topics.settings(), subscriptions=subscriptions)
-    ensure_topics(settings)
-    return settings
-
-
 def cli_for(
     topics: KafkaTopics, tmp_path: Path, *subscriptions: Subscription
 ) -> Callable[..., subprocess.CompletedProcess[str]]:
@@ -114,12 +90,6 @@ def exists(engine: Engine, job_id: str) -> bool:
     except UnknownJobError:
         return False
     return True
-
-
-def all_committed(topics: KafkaTopics, topic: str) -> bool:
-    return committed_offsets(topics.bootstrap, topics.group, topic) == end_offsets(
-        topics.bootstrap, topic
-    )
 
 
 def scraped(metrics: Metrics) -> Samples:

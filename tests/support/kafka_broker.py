@@ -12,9 +12,11 @@ import logging
 import os
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,6 +24,7 @@ import pytest
 from kafka import KafkaAdminClient, KafkaConsumer, TopicPartition
 
 from jobledger.adapters.kafka import KafkaSettings, ensure_topics
+from jobledger.adapters.kafka.worker import KafkaWorker
 from tests.support import ROOT
 
 KAFKA_LOCAL = ROOT / "scripts" / "kafka-local"
@@ -225,3 +228,16 @@ def wait_for(condition: Any, timeout: float, message: str, interval: float = 0.1
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout}s: {message}")
         time.sleep(interval)
+
+
+@contextmanager
+def running(worker: KafkaWorker) -> Iterator[KafkaWorker]:
+    """The worker polling on a thread of its own; stopped, and its thread gone, after."""
+    thread = threading.Thread(target=worker.run, daemon=True)
+    thread.start()
+    try:
+        yield worker
+    finally:
+        worker.stop()
+        thread.join(timeout=30)
+        assert not thread.is_alive()

@@ -33,23 +33,16 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from jobledger import EngineConfig, FunctionRegistry
+from jobledger import EngineConfig
 from jobledger.adapters.kafka import clients
 from jobledger.adapters.kafka.worker import WorkerStats
 from jobledger.runtime.supervisor import Services, Supervisor
 from tests.support.crash_worker import FileCountingExecutor, append_line
 from tests.support.engines import open_engine
-from tests.support.workflows import DONE, STEP, linear_registry, wait_event
+from tests.support.subscriptions import registry
 
 NEW_OUTCOMES = ("submitted", "resumed", "buffered")
 """A subscription's outcomes that wrote something new (``found`` and ``duplicate`` did not)."""
-
-
-def registry() -> FunctionRegistry:
-    """``fulfil``: two side-effecting steps; ``payment``: one, a wait for ``paid``, one."""
-    return linear_registry(
-        {"fulfil": [STEP, STEP, DONE], "payment": [STEP, wait_event("paid"), STEP, DONE]}
-    )
 
 
 class SelfKill:
