@@ -19,7 +19,7 @@ import hashlib
 import importlib
 import json
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -195,6 +195,7 @@ class Subscription(BaseModel):
     dlq_topic: str | None = Field(default=None, pattern=KAFKA_TOPIC)
     """Where messages that cannot become jobs go; left out, ``<topic>.dlq``."""
     _schema: dict[str, Any] | None = PrivateAttr(default=None)
+    _validator: Any = PrivateAttr(default=None)
 
     @model_validator(mode="before")
     @classmethod
@@ -273,7 +274,7 @@ class Subscription(BaseModel):
         if self.input_schema is not None:
             # Read once: a schema file is not read again per message.
             self._schema = self._read_schema()
-            check_schema(self.name, self._schema)
+            self._validator = schema_validator(self.name, self._schema)
         return self
 
     def _check_id_length(self) -> None:
@@ -355,8 +356,8 @@ class Subscription(BaseModel):
                 document = self.input_model.model_validate(document).model_dump(mode="json")
             except ValidationError as error:
                 raise SubscriptionMessageError("schema", _first_error(error)) from None
-        elif self._schema is not None:
-            validate_schema(self._schema, document)
+        elif self._validator is not None:
+            validate_schema(self._validator, document)
         if not isinstance(document, dict):
             kind = type(document).__name__
             raise SubscriptionMessageError("input", f"the input must be a JSON object, not {kind}")
@@ -383,33 +384,32 @@ def _first_error(error: ValidationError) -> str:
     return f"{where}: {first['msg']}"
 
 
-def validate_schema(schema: Mapping[str, Any], document: Any) -> None:
+def validate_schema(validator: Any, document: Any) -> None:
     """Raise ``schema`` with the first violation, as the jsonschema library words it."""
-    try:
-        import jsonschema
-    except ImportError:  # pragma: no cover - refused at start-up (check_libraries)
-        raise SubscriptionMessageError("schema", "the jsonschema library is missing") from None
-    validator = jsonschema.validators.validator_for(schema)(schema)
+    import jsonschema
+
     failure = jsonschema.exceptions.best_match(validator.iter_errors(document))
     if failure is not None:
         where = ".".join(str(part) for part in failure.absolute_path) or "the input"
         raise SubscriptionMessageError("schema", f"{where}: {failure.message}")
 
 
-def check_schema(name: str, schema: dict[str, Any]) -> None:
-    """A ValueError when ``schema`` is not a valid JSON Schema (by the version its
-    ``$schema`` names); without the jsonschema library nothing is checked here, and
-    :func:`check_libraries` says what to install."""
+def schema_validator(name: str, schema: dict[str, Any]) -> Any:
+    """The jsonschema validator of ``schema``, made once for every message; a ValueError
+    when it is not a valid JSON Schema (by the version its ``$schema`` names). Without
+    the jsonschema library, None: :func:`check_libraries` says what to install."""
     try:
         import jsonschema
     except ImportError:
-        return
+        return None
+    validator_class = jsonschema.validators.validator_for(schema)
     try:
-        jsonschema.validators.validator_for(schema).check_schema(schema)
+        validator_class.check_schema(schema)
     except jsonschema.exceptions.SchemaError as error:
         raise ValueError(
             f"subscription {name!r}: input_schema is not a valid JSON Schema: {error.message}"
         ) from None
+    return validator_class(schema)
 
 
 def check_libraries(subscriptions: Iterable[Subscription]) -> None:
