@@ -13,6 +13,8 @@ from typing import Any, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from jobledger.domain.setting_problems import refuse_unknown_keys
+
 KAFKA_TOPIC: Final = r"^[A-Za-z0-9._-]{1,249}$"
 """Kafka's legal topic names."""
 
@@ -35,12 +37,7 @@ class EventRoute(BaseModel):
     @classmethod
     def _known_keys(cls, values: Any) -> Any:
         """An unknown key is named with the route's keys (not every setting's)."""
-        if isinstance(values, dict):
-            unknown = sorted(set(values) - set(cls.model_fields))
-            if unknown:
-                known = ", ".join(cls.model_fields)
-                raise ValueError(f"unknown event route key {unknown[0]!r} (known: {known})")
-        return values
+        return refuse_unknown_keys(values, cls.model_fields, "event route")
 
     @field_validator("workflows", "event_types")
     @classmethod

@@ -38,6 +38,7 @@ from pydantic import (
 from jobledger.domain.budget import parse_budget
 from jobledger.domain.errors import InvalidPayloadError
 from jobledger.domain.event_routes import KAFKA_TOPIC
+from jobledger.domain.setting_problems import refuse_unknown_keys
 
 NAME: Final = r"^[A-Za-z0-9._-]{1,100}$"
 MAX_ID: Final = 200
@@ -201,12 +202,7 @@ class Subscription(BaseModel):
     @classmethod
     def _known_keys(cls, values: Any) -> Any:
         """An unknown key is named with the subscription's keys (not every setting's)."""
-        if isinstance(values, dict):
-            unknown = sorted(set(values) - set(cls.model_fields))
-            if unknown:
-                known = ", ".join(cls.model_fields)
-                raise ValueError(f"unknown subscription key {unknown[0]!r} (known: {known})")
-        return values
+        return refuse_unknown_keys(values, cls.model_fields, "subscription")
 
     @field_validator("tenant", "job_id", "key", "event", "correlation_id")
     @classmethod
